@@ -1,0 +1,157 @@
+// shardopt: the communicator, the first layer of the library.
+//
+// A Communicator wraps an existing MPI communicator: it duplicates it (so
+// shardopt's traffic never mixes with the caller's), sets MPI_ERRORS_RETURN on
+// the duplicate (so MPI failures become shardopt::CommError, not aborts), and
+// never touches the lifetime of the communicator it was given.
+//
+// Every operation below is collective over the communicator: all ranks call
+// it, in the same order, with the same count, dtype and op (and root). Buffers
+// belong to the caller; a blocking call is done with them when it returns, a
+// non-blocking one when its Request completes (wait() or test() == true).
+//
+// In-place forms, chosen by the pointers passed (the conventions of MPI and
+// NCCL both work):
+//   allreduce:      recv == send.
+//   reduce_scatter: recv == send (MPI style: this rank's block is written to
+//                   the start of the buffer), or recv == send + rank*count
+//                   (NCCL style: the block stays where it is).
+//   allgather:      send == recv + rank*count (this rank's block is read from
+//                   its place in the output).
+//   broadcast:      always in place.
+// Counts are element counts of type std::size_t; counts past INT_MAX are sent
+// in chunks of at most CommOptions::max_chunk_elements elements.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "shardopt/export.h"
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+
+namespace detail {
+class PendingOp;
+class Backend;
+}  // namespace detail
+
+// The handle of a non-blocking operation. Move-only. Destroying a Request
+// that has not completed waits for it (a warning is logged): MPI requires
+// the buffers to stay valid until then, and so does shardopt.
+class SHARDOPT_API Request {
+ public:
+  Request() noexcept;
+  explicit Request(std::unique_ptr<detail::PendingOp> op) noexcept;
+  Request(Request&&) noexcept;
+  Request& operator=(Request&&) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  // Blocks until the operation is complete and its result is in the output
+  // buffer. Local. Throws CommError if the operation failed. A Request that
+  // is already complete (or empty) returns at once.
+  void wait();
+  // True once the operation is complete (then as wait()). Local, never blocks.
+  bool test();
+  // True while the operation has not completed through wait() or test().
+  bool pending() const noexcept { return op_ != nullptr; }
+
+ private:
+  std::unique_ptr<detail::PendingOp> op_;
+};
+
+struct CommOptions {
+  // Largest number of elements handed to one MPI call; larger operations are
+  // split into chunks. 0 takes SHARDOPT_COMM_MAX_CHUNK (default INT_MAX).
+  std::size_t max_chunk_elements = 0;
+};
+
+class SHARDOPT_API Communicator {
+ public:
+  // Collective over `comm`: duplicates it. Throws MpiStateError if MPI is not
+  // initialized or already finalized, InvalidArgument for MPI_COMM_NULL or an
+  // intercommunicator, ConfigError for a bad SHARDOPT_* variable.
+  explicit Communicator(MPI_Comm comm, CommOptions options = {});
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  // Frees the duplicate if free() was not called and MPI is still running.
+  // Never throws.
+  ~Communicator();
+
+  // Collective: frees the duplicated communicator now. Afterwards every
+  // operation throws StateError. Calling it twice is harmless.
+  void free();
+  bool is_freed() const noexcept;
+
+  int rank() const;
+  int size() const;
+  // The duplicated MPI communicator (owned by this object).
+  MPI_Comm mpi_comm() const;
+  // The name of the backend in use ("mpi-host").
+  const char* backend_name() const;
+  std::size_t max_chunk_elements() const;
+
+  // recv[i] = op over ranks of send[i], i < count, on every rank.
+  void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  // send holds size()*count elements, block r at send + r*count; rank r
+  // receives op over ranks of block r into recv (count elements).
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  // recv holds size()*count elements; block r receives rank r's send.
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype);
+  // buf (count elements) of rank `root` is copied to every rank's buf.
+  void broadcast(void* buf, std::size_t count, DType dtype, int root);
+  void barrier();
+
+  // Non-blocking forms: the same semantics, completed through the Request.
+  // Several may be outstanding; they may be completed in any order.
+  [[nodiscard]] Request iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                   ReduceOp op);
+  [[nodiscard]] Request ireduce_scatter(const void* send, void* recv, std::size_t count,
+                                        DType dtype, ReduceOp op);
+  [[nodiscard]] Request iallgather(const void* send, void* recv, std::size_t count, DType dtype);
+  [[nodiscard]] Request ibroadcast(void* buf, std::size_t count, DType dtype, int root);
+  [[nodiscard]] Request ibarrier();
+
+  // Typed conveniences over std::span (the count is the span's size; for
+  // reduce_scatter and allgather, the per-rank block is the smaller span).
+  template <class T>
+  void allreduce(std::span<T> buf, ReduceOp op) {
+    allreduce(buf.data(), buf.data(), buf.size(), dtype_of<std::remove_cv_t<T>>(), op);
+  }
+  template <class T>
+  void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    check_span_sizes(send.size(), recv.size(), 1);
+    allreduce(send.data(), recv.data(), recv.size(), dtype_of<T>(), op);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    check_span_sizes(send.size(), recv.size(), size());
+    reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>(), op);
+  }
+  template <class T>
+  void allgather(std::span<const T> send, std::span<T> recv) {
+    check_span_sizes(recv.size(), send.size(), size());
+    allgather(send.data(), recv.data(), send.size(), dtype_of<T>());
+  }
+  template <class T>
+  void broadcast(std::span<T> buf, int root) {
+    broadcast(buf.data(), buf.size(), dtype_of<T>(), root);
+  }
+
+ private:
+  // Throws InvalidArgument unless big == factor * small.
+  void check_span_sizes(std::size_t big, std::size_t small, int factor) const;
+  void require_usable(const char* what) const;
+  void release() noexcept;
+
+  std::unique_ptr<detail::Backend> backend_;
+};
+
+}  // namespace shardopt

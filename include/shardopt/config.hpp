@@ -1,0 +1,40 @@
+// shardopt: run-time settings from SHARDOPT_* environment variables.
+//
+// Every variable is declared once in the library, read once (at the first
+// use of shardopt in the process) and listed in docs/env.md. A bad value is
+// a ConfigError naming the variable and the values it accepts.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "shardopt/export.h"
+
+namespace shardopt {
+
+enum class LogLevel : int { none = 0, warn = 1, info = 2, trace = 3 };
+
+struct Settings {
+  LogLevel debug = LogLevel::warn;       // SHARDOPT_DEBUG
+  std::string debug_file;                // SHARDOPT_DEBUG_FILE ("" = stderr)
+  bool huge_pages = true;                // SHARDOPT_HUGE_PAGES
+  std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
+};
+
+// The settings of this process, read from the environment at the first call.
+// Local. Throws ConfigError (at every call) if a variable has a bad value.
+SHARDOPT_API const Settings& settings();
+
+// One SHARDOPT_* variable: its name, default, accepted values, meaning.
+struct EnvVarInfo {
+  std::string name;
+  std::string default_value;
+  std::string accepted;
+  std::string description;
+};
+
+// Every SHARDOPT_* variable the library reads.
+SHARDOPT_API std::vector<EnvVarInfo> environment_variables();
+
+}  // namespace shardopt

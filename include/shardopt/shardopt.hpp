@@ -1,0 +1,12 @@
+// shardopt: the C++ umbrella header. Includes the whole public C++ API.
+#pragma once
+
+#include "shardopt/build_info.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/config.hpp"
+#include "shardopt/environment.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/half.hpp"
+#include "shardopt/memory.hpp"
+#include "shardopt/types.hpp"
+#include "shardopt/version.hpp"

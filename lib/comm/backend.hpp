@@ -1,0 +1,69 @@
+// shardopt internal: the seam between the Communicator (argument checks,
+// in-place conventions) and the transports that move the data. The MPI host
+// backend implements it now; NCCL and CUDA-aware MPI backends plug in here.
+//
+// A backend receives arguments already checked by the Communicator: valid
+// dtype and op, a supported combination, non-null buffers where count > 0,
+// buffers in memory the backend accepts, and the in-place form resolved.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "common/device.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::detail {
+
+// A started non-blocking operation. wait()/test() complete it, including any
+// local post-processing (the division of avg, the move of an in-place block).
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+// How reduce_scatter's output relates to its input.
+enum class ScatterPlace {
+  separate,     // recv does not overlap send
+  at_start,     // recv == send: result in the first `count` elements (MPI style)
+  at_own_block  // recv == send + rank*count: result stays in place (NCCL style)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const noexcept = 0;
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual MPI_Comm mpi_comm() const noexcept = 0;
+  virtual std::size_t max_chunk() const noexcept = 0;
+  // Whether buffers in memory `where` can be passed to this backend.
+  virtual bool accepts(const MemoryLocation& where) const noexcept = 0;
+  // Collective: releases the backend's communicator. Idempotent.
+  virtual void free() = 0;
+  virtual bool freed() const noexcept = 0;
+
+  // With blocking == true the operation is complete on return and nullptr is
+  // returned; otherwise the returned op completes it.
+  virtual std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count,
+                                               DType dtype, ReduceOp op, bool blocking) = 0;
+  virtual std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv,
+                                                    std::size_t count, DType dtype, ReduceOp op,
+                                                    ScatterPlace place, bool blocking) = 0;
+  // in_place: send == recv + rank*count.
+  virtual std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count,
+                                               DType dtype, bool in_place, bool blocking) = 0;
+  virtual std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype,
+                                               int root, bool blocking) = 0;
+  virtual std::unique_ptr<PendingOp> barrier(bool blocking) = 0;
+};
+
+// Duplicates `comm` (collective) and uses it with MPI on host buffers.
+std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_chunk);
+
+}  // namespace shardopt::detail

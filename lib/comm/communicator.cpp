@@ -1,0 +1,417 @@
+// The Communicator front end: checks every argument once, resolves the
+// in-place conventions, then hands the operation to the backend.
+#include "shardopt/communicator.hpp"
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "comm/backend.hpp"
+#include "common/check.hpp"
+#include "common/log.hpp"
+#include "shardopt/config.hpp"
+#include "shardopt/environment.hpp"
+
+namespace shardopt {
+
+namespace detail {
+namespace {
+
+std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+bool overlap(const void* a, std::size_t abytes, const void* b, std::size_t bbytes) {
+  if (abytes == 0 || bbytes == 0) return false;
+  return addr(a) < addr(b) + bbytes && addr(b) < addr(a) + abytes;
+}
+
+// a * b, or throws when it does not fit in size_t.
+std::size_t checked_mul(std::size_t a, std::size_t b, const char* op, const char* what) {
+  if (a != 0 && b > SIZE_MAX / a) {
+    throw_error(ErrorCode::invalid_argument,
+                std::string(op) + ": " + what + " overflows the address space (" +
+                    std::to_string(a) + " x " + std::to_string(b) + ")",
+                "pass the element count, not a byte count, and check it is not a negative "
+                "number converted to size_t",
+                __FILE__, __LINE__);
+  }
+  return a * b;
+}
+
+}  // namespace
+}  // namespace detail
+
+using detail::Backend;
+using detail::PendingOp;
+
+// ---------------------------------------------------------------- Request
+
+Request::Request() noexcept = default;
+Request::Request(std::unique_ptr<detail::PendingOp> op) noexcept : op_(std::move(op)) {}
+Request::Request(Request&&) noexcept = default;
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    if (op_) {
+      try {
+        op_->wait();
+      } catch (const std::exception& e) {
+        SHARDOPT_LOG(warn, "Request overwritten before completion; its wait failed: " << e.what());
+      }
+    }
+    op_ = std::move(other.op_);
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (!op_) return;
+  SHARDOPT_LOG(warn, "a Request was destroyed before wait() or test() completed it; waiting "
+                     "for it now (call wait() before the Request goes out of scope)");
+  try {
+    op_->wait();
+  } catch (const std::exception& e) {
+    SHARDOPT_LOG(warn, "waiting in ~Request failed: " << e.what());
+  }
+}
+
+void Request::wait() {
+  if (!op_) return;
+  op_->wait();
+  op_.reset();
+}
+
+bool Request::test() {
+  if (!op_) return true;
+  if (!op_->test()) return false;
+  op_.reset();
+  return true;
+}
+
+// ------------------------------------------------------------ Communicator
+
+Communicator::Communicator(MPI_Comm comm, CommOptions options) {
+  if (!mpi_is_initialized()) {
+    SHARDOPT_THROW(mpi_not_initialized,
+                   "shardopt::Communicator created before MPI_Init: MPI is not initialized",
+                   "call MPI_Init or MPI_Init_thread before creating shardopt objects, or create "
+                   "a shardopt::Environment at the top of main()");
+  }
+  if (mpi_is_finalized()) {
+    SHARDOPT_THROW(mpi_finalized,
+                   "shardopt::Communicator created after MPI_Finalize: MPI is no longer running",
+                   "create and use shardopt objects between MPI_Init and MPI_Finalize, and "
+                   "destroy them before MPI_Finalize");
+  }
+  if (comm == MPI_COMM_NULL) {
+    SHARDOPT_THROW(invalid_argument,
+                   "Communicator: the MPI communicator is MPI_COMM_NULL (never created, or "
+                   "already released with MPI_Comm_free)",
+                   "pass a live communicator such as MPI_COMM_WORLD, and free it only after "
+                   "the shardopt objects that use it");
+  }
+  int inter = 0;
+  SHARDOPT_CHECK_MPI(MPI_Comm_test_inter(comm, &inter), "Communicator: checking the communicator");
+  if (inter) {
+    SHARDOPT_THROW(invalid_argument, "Communicator: intercommunicators are not supported",
+                   "merge the two groups with MPI_Intercomm_merge and pass the result");
+  }
+  std::size_t chunk = options.max_chunk_elements;
+  if (chunk == 0) chunk = settings().comm_max_chunk;
+  if (chunk > static_cast<std::size_t>(INT_MAX)) {
+    SHARDOPT_THROW(invalid_config,
+                   "CommOptions::max_chunk_elements = " + std::to_string(chunk) +
+                       " is larger than an MPI count can be (INT_MAX = 2147483647)",
+                   "use a value from 1 to 2147483647, or 0 for SHARDOPT_COMM_MAX_CHUNK");
+  }
+  backend_ = detail::make_mpi_host_backend(comm, chunk);
+}
+
+Communicator::Communicator(Communicator&&) noexcept = default;
+
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    release();
+    backend_ = std::move(other.backend_);
+  }
+  return *this;
+}
+
+Communicator::~Communicator() { release(); }
+
+void Communicator::release() noexcept {
+  if (!backend_ || backend_->freed()) return;
+  if (mpi_is_finalized()) {
+    SHARDOPT_LOG(warn, "a Communicator outlived MPI_Finalize (MPI released it); destroy "
+                       "shardopt objects before MPI_Finalize");
+    return;
+  }
+  try {
+    backend_->free();
+  } catch (const std::exception& e) {
+    SHARDOPT_LOG(warn, "~Communicator: " << e.what());
+  }
+}
+
+void Communicator::free() {
+  if (!backend_) {
+    SHARDOPT_THROW(invalid_state, "Communicator::free called on a moved-from Communicator",
+                   "call free() on the Communicator the object was moved to");
+  }
+  if (backend_->freed()) return;
+  if (mpi_is_finalized()) {
+    SHARDOPT_THROW(mpi_finalized, "Communicator::free called after MPI_Finalize",
+                   "free shardopt objects before MPI_Finalize");
+  }
+  backend_->free();
+}
+
+bool Communicator::is_freed() const noexcept { return !backend_ || backend_->freed(); }
+
+void Communicator::require_usable(const char* what) const {
+  if (!backend_) {
+    SHARDOPT_THROW(invalid_state,
+                   std::string("Communicator::") + what + " called on a moved-from Communicator",
+                   "use the Communicator the object was moved to");
+  }
+  if (backend_->freed()) {
+    SHARDOPT_THROW(invalid_state,
+                   std::string("Communicator::") + what + " called after Communicator::free()",
+                   "create a new shardopt::Communicator, or call free() only when done");
+  }
+  if (mpi_is_finalized()) {
+    SHARDOPT_THROW(mpi_finalized,
+                   std::string("Communicator::") + what + " called after MPI_Finalize",
+                   "finish every shardopt operation before MPI_Finalize");
+  }
+}
+
+int Communicator::rank() const {
+  require_usable("rank");
+  return backend_->rank();
+}
+int Communicator::size() const {
+  require_usable("size");
+  return backend_->size();
+}
+MPI_Comm Communicator::mpi_comm() const {
+  require_usable("mpi_comm");
+  return backend_->mpi_comm();
+}
+const char* Communicator::backend_name() const {
+  require_usable("backend_name");
+  return backend_->name();
+}
+std::size_t Communicator::max_chunk_elements() const {
+  require_usable("max_chunk_elements");
+  return backend_->max_chunk();
+}
+
+void Communicator::check_span_sizes(std::size_t big, std::size_t small, int factor) const {
+  if (big != small * static_cast<std::size_t>(factor)) {
+    SHARDOPT_THROW(invalid_argument,
+                   "span sizes do not match: " + std::to_string(big) + " elements where " +
+                       std::to_string(factor) + " x " + std::to_string(small) + " are needed",
+                   "the full buffer must hold exactly size() blocks of the per-rank count");
+  }
+}
+
+namespace {
+
+using detail::Backend;
+
+void check_dtype(const char* op, DType dtype) {
+  if (!is_valid(dtype)) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        std::string(op) + ": unknown DType value " +
+                            std::to_string(static_cast<int>(dtype)),
+                        "pass one of DType::f32, f64, bf16, f16, i32, i64", __FILE__, __LINE__);
+  }
+}
+
+void check_reduction(const char* op, DType dtype, ReduceOp rop) {
+  check_dtype(op, dtype);
+  if (!is_valid(rop)) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        std::string(op) + ": unknown ReduceOp value " +
+                            std::to_string(static_cast<int>(rop)),
+                        "pass one of ReduceOp::sum, avg, max, min", __FILE__, __LINE__);
+  }
+  if (rop == ReduceOp::avg && !is_floating(dtype)) {
+    detail::throw_error(ErrorCode::unsupported,
+                        std::string(op) + ": ReduceOp::avg of " + dtype_name(dtype) +
+                            " is not supported: an integer average would have to round",
+                        "reduce with ReduceOp::sum and divide by size() with the rounding you "
+                        "want, or use a floating-point type",
+                        __FILE__, __LINE__);
+  }
+}
+
+// A buffer of `count` elements: not null unless empty, and in memory the
+// backend can use.
+void check_buffer(const Backend& b, const char* op, const char* which, const void* p,
+                  std::size_t count) {
+  if (count == 0) return;
+  if (p == nullptr) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        std::string(op) + ": " + which + " buffer is null but count is " +
+                            std::to_string(count),
+                        "pass a buffer of at least the stated number of elements, or a count "
+                        "of 0",
+                        __FILE__, __LINE__);
+  }
+  const detail::MemoryLocation where = detail::locate(p);
+  if (!b.accepts(where)) {
+    detail::throw_error(
+        ErrorCode::wrong_device,
+        std::string(op) + ": " + which + " buffer is in " + detail::memory_kind_name(where.kind) +
+            (where.device >= 0 ? " of device " + std::to_string(where.device) : std::string()) +
+            ", which the " + b.name() + " backend cannot use",
+        "pass host buffers to a host Communicator, or copy the data to host memory first",
+        __FILE__, __LINE__);
+  }
+}
+
+void trace(const char* op, std::size_t count, DType dtype, const char* extra = "") {
+  SHARDOPT_LOG(trace, op << " count=" << count << " dtype=" << dtype_name(dtype) << extra);
+}
+
+Request wrap(std::unique_ptr<PendingOp> op) { return Request(std::move(op)); }
+
+}  // namespace
+
+// Each public operation checks, then runs the backend blocking or not.
+namespace {
+
+std::unique_ptr<PendingOp> do_allreduce(Backend& b, const void* send, void* recv,
+                                        std::size_t count, DType dtype, ReduceOp op,
+                                        bool blocking) {
+  check_reduction("allreduce", dtype, op);
+  const std::size_t bytes = detail::checked_mul(count, dtype_size(dtype), "allreduce", "count");
+  check_buffer(b, "allreduce", "send", send, count);
+  check_buffer(b, "allreduce", "recv", recv, count);
+  if (send != recv && detail::overlap(send, bytes, recv, bytes)) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "allreduce: send and recv buffers overlap without being the same",
+                        "use one buffer for both (recv == send) for in place, or two separate "
+                        "buffers",
+                        __FILE__, __LINE__);
+  }
+  trace("allreduce", count, dtype);
+  return b.allreduce(send, recv, count, dtype, op, blocking);
+}
+
+std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, const void* send, void* recv,
+                                             std::size_t count, DType dtype, ReduceOp op,
+                                             bool blocking) {
+  check_reduction("reduce_scatter", dtype, op);
+  const std::size_t n = static_cast<std::size_t>(b.size());
+  const std::size_t total = detail::checked_mul(count, n, "reduce_scatter", "count x ranks");
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t total_bytes = detail::checked_mul(total, es, "reduce_scatter", "count");
+  check_buffer(b, "reduce_scatter", "send", send, total);
+  check_buffer(b, "reduce_scatter", "recv", recv, count);
+  detail::ScatterPlace place = detail::ScatterPlace::separate;
+  const auto* own = static_cast<const char*>(send) + static_cast<std::size_t>(b.rank()) * count * es;
+  if (count != 0 && recv == send) {
+    place = detail::ScatterPlace::at_start;
+  } else if (count != 0 && recv == own) {
+    place = detail::ScatterPlace::at_own_block;
+  } else if (detail::overlap(send, total_bytes, recv, count * es)) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "reduce_scatter: recv overlaps send but is neither send (MPI-style in "
+                        "place) nor send + rank*count (NCCL-style in place)",
+                        "use separate buffers, or one of the two in-place forms", __FILE__,
+                        __LINE__);
+  }
+  trace("reduce_scatter", count, dtype);
+  return b.reduce_scatter(send, recv, count, dtype, op, place, blocking);
+}
+
+std::unique_ptr<PendingOp> do_allgather(Backend& b, const void* send, void* recv,
+                                        std::size_t count, DType dtype, bool blocking) {
+  check_dtype("allgather", dtype);
+  const std::size_t n = static_cast<std::size_t>(b.size());
+  const std::size_t total = detail::checked_mul(count, n, "allgather", "count x ranks");
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t total_bytes = detail::checked_mul(total, es, "allgather", "count");
+  check_buffer(b, "allgather", "send", send, count);
+  check_buffer(b, "allgather", "recv", recv, total);
+  const auto* own = static_cast<const char*>(recv) + static_cast<std::size_t>(b.rank()) * count * es;
+  const bool in_place = count != 0 && send == own;
+  if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "allgather: send overlaps recv but is not recv + rank*count (the "
+                        "in-place form)",
+                        "use separate buffers, or pass send = recv + rank*count", __FILE__,
+                        __LINE__);
+  }
+  trace("allgather", count, dtype);
+  return b.allgather(send, recv, count, dtype, in_place, blocking);
+}
+
+std::unique_ptr<PendingOp> do_broadcast(Backend& b, void* buf, std::size_t count, DType dtype,
+                                        int root, bool blocking) {
+  check_dtype("broadcast", dtype);
+  detail::checked_mul(count, dtype_size(dtype), "broadcast", "count");
+  if (root < 0 || root >= b.size()) {
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "broadcast: root " + std::to_string(root) + " is not a rank of this " +
+                            std::to_string(b.size()) + "-rank communicator",
+                        "pass a root from 0 to size()-1, the same on every rank", __FILE__,
+                        __LINE__);
+  }
+  check_buffer(b, "broadcast", "buf", buf, count);
+  trace("broadcast", count, dtype);
+  return b.broadcast(buf, count, dtype, root, blocking);
+}
+
+}  // namespace
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                             ReduceOp op) {
+  require_usable("allreduce");
+  do_allreduce(*backend_, send, recv, count, dtype, op, true);
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) {
+  require_usable("reduce_scatter");
+  do_reduce_scatter(*backend_, send, recv, count, dtype, op, true);
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
+  require_usable("allgather");
+  do_allgather(*backend_, send, recv, count, dtype, true);
+}
+void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  require_usable("broadcast");
+  do_broadcast(*backend_, buf, count, dtype, root, true);
+}
+void Communicator::barrier() {
+  require_usable("barrier");
+  backend_->barrier(true);
+}
+
+Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                 ReduceOp op) {
+  require_usable("iallreduce");
+  return wrap(do_allreduce(*backend_, send, recv, count, dtype, op, false));
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count,
+                                      DType dtype, ReduceOp op) {
+  require_usable("ireduce_scatter");
+  return wrap(do_reduce_scatter(*backend_, send, recv, count, dtype, op, false));
+}
+Request Communicator::iallgather(const void* send, void* recv, std::size_t count, DType dtype) {
+  require_usable("iallgather");
+  return wrap(do_allgather(*backend_, send, recv, count, dtype, false));
+}
+Request Communicator::ibroadcast(void* buf, std::size_t count, DType dtype, int root) {
+  require_usable("ibroadcast");
+  return wrap(do_broadcast(*backend_, buf, count, dtype, root, false));
+}
+Request Communicator::ibarrier() {
+  require_usable("ibarrier");
+  return wrap(backend_->barrier(false));
+}
+
+}  // namespace shardopt

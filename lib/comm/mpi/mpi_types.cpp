@@ -1,0 +1,122 @@
+#include "comm/mpi/mpi_types.hpp"
+
+#include <cmath>
+#include <mutex>
+
+#include "common/check.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+// Element-wise combination of 16-bit floats in f32: inout = f(in, inout).
+// Each result is rounded once, to nearest even, back to the 16-bit type.
+template <class Half, Half (*FromFloat)(float), class F>
+void combine(const void* in, void* inout, int len, F f) {
+  const auto* a = static_cast<const Half*>(in);
+  auto* b = static_cast<Half*>(inout);
+  for (int i = 0; i < len; ++i) b[i] = FromFloat(f(to_float(a[i]), to_float(b[i])));
+}
+
+struct Sum {
+  float operator()(float x, float y) const { return x + y; }
+};
+// NaN wins, as in torch.maximum / torch.minimum.
+struct Max {
+  float operator()(float x, float y) const { return (x > y || std::isnan(x)) ? x : y; }
+};
+struct Min {
+  float operator()(float x, float y) const { return (x < y || std::isnan(x)) ? x : y; }
+};
+
+template <class Half, Half (*FromFloat)(float), class F>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine<Half, FromFloat>(in, inout, *len, F{});
+}
+
+// Index: [is_f16][sum, max, min]
+MPI_Op g_ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                      {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+std::once_flag g_ops_once;
+
+// Called by MPI_Finalize when it frees MPI_COMM_SELF's attributes: the ops
+// are released before MPI goes away.
+int free_ops(MPI_Comm, int, void*, void*) {
+  for (auto& row : g_ops)
+    for (auto& op : row)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  return MPI_SUCCESS;
+}
+
+void create_ops() {
+  MPI_User_function* fns[2][3] = {
+      {&half_op<bfloat16, bf16_from_float, Sum>, &half_op<bfloat16, bf16_from_float, Max>,
+       &half_op<bfloat16, bf16_from_float, Min>},
+      {&half_op<float16, f16_from_float, Sum>, &half_op<float16, f16_from_float, Max>,
+       &half_op<float16, f16_from_float, Min>}};
+  for (int t = 0; t < 2; ++t)
+    for (int o = 0; o < 3; ++o)
+      SHARDOPT_CHECK_MPI(MPI_Op_create(fns[t][o], /*commute=*/1, &g_ops[t][o]),
+                         "creating the bf16/f16 reduction ops");
+  int keyval = MPI_KEYVAL_INVALID;
+  SHARDOPT_CHECK_MPI(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_ops, &keyval, nullptr),
+                     "registering the release of the bf16/f16 reduction ops");
+  SHARDOPT_CHECK_MPI(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr),
+                     "registering the release of the bf16/f16 reduction ops");
+}
+
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::f16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(DType t, ReduceOp op) {
+  const int o = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // avg reduces as sum
+  if (t == DType::bf16 || t == DType::f16) {
+    std::call_once(g_ops_once, create_ops);
+    return g_ops[t == DType::f16 ? 1 : 0][o];
+  }
+  return o == 1 ? MPI_MAX : o == 2 ? MPI_MIN : MPI_SUM;
+}
+
+void divide_elements(void* buf, std::size_t count, DType t, int divisor) noexcept {
+  switch (t) {
+    case DType::f32: {
+      auto* x = static_cast<float*>(buf);
+      const float d = static_cast<float>(divisor);
+      for (std::size_t i = 0; i < count; ++i) x[i] /= d;
+      break;
+    }
+    case DType::f64: {
+      auto* x = static_cast<double*>(buf);
+      const double d = divisor;
+      for (std::size_t i = 0; i < count; ++i) x[i] /= d;
+      break;
+    }
+    case DType::bf16: {
+      auto* x = static_cast<bfloat16*>(buf);
+      const float d = static_cast<float>(divisor);
+      for (std::size_t i = 0; i < count; ++i) x[i] = bf16_from_float(to_float(x[i]) / d);
+      break;
+    }
+    case DType::f16: {
+      auto* x = static_cast<float16*>(buf);
+      const float d = static_cast<float>(divisor);
+      for (std::size_t i = 0; i < count; ++i) x[i] = f16_from_float(to_float(x[i]) / d);
+      break;
+    }
+    default:
+      break;  // integers never reach here: avg of integers is rejected up front
+  }
+}
+
+}  // namespace shardopt::detail

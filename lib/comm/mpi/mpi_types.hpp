@@ -1,0 +1,27 @@
+// shardopt internal: MPI datatypes and reduction ops for shardopt's types.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+
+#include "shardopt/types.hpp"
+
+namespace shardopt::detail {
+
+// The MPI datatype that carries `t`. bf16 and f16 travel as MPI_UINT16_T and
+// are only ever reduced with shardopt's own ops (mpi_op).
+MPI_Datatype mpi_datatype(DType t) noexcept;
+
+// The MPI op that reduces `t` with `op` (avg reduces with the sum; the
+// division follows locally). For bf16 and f16 these are user-defined ops that
+// convert to f32, combine and round once to the 16-bit type. Needs MPI
+// running; the user-defined ops are created at the first call and freed by
+// MPI_Finalize.
+MPI_Op mpi_op(DType t, ReduceOp op);
+
+// buf[i] /= divisor for i < count, in the arithmetic of `t` (f32 and f64
+// divide in their own precision; bf16 and f16 divide in f32, round once).
+void divide_elements(void* buf, std::size_t count, DType t, int divisor) noexcept;
+
+}  // namespace shardopt::detail

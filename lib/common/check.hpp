@@ -1,0 +1,35 @@
+// shardopt internal: throwing and checking.
+#pragma once
+
+#include <string>
+
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+
+// Throws the Error subclass that matches `code`, tagged with this process's
+// rank in MPI_COMM_WORLD (when MPI is running) and a short file path.
+[[noreturn]] void throw_error(ErrorCode code, std::string message, std::string hint,
+                              const char* file, int line);
+
+// Throws CommError for MPI return code `rc` from `call`, while doing `what`.
+[[noreturn]] void throw_mpi_error(int rc, const char* call, const std::string& what,
+                                  const char* file, int line);
+
+// The text of an MPI error code ("MPI_ERR_TRUNCATE: message truncated").
+std::string mpi_error_string(int rc);
+
+// This process's rank in MPI_COMM_WORLD, or -1 when MPI is not running.
+int world_rank() noexcept;
+
+}  // namespace shardopt::detail
+
+#define SHARDOPT_THROW(code, message, hint) \
+  ::shardopt::detail::throw_error(::shardopt::ErrorCode::code, (message), (hint), __FILE__, __LINE__)
+
+#define SHARDOPT_CHECK_MPI(call, what)                                                \
+  do {                                                                                \
+    const int shardopt_rc_ = (call);                                                  \
+    if (shardopt_rc_ != MPI_SUCCESS)                                                  \
+      ::shardopt::detail::throw_mpi_error(shardopt_rc_, #call, (what), __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,27 @@
+// shardopt internal: where a buffer lives (host or which CUDA device).
+#pragma once
+
+namespace shardopt::detail {
+
+enum class MemoryKind { host, device, managed };
+
+struct MemoryLocation {
+  MemoryKind kind = MemoryKind::host;
+  int device = -1;  // CUDA device ordinal for device and managed memory
+};
+
+// Number of CUDA devices this process sees; 0 in a build without CUDA or
+// without a usable driver. Cached after the first call.
+int cuda_device_count() noexcept;
+
+// Where `p` points. Host for null, for host memory, and always in a build or
+// on a machine without CUDA devices.
+MemoryLocation locate(const void* p) noexcept;
+
+// "host", "CUDA device 0", "CUDA managed memory (device 0)".
+const char* memory_kind_name(MemoryKind kind) noexcept;
+
+int cuda_runtime_version() noexcept;
+int nccl_version() noexcept;
+
+}  // namespace shardopt::detail

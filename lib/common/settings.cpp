@@ -1,0 +1,142 @@
+#include "common/settings.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "common/check.hpp"
+
+namespace shardopt {
+
+namespace {
+
+// One declaration per variable: name, default, accepted values, meaning, and
+// how a (non-empty) value is applied. docs/env.md lists the same table.
+struct VarSpec {
+  const char* name;
+  const char* default_value;
+  const char* accepted;
+  const char* description;
+  // Applies `value`; returns false if the value is not accepted.
+  bool (*apply)(Settings& s, const std::string& value);
+};
+
+std::string upper(std::string v) {
+  std::transform(v.begin(), v.end(), v.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  return v;
+}
+
+std::optional<bool> parse_bool(const std::string& v) {
+  const std::string u = upper(v);
+  if (u == "1" || u == "TRUE" || u == "YES" || u == "ON") return true;
+  if (u == "0" || u == "FALSE" || u == "NO" || u == "OFF") return false;
+  return std::nullopt;
+}
+
+// A positive decimal integer no larger than `max`, without sign or junk.
+std::optional<unsigned long long> parse_count(const std::string& v, unsigned long long max) {
+  if (v.empty() || v.size() > 20) return std::nullopt;
+  for (char c : v)
+    if (c < '0' || c > '9') return std::nullopt;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v.c_str(), nullptr, 10);
+  if (errno != 0 || n == 0 || n > max) return std::nullopt;
+  return n;
+}
+
+const VarSpec kVars[] = {
+    {"SHARDOPT_DEBUG", "WARN", "NONE, WARN, INFO, TRACE (any case)",
+     "How much the library logs: NONE nothing, WARN problems, INFO also setup and per-phase "
+     "summaries, TRACE every collective. Like NCCL_DEBUG.",
+     [](Settings& s, const std::string& v) {
+       const std::string u = upper(v);
+       if (u == "NONE") s.debug = LogLevel::none;
+       else if (u == "WARN") s.debug = LogLevel::warn;
+       else if (u == "INFO") s.debug = LogLevel::info;
+       else if (u == "TRACE") s.debug = LogLevel::trace;
+       else return false;
+       return true;
+     }},
+    {"SHARDOPT_DEBUG_FILE", "(stderr)", "a file path; %h is replaced by the host name, %p by the "
+     "process id, %r by the rank in MPI_COMM_WORLD",
+     "Where log lines go instead of stderr, one file per process when the path uses %p or %r. "
+     "Like NCCL_DEBUG_FILE.",
+     [](Settings& s, const std::string& v) {
+       s.debug_file = v;
+       return true;
+     }},
+    {"SHARDOPT_HUGE_PAGES", "1", "1, 0 (also true/false, yes/no, on/off)",
+     "Ask the kernel for transparent huge pages (madvise) for the library's large host buffers. "
+     "Turn off only where huge pages are known to hurt.",
+     [](Settings& s, const std::string& v) {
+       const auto b = parse_bool(v);
+       if (!b) return false;
+       s.huge_pages = *b;
+       return true;
+     }},
+    {"SHARDOPT_COMM_MAX_CHUNK", "2147483647", "an integer from 1 to 2147483647",
+     "Largest number of elements passed to one MPI call; larger collectives are split into "
+     "chunks. Lower it for MPI libraries that fail on messages of 2 GiB or more.",
+     [](Settings& s, const std::string& v) {
+       const auto n = parse_count(v, INT_MAX);
+       if (!n) return false;
+       s.comm_max_chunk = static_cast<std::size_t>(*n);
+       return true;
+     }},
+};
+
+}  // namespace
+
+namespace detail {
+
+Settings parse_settings(const EnvLookup& lookup) {
+  Settings s;
+  for (const VarSpec& var : kVars) {
+    const char* raw = lookup(var.name);
+    if (raw == nullptr || raw[0] == '\0') continue;  // unset or empty: the default
+    const std::string value(raw);
+    if (!var.apply(s, value)) {
+      // Thrown directly, not through throw_error: that logs, and logging
+      // reads the settings being parsed here.
+      throw ConfigError(ErrorCode::invalid_config,
+                  std::string(var.name) + "='" + value + "' is not a valid value; accepted: " +
+                      var.accepted,
+                  std::string("set ") + var.name + " to one of the accepted values, or unset it "
+                      "to use the default (" + var.default_value + "); see docs/env.md",
+                  __FILE__, __LINE__, world_rank());
+    }
+  }
+  return s;
+}
+
+}  // namespace detail
+
+const Settings& settings() {
+  // Read once per process. A bad value is reported at every call, so every
+  // entry point of the library fails the same way.
+  static std::once_flag once;
+  static Settings cached;
+  static std::optional<ConfigError> failure;
+  std::call_once(once, [] {
+    try {
+      cached = detail::parse_settings([](const char* n) { return std::getenv(n); });
+    } catch (const ConfigError& e) {
+      failure = e;
+    }
+  });
+  if (failure) throw *failure;
+  return cached;
+}
+
+std::vector<EnvVarInfo> environment_variables() {
+  std::vector<EnvVarInfo> out;
+  for (const VarSpec& v : kVars) out.push_back({v.name, v.default_value, v.accepted, v.description});
+  return out;
+}
+
+}  // namespace shardopt

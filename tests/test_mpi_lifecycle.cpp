@@ -1,0 +1,82 @@
+// shardopt before MPI_Init, with an Environment, and after MPI_Finalize.
+// Runs as its own program (the state of MPI is what it tests), under mpirun
+// at 1 and 2 ranks; prints one line per check and "N passed, M failed".
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardopt/shardopt.hpp"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+
+void check(bool ok, const char* what) {
+  (ok ? g_passed : g_failed)++;
+  std::printf("%s: %s\n", ok ? "ok" : "FAILED", what);
+}
+
+// Runs f, expects a shardopt::Error with `code` whose message contains `text`.
+template <class F>
+bool throws(F f, shardopt::ErrorCode code, const std::string& text) {
+  try {
+    f();
+  } catch (const shardopt::Error& e) {
+    const bool ok = e.code() == code && std::string(e.what()).find(text) != std::string::npos &&
+                    !e.hint().empty();
+    if (!ok) std::printf("  unexpected error: %s\n", e.what());
+    return ok;
+  } catch (...) {
+    return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using shardopt::ErrorCode;
+
+  check(!shardopt::mpi_is_initialized(), "MPI starts uninitialized");
+  check(throws([] { shardopt::Communicator c(MPI_COMM_WORLD); }, ErrorCode::mpi_not_initialized,
+               "MPI_Init"),
+        "a Communicator before MPI_Init is a clear error");
+  check(!shardopt::build_info().version.empty(), "build_info works before MPI_Init");
+
+  std::optional<shardopt::Environment> env;
+  env.emplace(&argc, &argv);
+  check(env->owns_mpi(), "the Environment initialized MPI");
+  check(static_cast<int>(env->provided()) >= static_cast<int>(shardopt::ThreadLevel::funneled),
+        "MPI provides at least MPI_THREAD_FUNNELED");
+  {
+    shardopt::Environment inner;
+    check(!inner.owns_mpi(), "a second Environment does not own MPI");
+  }
+  check(shardopt::mpi_is_initialized() && !shardopt::mpi_is_finalized(),
+        "MPI still running after the inner Environment ended");
+
+  std::optional<shardopt::Communicator> comm;
+  comm.emplace(MPI_COMM_WORLD);
+  double x = comm->rank() + 1, sum = 0;
+  comm->allreduce(&x, &sum, 1, shardopt::DType::f64, shardopt::ReduceOp::sum);
+  const int n = comm->size();
+  check(sum == n * (n + 1) / 2.0, "allreduce inside the Environment");
+
+  env.reset();  // MPI_Finalize
+  check(shardopt::mpi_is_finalized(), "the Environment finalized MPI");
+  check(throws([&] { comm->allreduce(&x, &sum, 1, shardopt::DType::f64, shardopt::ReduceOp::sum); },
+               ErrorCode::mpi_finalized, "after MPI_Finalize"),
+        "an operation after MPI_Finalize is a clear error");
+  check(throws([] { shardopt::Communicator c(MPI_COMM_WORLD); }, ErrorCode::mpi_finalized,
+               "after MPI_Finalize"),
+        "a Communicator after MPI_Finalize is a clear error");
+  check(throws([] { shardopt::Environment again; }, ErrorCode::mpi_finalized, "MPI_Finalize"),
+        "an Environment after MPI_Finalize is a clear error");
+  comm.reset();  // must not call MPI, must not throw
+  check(true, "a Communicator destroyed after MPI_Finalize does not crash");
+
+  std::printf("lifecycle: %d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

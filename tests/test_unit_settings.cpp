@@ -1,0 +1,85 @@
+// SHARDOPT_* parsing: defaults, accepted values, and the error for each bad value.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "common/settings.hpp"
+#include "shardopt/error.hpp"
+
+using shardopt::ConfigError;
+using shardopt::LogLevel;
+using shardopt::Settings;
+
+namespace {
+
+Settings parse(const std::map<std::string, std::string>& env) {
+  return shardopt::detail::parse_settings([&](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+// Parses `env`, expects a ConfigError whose message names `var` and `accepted`.
+bool rejects(const std::string& var, const std::string& value, const std::string& accepted) {
+  try {
+    parse({{var, value}});
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    return e.code() == shardopt::ErrorCode::invalid_config && what.find(var) != std::string::npos &&
+           what.find("'" + value + "'") != std::string::npos &&
+           what.find(accepted) != std::string::npos && !e.hint().empty();
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("settings: defaults when nothing is set", "[settings]") {
+  const Settings s = parse({});
+  CHECK(s.debug == LogLevel::warn);
+  CHECK(s.debug_file.empty());
+  CHECK(s.huge_pages);
+  CHECK(s.comm_max_chunk == 2147483647u);
+  CHECK(parse({{"SHARDOPT_DEBUG", ""}}).debug == LogLevel::warn);  // empty = default
+}
+
+TEST_CASE("settings: accepted values", "[settings]") {
+  CHECK(parse({{"SHARDOPT_DEBUG", "none"}}).debug == LogLevel::none);
+  CHECK(parse({{"SHARDOPT_DEBUG", "Info"}}).debug == LogLevel::info);
+  CHECK(parse({{"SHARDOPT_DEBUG", "TRACE"}}).debug == LogLevel::trace);
+  CHECK(parse({{"SHARDOPT_DEBUG_FILE", "/tmp/so.%h.%p.log"}}).debug_file == "/tmp/so.%h.%p.log");
+  CHECK_FALSE(parse({{"SHARDOPT_HUGE_PAGES", "0"}}).huge_pages);
+  CHECK_FALSE(parse({{"SHARDOPT_HUGE_PAGES", "off"}}).huge_pages);
+  CHECK(parse({{"SHARDOPT_HUGE_PAGES", "yes"}}).huge_pages);
+  CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "1"}}).comm_max_chunk == 1u);
+  CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "2147483647"}}).comm_max_chunk == 2147483647u);
+}
+
+TEST_CASE("settings: a bad value names the variable and the accepted values", "[settings]") {
+  CHECK(rejects("SHARDOPT_DEBUG", "LOUD", "NONE, WARN, INFO, TRACE"));
+  CHECK(rejects("SHARDOPT_DEBUG", "1", "NONE, WARN, INFO, TRACE"));
+  CHECK(rejects("SHARDOPT_HUGE_PAGES", "maybe", "1, 0"));
+  CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "0", "1 to 2147483647"));
+  CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "-5", "1 to 2147483647"));
+  CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "2147483648", "1 to 2147483647"));
+  CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "12abc", "1 to 2147483647"));
+  CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "99999999999999999999999", "1 to 2147483647"));
+}
+
+TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {
+  std::ifstream in(SHARDOPT_SOURCE_DIR "/docs/env.md");
+  REQUIRE(in.good());
+  std::stringstream doc;
+  doc << in.rdbuf();
+  const auto vars = shardopt::environment_variables();
+  CHECK(vars.size() >= 4);
+  for (const auto& v : vars) {
+    INFO(v.name);
+    CHECK(doc.str().find("`" + v.name + "`") != std::string::npos);
+    CHECK_FALSE(v.description.empty());
+    CHECK_FALSE(v.accepted.empty());
+  }
+}
