@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "shardopt/export.h"
@@ -69,6 +70,13 @@ struct CommOptions {
   // Largest number of elements handed to one MPI call; larger operations are
   // split into chunks. 0 takes SHARDOPT_COMM_MAX_CHUNK (default INT_MAX).
   std::size_t max_chunk_elements = 0;
+  // Before each operation, exchange every rank's arguments (one small
+  // allgather) so that a bad argument on one rank, or ranks passing
+  // different counts, types, ops or roots, or calling different operations,
+  // is an error on every rank instead of a hang or a silent truncation.
+  // Unset takes SHARDOPT_CHECK_ARGS (default off: it costs a collective per
+  // call, so turn it on while debugging).
+  std::optional<bool> check_arguments = std::nullopt;
 };
 
 class SHARDOPT_API Communicator {
@@ -97,6 +105,8 @@ class SHARDOPT_API Communicator {
   // The name of the backend in use ("mpi-host").
   const char* backend_name() const;
   std::size_t max_chunk_elements() const;
+  // Whether arguments are agreed across ranks before each operation.
+  bool checks_arguments() const noexcept { return check_args_; }
 
   // recv[i] = op over ranks of send[i], i < count, on every rank.
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
@@ -152,6 +162,7 @@ class SHARDOPT_API Communicator {
   void release() noexcept;
 
   std::unique_ptr<detail::Backend> backend_;
+  bool check_args_ = false;
 };
 
 }  // namespace shardopt

@@ -20,6 +20,7 @@ struct Settings {
   std::string debug_file;                // SHARDOPT_DEBUG_FILE ("" = stderr)
   bool huge_pages = true;                // SHARDOPT_HUGE_PAGES
   std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
+  bool check_args = false;               // SHARDOPT_CHECK_ARGS
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -5,7 +5,10 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <cstring>
+#include <exception>
 #include <utility>
+#include <vector>
 
 #include "comm/backend.hpp"
 #include "common/check.hpp"
@@ -124,6 +127,7 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
                        " is larger than an MPI count can be (INT_MAX = 2147483647)",
                    "use a value from 1 to 2147483647, or 0 for SHARDOPT_COMM_MAX_CHUNK");
   }
+  check_args_ = options.check_arguments.value_or(settings().check_args);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
 }
 
@@ -133,6 +137,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
   if (this != &other) {
     release();
     backend_ = std::move(other.backend_);
+    check_args_ = other.check_args_;
   }
   return *this;
 }
@@ -276,6 +281,108 @@ void trace(const char* op, std::size_t count, DType dtype, const char* extra = "
   SHARDOPT_LOG(trace, op << " count=" << count << " dtype=" << dtype_name(dtype) << extra);
 }
 
+// ------------------------------------------------ argument agreement
+//
+// With argument checking on (CommOptions::check_arguments or
+// SHARDOPT_CHECK_ARGS=1), every operation first exchanges what each rank
+// passed and whether its local checks failed. A bad argument on one rank
+// then becomes an error on every rank instead of a hang in the collective,
+// and ranks that pass different counts, types, ops or roots (or call
+// different operations) are told so before any data moves.
+
+enum class OpKind : std::int32_t { allreduce = 1, reduce_scatter, allgather, broadcast, barrier };
+
+const char* op_kind_name(std::int32_t k) {
+  switch (static_cast<OpKind>(k)) {
+    case OpKind::allreduce: return "allreduce";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::allgather: return "allgather";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::barrier: return "barrier";
+  }
+  return "unknown operation";
+}
+
+// What one rank passed; exchanged as raw bytes, so every field is fixed-size.
+struct Signature {
+  std::int32_t kind = 0;
+  std::int32_t error = 0;  // the ErrorCode of the rank's local checks, 0 if they passed
+  std::int64_t count = 0;
+  std::int32_t dtype = -1;
+  std::int32_t op = -1;
+  std::int32_t root = -1;
+  std::int32_t pad = 0;
+};
+
+std::string describe(const Signature& s) {
+  std::string d = op_kind_name(s.kind);
+  if (static_cast<OpKind>(s.kind) == OpKind::barrier) return d;
+  d += "(count=" + std::to_string(s.count) + ", dtype=" + dtype_name(static_cast<DType>(s.dtype));
+  if (s.op >= 0) d += std::string(", op=") + reduce_op_name(static_cast<ReduceOp>(s.op));
+  if (s.root >= 0) d += ", root=" + std::to_string(s.root);
+  return d + ")";
+}
+
+// Runs `checks` (the local argument checks). With agreement on, also
+// exchanges signatures, and throws on every rank if any rank's checks failed
+// or the signatures differ.
+template <class Checks>
+void check_arguments(const Backend& b, bool agree, Signature sig, Checks checks) {
+  if (!agree) {
+    checks();
+    return;
+  }
+  std::exception_ptr local;
+  try {
+    checks();
+  } catch (const Error& e) {
+    local = std::current_exception();
+    sig.error = static_cast<std::int32_t>(e.code());
+  }
+  std::vector<Signature> all(static_cast<std::size_t>(b.size()));
+  SHARDOPT_CHECK_MPI(MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE,
+                                   b.mpi_comm()),
+                     std::string(op_kind_name(sig.kind)) + ": exchanging arguments");
+  std::string failed;
+  ErrorCode first_code = ErrorCode::invalid_argument;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].error == 0) continue;
+    if (failed.empty()) first_code = static_cast<ErrorCode>(all[r].error);
+    failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (local) std::rethrow_exception(local);
+  const std::string op = op_kind_name(sig.kind);
+  if (!failed.empty()) {
+    detail::throw_error(first_code,
+                        op + ": rank(s) " + failed + " rejected their arguments (" +
+                            error_code_name(first_code) + "); no rank ran the operation",
+                        "read the error printed by rank(s) " + failed + ", and fix the call there",
+                        __FILE__, __LINE__);
+  }
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    Signature a = all[0], c = all[r];
+    if (std::memcmp(&a, &c, sizeof a) == 0) continue;
+    const bool other_op = a.kind != c.kind;
+    detail::throw_error(
+        other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
+        op + ": ranks disagree: rank 0 called " + describe(a) + ", rank " + std::to_string(r) +
+            " called " + describe(c) + "; no rank ran the operation",
+        other_op ? "every rank must call the same collectives in the same order"
+                 : "every rank must pass the same count, dtype, op and root",
+        __FILE__, __LINE__);
+  }
+}
+
+Signature signature(OpKind kind, std::size_t count, DType dtype, int op = -1, int root = -1) {
+  Signature s;
+  s.kind = static_cast<std::int32_t>(kind);
+  s.count = static_cast<std::int64_t>(count);
+  s.dtype = static_cast<std::int32_t>(dtype);
+  s.op = op;
+  s.root = root;
+  return s;
+}
+
 Request wrap(std::unique_ptr<PendingOp> op) { return Request(std::move(op)); }
 
 }  // namespace
@@ -283,87 +390,107 @@ Request wrap(std::unique_ptr<PendingOp> op) { return Request(std::move(op)); }
 // Each public operation checks, then runs the backend blocking or not.
 namespace {
 
-std::unique_ptr<PendingOp> do_allreduce(Backend& b, const void* send, void* recv,
+std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send, void* recv,
                                         std::size_t count, DType dtype, ReduceOp op,
                                         bool blocking) {
-  check_reduction("allreduce", dtype, op);
-  const std::size_t bytes = detail::checked_mul(count, dtype_size(dtype), "allreduce", "count");
-  check_buffer(b, "allreduce", "send", send, count);
-  check_buffer(b, "allreduce", "recv", recv, count);
-  if (send != recv && detail::overlap(send, bytes, recv, bytes)) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        "allreduce: send and recv buffers overlap without being the same",
-                        "use one buffer for both (recv == send) for in place, or two separate "
-                        "buffers",
-                        __FILE__, __LINE__);
-  }
+  const auto sig = signature(OpKind::allreduce, count, dtype, static_cast<int>(op));
+  check_arguments(b, agree, sig, [&] {
+    check_reduction("allreduce", dtype, op);
+    const std::size_t bytes = detail::checked_mul(count, dtype_size(dtype), "allreduce", "count");
+    check_buffer(b, "allreduce", "send", send, count);
+    check_buffer(b, "allreduce", "recv", recv, count);
+    if (send != recv && detail::overlap(send, bytes, recv, bytes)) {
+      detail::throw_error(ErrorCode::invalid_argument,
+                          "allreduce: send and recv buffers overlap without being the same",
+                          "use one buffer for both (recv == send) for in place, or two separate "
+                          "buffers",
+                          __FILE__, __LINE__);
+    }
+  });
   trace("allreduce", count, dtype);
   return b.allreduce(send, recv, count, dtype, op, blocking);
 }
 
-std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, const void* send, void* recv,
-                                             std::size_t count, DType dtype, ReduceOp op,
-                                             bool blocking) {
-  check_reduction("reduce_scatter", dtype, op);
-  const std::size_t n = static_cast<std::size_t>(b.size());
-  const std::size_t total = detail::checked_mul(count, n, "reduce_scatter", "count x ranks");
-  const std::size_t es = dtype_size(dtype);
-  const std::size_t total_bytes = detail::checked_mul(total, es, "reduce_scatter", "count");
-  check_buffer(b, "reduce_scatter", "send", send, total);
-  check_buffer(b, "reduce_scatter", "recv", recv, count);
+std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send,
+                                             void* recv, std::size_t count, DType dtype,
+                                             ReduceOp op, bool blocking) {
   detail::ScatterPlace place = detail::ScatterPlace::separate;
-  const auto* own = static_cast<const char*>(send) + static_cast<std::size_t>(b.rank()) * count * es;
-  if (count != 0 && recv == send) {
-    place = detail::ScatterPlace::at_start;
-  } else if (count != 0 && recv == own) {
-    place = detail::ScatterPlace::at_own_block;
-  } else if (detail::overlap(send, total_bytes, recv, count * es)) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        "reduce_scatter: recv overlaps send but is neither send (MPI-style in "
-                        "place) nor send + rank*count (NCCL-style in place)",
-                        "use separate buffers, or one of the two in-place forms", __FILE__,
-                        __LINE__);
-  }
+  const auto sig = signature(OpKind::reduce_scatter, count, dtype, static_cast<int>(op));
+  check_arguments(b, agree, sig, [&] {
+    check_reduction("reduce_scatter", dtype, op);
+    const std::size_t n = static_cast<std::size_t>(b.size());
+    const std::size_t total = detail::checked_mul(count, n, "reduce_scatter", "count x ranks");
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t total_bytes = detail::checked_mul(total, es, "reduce_scatter", "count");
+    check_buffer(b, "reduce_scatter", "send", send, total);
+    check_buffer(b, "reduce_scatter", "recv", recv, count);
+    const auto* own =
+        static_cast<const char*>(send) + static_cast<std::size_t>(b.rank()) * count * es;
+    if (count != 0 && recv == send) {
+      place = detail::ScatterPlace::at_start;
+    } else if (count != 0 && recv == own) {
+      place = detail::ScatterPlace::at_own_block;
+    } else if (detail::overlap(send, total_bytes, recv, count * es)) {
+      detail::throw_error(ErrorCode::invalid_argument,
+                          "reduce_scatter: recv overlaps send but is neither send (MPI-style in "
+                          "place) nor send + rank*count (NCCL-style in place)",
+                          "use separate buffers, or one of the two in-place forms", __FILE__,
+                          __LINE__);
+    }
+  });
   trace("reduce_scatter", count, dtype);
   return b.reduce_scatter(send, recv, count, dtype, op, place, blocking);
 }
 
-std::unique_ptr<PendingOp> do_allgather(Backend& b, const void* send, void* recv,
+std::unique_ptr<PendingOp> do_allgather(Backend& b, bool agree, const void* send, void* recv,
                                         std::size_t count, DType dtype, bool blocking) {
-  check_dtype("allgather", dtype);
-  const std::size_t n = static_cast<std::size_t>(b.size());
-  const std::size_t total = detail::checked_mul(count, n, "allgather", "count x ranks");
-  const std::size_t es = dtype_size(dtype);
-  const std::size_t total_bytes = detail::checked_mul(total, es, "allgather", "count");
-  check_buffer(b, "allgather", "send", send, count);
-  check_buffer(b, "allgather", "recv", recv, total);
-  const auto* own = static_cast<const char*>(recv) + static_cast<std::size_t>(b.rank()) * count * es;
-  const bool in_place = count != 0 && send == own;
-  if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        "allgather: send overlaps recv but is not recv + rank*count (the "
-                        "in-place form)",
-                        "use separate buffers, or pass send = recv + rank*count", __FILE__,
-                        __LINE__);
-  }
+  bool in_place = false;
+  check_arguments(b, agree, signature(OpKind::allgather, count, dtype), [&] {
+    check_dtype("allgather", dtype);
+    const std::size_t n = static_cast<std::size_t>(b.size());
+    const std::size_t total = detail::checked_mul(count, n, "allgather", "count x ranks");
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t total_bytes = detail::checked_mul(total, es, "allgather", "count");
+    check_buffer(b, "allgather", "send", send, count);
+    check_buffer(b, "allgather", "recv", recv, total);
+    const auto* own =
+        static_cast<const char*>(recv) + static_cast<std::size_t>(b.rank()) * count * es;
+    in_place = count != 0 && send == own;
+    if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) {
+      detail::throw_error(ErrorCode::invalid_argument,
+                          "allgather: send overlaps recv but is not recv + rank*count (the "
+                          "in-place form)",
+                          "use separate buffers, or pass send = recv + rank*count", __FILE__,
+                          __LINE__);
+    }
+  });
   trace("allgather", count, dtype);
   return b.allgather(send, recv, count, dtype, in_place, blocking);
 }
 
-std::unique_ptr<PendingOp> do_broadcast(Backend& b, void* buf, std::size_t count, DType dtype,
-                                        int root, bool blocking) {
-  check_dtype("broadcast", dtype);
-  detail::checked_mul(count, dtype_size(dtype), "broadcast", "count");
-  if (root < 0 || root >= b.size()) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        "broadcast: root " + std::to_string(root) + " is not a rank of this " +
-                            std::to_string(b.size()) + "-rank communicator",
-                        "pass a root from 0 to size()-1, the same on every rank", __FILE__,
-                        __LINE__);
-  }
-  check_buffer(b, "broadcast", "buf", buf, count);
+std::unique_ptr<PendingOp> do_broadcast(Backend& b, bool agree, void* buf, std::size_t count,
+                                        DType dtype, int root, bool blocking) {
+  check_arguments(b, agree, signature(OpKind::broadcast, count, dtype, -1, root), [&] {
+    check_dtype("broadcast", dtype);
+    detail::checked_mul(count, dtype_size(dtype), "broadcast", "count");
+    if (root < 0 || root >= b.size()) {
+      detail::throw_error(ErrorCode::invalid_argument,
+                          "broadcast: root " + std::to_string(root) + " is not a rank of this " +
+                              std::to_string(b.size()) + "-rank communicator",
+                          "pass a root from 0 to size()-1, the same on every rank", __FILE__,
+                          __LINE__);
+    }
+    check_buffer(b, "broadcast", "buf", buf, count);
+  });
   trace("broadcast", count, dtype);
   return b.broadcast(buf, count, dtype, root, blocking);
+}
+
+std::unique_ptr<PendingOp> do_barrier(Backend& b, bool agree, bool blocking) {
+  Signature sig;
+  sig.kind = static_cast<std::int32_t>(OpKind::barrier);
+  check_arguments(b, agree, sig, [] {});
+  return b.barrier(blocking);
 }
 
 }  // namespace
@@ -371,47 +498,47 @@ std::unique_ptr<PendingOp> do_broadcast(Backend& b, void* buf, std::size_t count
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                              ReduceOp op) {
   require_usable("allreduce");
-  do_allreduce(*backend_, send, recv, count, dtype, op, true);
+  do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, true);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) {
   require_usable("reduce_scatter");
-  do_reduce_scatter(*backend_, send, recv, count, dtype, op, true);
+  do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, true);
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("allgather");
-  do_allgather(*backend_, send, recv, count, dtype, true);
+  do_allgather(*backend_, check_args_, send, recv, count, dtype, true);
 }
 void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("broadcast");
-  do_broadcast(*backend_, buf, count, dtype, root, true);
+  do_broadcast(*backend_, check_args_, buf, count, dtype, root, true);
 }
 void Communicator::barrier() {
   require_usable("barrier");
-  backend_->barrier(true);
+  do_barrier(*backend_, check_args_, true);
 }
 
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
   require_usable("iallreduce");
-  return wrap(do_allreduce(*backend_, send, recv, count, dtype, op, false));
+  return wrap(do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false));
 }
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count,
                                       DType dtype, ReduceOp op) {
   require_usable("ireduce_scatter");
-  return wrap(do_reduce_scatter(*backend_, send, recv, count, dtype, op, false));
+  return wrap(do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false));
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("iallgather");
-  return wrap(do_allgather(*backend_, send, recv, count, dtype, false));
+  return wrap(do_allgather(*backend_, check_args_, send, recv, count, dtype, false));
 }
 Request Communicator::ibroadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("ibroadcast");
-  return wrap(do_broadcast(*backend_, buf, count, dtype, root, false));
+  return wrap(do_broadcast(*backend_, check_args_, buf, count, dtype, root, false));
 }
 Request Communicator::ibarrier() {
   require_usable("ibarrier");
-  return wrap(backend_->barrier(false));
+  return wrap(do_barrier(*backend_, check_args_, false));
 }
 
 }  // namespace shardopt

@@ -88,6 +88,16 @@ const VarSpec kVars[] = {
        s.comm_max_chunk = static_cast<std::size_t>(*n);
        return true;
      }},
+    {"SHARDOPT_CHECK_ARGS", "0", "1, 0 (also true/false, yes/no, on/off)",
+     "Agree on every collective's arguments across ranks before running it, so that a bad "
+     "argument on one rank, or ranks that disagree on count, type, op or root, fail on every "
+     "rank with a clear error instead of hanging. Costs one small collective per call.",
+     [](Settings& s, const std::string& v) {
+       const auto b = parse_bool(v);
+       if (!b) return false;
+       s.check_args = *b;
+       return true;
+     }},
 };
 
 }  // namespace
