@@ -78,3 +78,41 @@ TEST_CASE("errors: status names and descriptions for every code", "[errors]") {
         "SHARDOPT_ERR_UNKNOWN");
   CHECK(std::string(shardopt_status_name(SHARDOPT_ERR_MPI)) == "SHARDOPT_ERR_MPI");
 }
+
+#include "common/cuda_check.hpp"
+
+#if SHARDOPT_HAVE_CUDA
+namespace {
+bool no_cuda_error() {
+  SHARDOPT_CHECK_CUDA(cudaSuccess, "nothing");
+  return true;
+}
+}  // namespace
+
+TEST_CASE("errors: a failing CUDA call becomes a CommError with CUDA's own text", "[errors]") {
+  // Device 100000 never exists, with or without a GPU in the machine.
+  try {
+    SHARDOPT_CHECK_CUDA(cudaSetDevice(100000), "selecting a device");
+    FAIL("no throw");
+  } catch (const CommError& e) {
+    CHECK(e.code() == ErrorCode::cuda);
+    CHECK(e.message().find("selecting a device: cudaSetDevice(100000) failed: cuda") !=
+          std::string::npos);
+    CHECK_FALSE(e.hint().empty());
+  }
+  CHECK(no_cuda_error());
+}
+#endif
+
+#if SHARDOPT_HAVE_NCCL
+TEST_CASE("errors: a failing NCCL call becomes a CommError with NCCL's own text", "[errors]") {
+  try {
+    SHARDOPT_CHECK_NCCL(ncclGetVersion(nullptr), "asking NCCL for its version");
+    FAIL("no throw");
+  } catch (const CommError& e) {
+    CHECK(e.code() == ErrorCode::nccl);
+    CHECK(e.message().find(ncclGetErrorString(ncclInvalidArgument)) != std::string::npos);
+    CHECK(e.message().find("ncclGetVersion(nullptr)") != std::string::npos);
+  }
+}
+#endif
