@@ -3,7 +3,6 @@
 // instead of hanging. Without agreement these cases would hang, so each is
 // only run with it on.
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <vector>
 
@@ -98,11 +97,13 @@ TEST_CASE("ranks that pass different counts, types, ops or roots are told so",
       [&] { c.allreduce(a.data(), b.data(), 8, odd ? DType::i64 : DType::f64, ReduceOp::max); },
       ErrorCode::invalid_argument, "rank 0 called allreduce(count=8, dtype=f64, op=max)")));
   CHECK(all_ranks_true(throws_error<InvalidArgument>(
-      [&] { c.reduce_scatter(a.data(), b.data(), 8, DType::f64, odd ? ReduceOp::min : ReduceOp::sum); },
+      [&] {
+        c.reduce_scatter(a.data(), b.data(), 8, DType::f64, odd ? ReduceOp::min : ReduceOp::sum);
+      },
       ErrorCode::invalid_argument, "op=min")));
-  CHECK(all_ranks_true(throws_error<InvalidArgument>(
-      [&] { c.broadcast(a.data(), 8, DType::f64, odd ? 1 : 0); }, ErrorCode::invalid_argument,
-      "root=1")));
+  CHECK(all_ranks_true(
+      throws_error<InvalidArgument>([&] { c.broadcast(a.data(), 8, DType::f64, odd ? 1 : 0); },
+                                    ErrorCode::invalid_argument, "root=1")));
   CHECK(sums_correctly(c));
 }
 

@@ -1,8 +1,7 @@
 // The error hierarchy: codes, subclasses, messages, and the C status names.
-#include <catch2/catch.hpp>
-
 #include <mpi.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "common/check.hpp"

@@ -2,7 +2,6 @@
 // f16 against the compiler's _Float16 conversions (libgcc's soft-float code),
 // bf16 against a nearest-value search done in double.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -48,9 +47,7 @@ std::uint16_t bf16_reference(float x) {
   return (lo & 1) ? hi : lo;
 }
 
-bool same_value(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b);
-}
+bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b); }
 
 }  // namespace
 

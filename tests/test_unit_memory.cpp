@@ -1,6 +1,5 @@
 // HostBuffer: alignment, zero fill, move semantics.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <utility>
 
@@ -9,8 +8,8 @@
 using shardopt::HostBuffer;
 
 TEST_CASE("HostBuffer: 2 MiB aligned, zero-filled, writable", "[memory]") {
-  for (std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{3} << 20,
-                            std::size_t{64} << 20}) {
+  for (std::size_t bytes :
+       {std::size_t{1}, std::size_t{4096}, std::size_t{3} << 20, std::size_t{64} << 20}) {
     HostBuffer b(bytes);
     REQUIRE(b.data() != nullptr);
     CHECK(b.size() == bytes);

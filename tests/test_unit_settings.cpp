@@ -1,6 +1,5 @@
 // SHARDOPT_* parsing: defaults, accepted values, and the error for each bad value.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <map>
 #include <sstream>

@@ -16,11 +16,11 @@ namespace shardopt {
 enum class LogLevel : int { none = 0, warn = 1, info = 2, trace = 3 };
 
 struct Settings {
-  LogLevel debug = LogLevel::warn;       // SHARDOPT_DEBUG
-  std::string debug_file;                // SHARDOPT_DEBUG_FILE ("" = stderr)
-  bool huge_pages = true;                // SHARDOPT_HUGE_PAGES
+  LogLevel debug = LogLevel::warn;          // SHARDOPT_DEBUG
+  std::string debug_file;                   // SHARDOPT_DEBUG_FILE ("" = stderr)
+  bool huge_pages = true;                   // SHARDOPT_HUGE_PAGES
   std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
-  bool check_args = false;               // SHARDOPT_CHECK_ARGS
+  bool check_args = false;                  // SHARDOPT_CHECK_ARGS
 };
 
 // The settings of this process, read from the environment at the first call.

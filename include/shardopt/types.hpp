@@ -38,12 +38,18 @@ inline constexpr bool is_floating(DType t) noexcept {
 // Bytes per element; 0 for a value that is not a DType.
 inline constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
@@ -51,12 +57,18 @@ inline constexpr std::size_t dtype_size(DType t) noexcept {
 // "f32", "bf16", ...; "invalid" for a value that is not a DType.
 inline constexpr const char* dtype_name(DType t) noexcept {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "invalid";
 }
@@ -64,10 +76,14 @@ inline constexpr const char* dtype_name(DType t) noexcept {
 // "sum", "avg", "max", "min"; "invalid" for a value that is not a ReduceOp.
 inline constexpr const char* reduce_op_name(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "invalid";
 }
@@ -75,12 +91,30 @@ inline constexpr const char* reduce_op_name(ReduceOp op) noexcept {
 // The DType of a C++ element type: dtype_of<float>() == DType::f32.
 template <class T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
-template <> struct DTypeOf<bfloat16> { static constexpr DType value = DType::bf16; };
-template <> struct DTypeOf<float16> { static constexpr DType value = DType::f16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<bfloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<float16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
 template <class T>
 inline constexpr DType dtype_of() noexcept {
   return DTypeOf<T>::value;

@@ -52,14 +52,14 @@ class Backend {
   // returned; otherwise the returned op completes it.
   virtual std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count,
                                                DType dtype, ReduceOp op, bool blocking) = 0;
-  virtual std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv,
-                                                    std::size_t count, DType dtype, ReduceOp op,
-                                                    ScatterPlace place, bool blocking) = 0;
+  virtual std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv, std::size_t count,
+                                                    DType dtype, ReduceOp op, ScatterPlace place,
+                                                    bool blocking) = 0;
   // in_place: send == recv + rank*count.
   virtual std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count,
                                                DType dtype, bool in_place, bool blocking) = 0;
-  virtual std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype,
-                                               int root, bool blocking) = 0;
+  virtual std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
+                                               bool blocking) = 0;
   virtual std::unique_ptr<PendingOp> barrier(bool blocking) = 0;
 };
 

@@ -4,9 +4,9 @@
 
 #include <climits>
 #include <cstdint>
-#include <string>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,8 +69,9 @@ Request& Request::operator=(Request&& other) noexcept {
 
 Request::~Request() {
   if (!op_) return;
-  SHARDOPT_LOG(warn, "a Request was destroyed before wait() or test() completed it; waiting "
-                     "for it now (call wait() before the Request goes out of scope)");
+  SHARDOPT_LOG(warn,
+               "a Request was destroyed before wait() or test() completed it; waiting "
+               "for it now (call wait() before the Request goes out of scope)");
   try {
     op_->wait();
   } catch (const std::exception& e) {
@@ -147,8 +148,9 @@ Communicator::~Communicator() { release(); }
 void Communicator::release() noexcept {
   if (!backend_ || backend_->freed()) return;
   if (mpi_is_finalized()) {
-    SHARDOPT_LOG(warn, "a Communicator outlived MPI_Finalize (MPI released it); destroy "
-                       "shardopt objects before MPI_Finalize");
+    SHARDOPT_LOG(warn,
+                 "a Communicator outlived MPI_Finalize (MPI released it); destroy "
+                 "shardopt objects before MPI_Finalize");
     return;
   }
   try {
@@ -227,20 +229,20 @@ using detail::Backend;
 
 void check_dtype(const char* op, DType dtype) {
   if (!is_valid(dtype)) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        std::string(op) + ": unknown DType value " +
-                            std::to_string(static_cast<int>(dtype)),
-                        "pass one of DType::f32, f64, bf16, f16, i32, i64", __FILE__, __LINE__);
+    detail::throw_error(
+        ErrorCode::invalid_argument,
+        std::string(op) + ": unknown DType value " + std::to_string(static_cast<int>(dtype)),
+        "pass one of DType::f32, f64, bf16, f16, i32, i64", __FILE__, __LINE__);
   }
 }
 
 void check_reduction(const char* op, DType dtype, ReduceOp rop) {
   check_dtype(op, dtype);
   if (!is_valid(rop)) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        std::string(op) + ": unknown ReduceOp value " +
-                            std::to_string(static_cast<int>(rop)),
-                        "pass one of ReduceOp::sum, avg, max, min", __FILE__, __LINE__);
+    detail::throw_error(
+        ErrorCode::invalid_argument,
+        std::string(op) + ": unknown ReduceOp value " + std::to_string(static_cast<int>(rop)),
+        "pass one of ReduceOp::sum, avg, max, min", __FILE__, __LINE__);
   }
   if (rop == ReduceOp::avg && !is_floating(dtype)) {
     detail::throw_error(ErrorCode::unsupported,
@@ -258,12 +260,12 @@ void check_buffer(const Backend& b, const char* op, const char* which, const voi
                   std::size_t count) {
   if (count == 0) return;
   if (p == nullptr) {
-    detail::throw_error(ErrorCode::invalid_argument,
-                        std::string(op) + ": " + which + " buffer is null but count is " +
-                            std::to_string(count),
-                        "pass a buffer of at least the stated number of elements, or a count "
-                        "of 0",
-                        __FILE__, __LINE__);
+    detail::throw_error(
+        ErrorCode::invalid_argument,
+        std::string(op) + ": " + which + " buffer is null but count is " + std::to_string(count),
+        "pass a buffer of at least the stated number of elements, or a count "
+        "of 0",
+        __FILE__, __LINE__);
   }
   const detail::MemoryLocation where = detail::locate(p);
   if (!b.accepts(where)) {
@@ -272,8 +274,8 @@ void check_buffer(const Backend& b, const char* op, const char* which, const voi
         std::string(op) + ": " + which + " buffer is in " + detail::memory_kind_name(where.kind) +
             (where.device >= 0 ? " of device " + std::to_string(where.device) : std::string()) +
             ", which the " + b.name() + " backend cannot use",
-        "pass host buffers to a host Communicator, or copy the data to host memory first",
-        __FILE__, __LINE__);
+        "pass host buffers to a host Communicator, or copy the data to host memory first", __FILE__,
+        __LINE__);
   }
 }
 
@@ -294,11 +296,16 @@ enum class OpKind : std::int32_t { allreduce = 1, reduce_scatter, allgather, bro
 
 const char* op_kind_name(std::int32_t k) {
   switch (static_cast<OpKind>(k)) {
-    case OpKind::allreduce: return "allreduce";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::allgather: return "allgather";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::barrier: return "barrier";
+    case OpKind::allreduce:
+      return "allreduce";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::allgather:
+      return "allgather";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::barrier:
+      return "barrier";
   }
   return "unknown operation";
 }
@@ -340,9 +347,9 @@ void check_arguments(const Backend& b, bool agree, Signature sig, Checks checks)
     sig.error = static_cast<std::int32_t>(e.code());
   }
   std::vector<Signature> all(static_cast<std::size_t>(b.size()));
-  SHARDOPT_CHECK_MPI(MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE,
-                                   b.mpi_comm()),
-                     std::string(op_kind_name(sig.kind)) + ": exchanging arguments");
+  SHARDOPT_CHECK_MPI(
+      MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE, b.mpi_comm()),
+      std::string(op_kind_name(sig.kind)) + ": exchanging arguments");
   std::string failed;
   ErrorCode first_code = ErrorCode::invalid_argument;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -363,13 +370,13 @@ void check_arguments(const Backend& b, bool agree, Signature sig, Checks checks)
     Signature a = all[0], c = all[r];
     if (std::memcmp(&a, &c, sizeof a) == 0) continue;
     const bool other_op = a.kind != c.kind;
-    detail::throw_error(
-        other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
-        op + ": ranks disagree: rank 0 called " + describe(a) + ", rank " + std::to_string(r) +
-            " called " + describe(c) + "; no rank ran the operation",
-        other_op ? "every rank must call the same collectives in the same order"
-                 : "every rank must pass the same count, dtype, op and root",
-        __FILE__, __LINE__);
+    detail::throw_error(other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
+                        op + ": ranks disagree: rank 0 called " + describe(a) + ", rank " +
+                            std::to_string(r) + " called " + describe(c) +
+                            "; no rank ran the operation",
+                        other_op ? "every rank must call the same collectives in the same order"
+                                 : "every rank must pass the same count, dtype, op and root",
+                        __FILE__, __LINE__);
   }
 }
 
@@ -411,9 +418,9 @@ std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send
   return b.allreduce(send, recv, count, dtype, op, blocking);
 }
 
-std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send,
-                                             void* recv, std::size_t count, DType dtype,
-                                             ReduceOp op, bool blocking) {
+std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send, void* recv,
+                                             std::size_t count, DType dtype, ReduceOp op,
+                                             bool blocking) {
   detail::ScatterPlace place = detail::ScatterPlace::separate;
   const auto sig = signature(OpKind::reduce_scatter, count, dtype, static_cast<int>(op));
   check_arguments(b, agree, sig, [&] {
@@ -523,8 +530,8 @@ Request Communicator::iallreduce(const void* send, void* recv, std::size_t count
   require_usable("iallreduce");
   return wrap(do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false));
 }
-Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count,
-                                      DType dtype, ReduceOp op) {
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                      ReduceOp op) {
   require_usable("ireduce_scatter");
   return wrap(do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false));
 }

@@ -31,7 +31,8 @@ BuildInfo build_info() noexcept {
       info.mpi_library = s.substr(0, cut);
     }
 #if SHARDOPT_HAVE_MPIX_CUDA
-    if (mpi_is_initialized() && !mpi_is_finalized()) info.mpi_cuda_aware = MPIX_Query_cuda_support() == 1;
+    if (mpi_is_initialized() && !mpi_is_finalized())
+      info.mpi_cuda_aware = MPIX_Query_cuda_support() == 1;
 #endif
   } catch (...) {
   }

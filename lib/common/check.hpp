@@ -24,12 +24,13 @@ int world_rank() noexcept;
 
 }  // namespace shardopt::detail
 
-#define SHARDOPT_THROW(code, message, hint) \
-  ::shardopt::detail::throw_error(::shardopt::ErrorCode::code, (message), (hint), __FILE__, __LINE__)
+#define SHARDOPT_THROW(code, message, hint)                                                 \
+  ::shardopt::detail::throw_error(::shardopt::ErrorCode::code, (message), (hint), __FILE__, \
+                                  __LINE__)
 
-#define SHARDOPT_CHECK_MPI(call, what)                                                \
-  do {                                                                                \
-    const int shardopt_rc_ = (call);                                                  \
-    if (shardopt_rc_ != MPI_SUCCESS)                                                  \
+#define SHARDOPT_CHECK_MPI(call, what)                                                      \
+  do {                                                                                      \
+    const int shardopt_rc_ = (call);                                                        \
+    if (shardopt_rc_ != MPI_SUCCESS)                                                        \
       ::shardopt::detail::throw_mpi_error(shardopt_rc_, #call, (what), __FILE__, __LINE__); \
   } while (0)

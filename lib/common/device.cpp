@@ -36,9 +36,12 @@ MemoryLocation locate(const void* p) noexcept {
     return {};
   }
   switch (attr.type) {
-    case cudaMemoryTypeDevice: return {MemoryKind::device, attr.device};
-    case cudaMemoryTypeManaged: return {MemoryKind::managed, attr.device};
-    default: return {};  // pageable or pinned host memory
+    case cudaMemoryTypeDevice:
+      return {MemoryKind::device, attr.device};
+    case cudaMemoryTypeManaged:
+      return {MemoryKind::managed, attr.device};
+    default:
+      return {};  // pageable or pinned host memory
   }
 #else
   (void)p;
@@ -48,9 +51,12 @@ MemoryLocation locate(const void* p) noexcept {
 
 const char* memory_kind_name(MemoryKind kind) noexcept {
   switch (kind) {
-    case MemoryKind::host: return "host memory";
-    case MemoryKind::device: return "CUDA device memory";
-    case MemoryKind::managed: return "CUDA managed memory";
+    case MemoryKind::host:
+      return "host memory";
+    case MemoryKind::device:
+      return "CUDA device memory";
+    case MemoryKind::managed:
+      return "CUDA managed memory";
   }
   return "unknown memory";
 }

@@ -13,10 +13,14 @@ namespace {
 
 int to_mpi(ThreadLevel l) {
   switch (l) {
-    case ThreadLevel::single: return MPI_THREAD_SINGLE;
-    case ThreadLevel::funneled: return MPI_THREAD_FUNNELED;
-    case ThreadLevel::serialized: return MPI_THREAD_SERIALIZED;
-    case ThreadLevel::multiple: return MPI_THREAD_MULTIPLE;
+    case ThreadLevel::single:
+      return MPI_THREAD_SINGLE;
+    case ThreadLevel::funneled:
+      return MPI_THREAD_FUNNELED;
+    case ThreadLevel::serialized:
+      return MPI_THREAD_SERIALIZED;
+    case ThreadLevel::multiple:
+      return MPI_THREAD_MULTIPLE;
   }
   return MPI_THREAD_SINGLE;
 }
@@ -32,10 +36,14 @@ ThreadLevel from_mpi(int l) {
 
 const char* thread_level_name(ThreadLevel level) noexcept {
   switch (level) {
-    case ThreadLevel::single: return "MPI_THREAD_SINGLE";
-    case ThreadLevel::funneled: return "MPI_THREAD_FUNNELED";
-    case ThreadLevel::serialized: return "MPI_THREAD_SERIALIZED";
-    case ThreadLevel::multiple: return "MPI_THREAD_MULTIPLE";
+    case ThreadLevel::single:
+      return "MPI_THREAD_SINGLE";
+    case ThreadLevel::funneled:
+      return "MPI_THREAD_FUNNELED";
+    case ThreadLevel::serialized:
+      return "MPI_THREAD_SERIALIZED";
+    case ThreadLevel::multiple:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "invalid";
 }
@@ -54,9 +62,10 @@ bool mpi_is_finalized() noexcept {
 
 Environment::Environment(int* argc, char*** argv, ThreadLevel level) {
   if (static_cast<int>(level) < 0 || static_cast<int>(level) > 3) {
-    SHARDOPT_THROW(invalid_argument, "Environment: invalid ThreadLevel value " +
-                                         std::to_string(static_cast<int>(level)),
-                   "pass one of ThreadLevel::single, funneled, serialized, multiple");
+    SHARDOPT_THROW(
+        invalid_argument,
+        "Environment: invalid ThreadLevel value " + std::to_string(static_cast<int>(level)),
+        "pass one of ThreadLevel::single, funneled, serialized, multiple");
   }
   if (mpi_is_finalized()) {
     SHARDOPT_THROW(mpi_finalized,
@@ -75,8 +84,8 @@ Environment::Environment(int* argc, char*** argv, ThreadLevel level) {
   }
   provided_ = from_mpi(provided);
   if (static_cast<int>(provided_) < static_cast<int>(level)) {
-    const std::string msg = std::string("MPI provides ") + thread_level_name(provided_) +
-                            " but " + thread_level_name(level) + " was asked for";
+    const std::string msg = std::string("MPI provides ") + thread_level_name(provided_) + " but " +
+                            thread_level_name(level) + " was asked for";
     if (owns_) {
       MPI_Finalize();
       owns_ = false;
@@ -92,8 +101,9 @@ Environment::Environment(int* argc, char*** argv, ThreadLevel level) {
 Environment::~Environment() {
   if (!owns_) return;
   if (mpi_is_finalized()) {
-    SHARDOPT_LOG(warn, "Environment: MPI was finalized by someone else before the Environment "
-                       "ended; nothing left to do");
+    SHARDOPT_LOG(warn,
+                 "Environment: MPI was finalized by someone else before the Environment "
+                 "ended; nothing left to do");
     return;
   }
   MPI_Finalize();

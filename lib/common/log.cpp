@@ -28,9 +28,21 @@ std::string expand_path(const std::string& pattern) {
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       const char c = pattern[i + 1];
-      if (c == 'h') { out += host_name(); ++i; continue; }
-      if (c == 'p') { out += std::to_string(getpid()); ++i; continue; }
-      if (c == 'r') { out += std::to_string(world_rank()); ++i; continue; }
+      if (c == 'h') {
+        out += host_name();
+        ++i;
+        continue;
+      }
+      if (c == 'p') {
+        out += std::to_string(getpid());
+        ++i;
+        continue;
+      }
+      if (c == 'r') {
+        out += std::to_string(world_rank());
+        ++i;
+        continue;
+      }
     }
     out += pattern[i];
   }
@@ -39,10 +51,14 @@ std::string expand_path(const std::string& pattern) {
 
 const char* level_name(LogLevel l) {
   switch (l) {
-    case LogLevel::none: return "NONE";
-    case LogLevel::warn: return "WARN";
-    case LogLevel::info: return "INFO";
-    case LogLevel::trace: return "TRACE";
+    case LogLevel::none:
+      return "NONE";
+    case LogLevel::warn:
+      return "WARN";
+    case LogLevel::info:
+      return "INFO";
+    case LogLevel::trace:
+      return "TRACE";
   }
   return "?";
 }
@@ -71,8 +87,10 @@ void log_message(LogLevel level, const std::string& message) noexcept {
         const std::string expanded = expand_path(path);
         g_log_file = std::fopen(expanded.c_str(), "a");
         if (g_log_file == nullptr) {
-          std::fprintf(stderr, "shardopt WARN: cannot open SHARDOPT_DEBUG_FILE '%s'; logging to "
-                       "stderr\n", expanded.c_str());
+          std::fprintf(stderr,
+                       "shardopt WARN: cannot open SHARDOPT_DEBUG_FILE '%s'; logging to "
+                       "stderr\n",
+                       expanded.c_str());
         }
       }
     }

@@ -14,11 +14,11 @@ void log_message(LogLevel level, const std::string& message) noexcept;
 
 }  // namespace shardopt::detail
 
-#define SHARDOPT_LOG(level, stream_expr)                                      \
-  do {                                                                        \
-    if (::shardopt::detail::log_enabled(::shardopt::LogLevel::level)) {       \
-      std::ostringstream shardopt_os_;                                        \
-      shardopt_os_ << stream_expr;                                            \
+#define SHARDOPT_LOG(level, stream_expr)                                                \
+  do {                                                                                  \
+    if (::shardopt::detail::log_enabled(::shardopt::LogLevel::level)) {                 \
+      std::ostringstream shardopt_os_;                                                  \
+      shardopt_os_ << stream_expr;                                                      \
       ::shardopt::detail::log_message(::shardopt::LogLevel::level, shardopt_os_.str()); \
-    }                                                                         \
+    }                                                                                   \
   } while (0)

@@ -25,11 +25,11 @@ HostBuffer::HostBuffer(std::size_t bytes) {
   const std::size_t span = rounded + kHugePage;
   void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
-    SHARDOPT_THROW(out_of_memory,
-                   "HostBuffer: cannot map " + std::to_string(bytes) + " bytes: " +
-                       std::strerror(errno),
-                   "reduce the problem size per rank, use more ranks, or raise the job's memory "
-                   "limit (ulimit -v, the Slurm --mem option)");
+    SHARDOPT_THROW(
+        out_of_memory,
+        "HostBuffer: cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno),
+        "reduce the problem size per rank, use more ranks, or raise the job's memory "
+        "limit (ulimit -v, the Slurm --mem option)");
   }
   const auto base = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;

@@ -55,14 +55,20 @@ const VarSpec kVars[] = {
      "summaries, TRACE every collective. Like NCCL_DEBUG.",
      [](Settings& s, const std::string& v) {
        const std::string u = upper(v);
-       if (u == "NONE") s.debug = LogLevel::none;
-       else if (u == "WARN") s.debug = LogLevel::warn;
-       else if (u == "INFO") s.debug = LogLevel::info;
-       else if (u == "TRACE") s.debug = LogLevel::trace;
-       else return false;
+       if (u == "NONE")
+         s.debug = LogLevel::none;
+       else if (u == "WARN")
+         s.debug = LogLevel::warn;
+       else if (u == "INFO")
+         s.debug = LogLevel::info;
+       else if (u == "TRACE")
+         s.debug = LogLevel::trace;
+       else
+         return false;
        return true;
      }},
-    {"SHARDOPT_DEBUG_FILE", "(stderr)", "a file path; %h is replaced by the host name, %p by the "
+    {"SHARDOPT_DEBUG_FILE", "(stderr)",
+     "a file path; %h is replaced by the host name, %p by the "
      "process id, %r by the rank in MPI_COMM_WORLD",
      "Where log lines go instead of stderr, one file per process when the path uses %p or %r. "
      "Like NCCL_DEBUG_FILE.",
@@ -114,11 +120,13 @@ Settings parse_settings(const EnvLookup& lookup) {
       // Thrown directly, not through throw_error: that logs, and logging
       // reads the settings being parsed here.
       throw ConfigError(ErrorCode::invalid_config,
-                  std::string(var.name) + "='" + value + "' is not a valid value; accepted: " +
-                      var.accepted,
-                  std::string("set ") + var.name + " to one of the accepted values, or unset it "
-                      "to use the default (" + var.default_value + "); see docs/env.md",
-                  __FILE__, __LINE__, world_rank());
+                        std::string(var.name) + "='" + value +
+                            "' is not a valid value; accepted: " + var.accepted,
+                        std::string("set ") + var.name +
+                            " to one of the accepted values, or unset it "
+                            "to use the default (" +
+                            var.default_value + "); see docs/env.md",
+                        __FILE__, __LINE__, world_rank());
     }
   }
   return s;
@@ -145,7 +153,8 @@ const Settings& settings() {
 
 std::vector<EnvVarInfo> environment_variables() {
   std::vector<EnvVarInfo> out;
-  for (const VarSpec& v : kVars) out.push_back({v.name, v.default_value, v.accepted, v.description});
+  for (const VarSpec& v : kVars)
+    out.push_back({v.name, v.default_value, v.accepted, v.description});
   return out;
 }
 

@@ -30,8 +30,9 @@ __global__ void fill(float* p, int n, float v) {
 int main(int argc, char** argv) {
   const int devices = shardopt::detail::cuda_device_count();
   if (devices == 0) {
-    std::printf("SKIP: no CUDA device visible to this process (cudaGetDeviceCount found none); "
-                "the gpu suite runs on a machine with a GPU (scripts/device-check)\n");
+    std::printf(
+        "SKIP: no CUDA device visible to this process (cudaGetDeviceCount found none); "
+        "the gpu suite runs on a machine with a GPU (scripts/device-check)\n");
     return 77;
   }
   shardopt::Environment env(&argc, &argv);

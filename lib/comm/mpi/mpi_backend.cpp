@@ -30,9 +30,9 @@ class MpiPending final : public PendingOp {
 
   void wait() override {
     if (done_) return;
-    SHARDOPT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                                   MPI_STATUSES_IGNORE),
-                       std::string("waiting for ") + what_);
+    SHARDOPT_CHECK_MPI(
+        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
+        std::string("waiting for ") + what_);
     complete();
   }
 
@@ -181,8 +181,8 @@ class MpiHostBackend final : public Backend {
   }
   bool freed() const noexcept override { return comm_ == MPI_COMM_NULL; }
 
-  std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count,
-                                       DType dtype, ReduceOp op, bool blocking) override {
+  std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                       ReduceOp op, bool blocking) override {
     Issuer issue("allreduce", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
@@ -218,21 +218,21 @@ class MpiHostBackend final : public Backend {
       }
     } else {
       // One reduce per destination rank and chunk.
-      for_each_chunk(count, std::max<std::size_t>(1, max_chunk_), [&](std::size_t off,
-                                                                       std::size_t n) {
-        for (int root = 0; root < size_; ++root) {
-          const std::size_t block = static_cast<std::size_t>(root) * count;
-          if (root != rank_) {
-            const void* src = place == ScatterPlace::separate ? at(send, block + off, es)
-                                                              : at(whole, block + off, es);
-            issue.reduce(src, nullptr, n, t, mop, root);
-          } else if (place == ScatterPlace::separate) {
-            issue.reduce(at(send, block + off, es), at(recv, off, es), n, t, mop, root);
-          } else {
-            issue.reduce(MPI_IN_PLACE, at(whole, block + off, es), n, t, mop, root);
-          }
-        }
-      });
+      for_each_chunk(
+          count, std::max<std::size_t>(1, max_chunk_), [&](std::size_t off, std::size_t n) {
+            for (int root = 0; root < size_; ++root) {
+              const std::size_t block = static_cast<std::size_t>(root) * count;
+              if (root != rank_) {
+                const void* src = place == ScatterPlace::separate ? at(send, block + off, es)
+                                                                  : at(whole, block + off, es);
+                issue.reduce(src, nullptr, n, t, mop, root);
+              } else if (place == ScatterPlace::separate) {
+                issue.reduce(at(send, block + off, es), at(recv, off, es), n, t, mop, root);
+              } else {
+                issue.reduce(MPI_IN_PLACE, at(whole, block + off, es), n, t, mop, root);
+              }
+            }
+          });
       if (place == ScatterPlace::at_start && rank_ != 0 && count != 0) {
         char* own = whole + rank_ * block_bytes;
         finish = [whole, own, block_bytes] { std::memmove(whole, own, block_bytes); };
@@ -240,13 +240,17 @@ class MpiHostBackend final : public Backend {
     }
     Finish avg = averager(op, recv, count, dtype);
     if (avg) {
-      finish = finish ? Finish([finish, avg] { finish(); avg(); }) : avg;
+      finish = finish ? Finish([finish, avg] {
+        finish();
+        avg();
+      })
+                      : avg;
     }
     return issue.done(std::move(finish));
   }
 
-  std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count,
-                                       DType dtype, bool in_place, bool blocking) override {
+  std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count, DType dtype,
+                                       bool in_place, bool blocking) override {
     Issuer issue("allgather", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
     const std::size_t es = dtype_size(dtype);
@@ -271,8 +275,9 @@ class MpiHostBackend final : public Backend {
     Issuer issue("broadcast", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
     const std::size_t es = dtype_size(dtype);
-    for_each_chunk(count, max_chunk_,
-                   [&](std::size_t off, std::size_t n) { issue.bcast(at(buf, off, es), n, t, root); });
+    for_each_chunk(count, max_chunk_, [&](std::size_t off, std::size_t n) {
+      issue.bcast(at(buf, off, es), n, t, root);
+    });
     return issue.done();
   }
 

@@ -69,12 +69,18 @@ void create_ops() {
 
 MPI_Datatype mpi_datatype(DType t) noexcept {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::f16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::f16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
   }
   return MPI_DATATYPE_NULL;
 }
