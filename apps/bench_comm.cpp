@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -789,6 +790,27 @@ struct Summary {
   long long wrong = 0;
 };
 
+// One line of the table, built from printf-style pieces and printed
+// without trailing blanks.
+class TableLine {
+ public:
+  __attribute__((format(printf, 2, 3))) void add(const char* format, ...) {
+    char piece[256];
+    std::va_list args;
+    va_start(args, format);
+    std::vsnprintf(piece, sizeof piece, format, args);
+    va_end(args);
+    text_ += piece;
+  }
+  void print() {
+    text_.erase(text_.find_last_not_of(' ') + 1);
+    std::printf("%s\n", text_.c_str());
+  }
+
+ private:
+  std::string text_;
+};
+
 void print_header(const Options& o, const shardopt::Communicator& comm, int iters_cap) {
   std::printf("# %s: shardopt collectives beside the same MPI calls\n", kProgram);
   std::printf("# %s\n", shardopt::build_info_string().c_str());
@@ -810,22 +832,25 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
     std::printf("# mpi reference for avg: MPI_SUM (MPI has no average)\n");
   }
   std::printf("#\n");
-  std::printf("# %-14s %12s %11s %5s %5s  %-54s  %-54s\n", "", "", "", "", "",
-              "                     out-of-place", "                       in-place");
-  std::printf("# %-14s %12s %11s %5s %5s ", "op", "size", "count", "type", "redop");
+  TableLine title;
+  title.add("# %-14s %12s %11s %5s %5s  %-54s  %-54s", "", "", "", "", "",
+            "                     out-of-place", "                       in-place");
+  title.print();
+  TableLine names;
+  names.add("# %-14s %12s %11s %5s %5s ", "op", "size", "count", "type", "redop");
+  TableLine units;
+  units.add("# %-14s %12s %11s %5s %5s ", "", "(B)", "(elements)", "", "");
   for (int v = 0; v < 2; ++v) {
-    std::printf(" %10s %8s %8s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong", "mpi", "ratio");
+    names.add(" %10s %8s %8s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong", "mpi", "ratio");
+    units.add(" %10s %8s %8s %6s %10s %6s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "");
   }
-  std::printf("\n# %-14s %12s %11s %5s %5s ", "", "(B)", "(elements)", "", "");
-  for (int v = 0; v < 2; ++v) {
-    std::printf(" %10s %8s %8s %6s %10s %6s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "");
-  }
-  std::printf("\n");
+  names.print();
+  units.print();
 }
 
-void print_variant(const Row* r, int nranks) {
+void add_variant(TableLine& line, const Row* r, int nranks) {
   if (r == nullptr) {
-    std::printf(" %10s %8s %8s %6s %10s %6s ", "-", "-", "-", "-", "-", "-");
+    line.add(" %10s %8s %8s %6s %10s %6s ", "-", "-", "-", "-", "-", "-");
     return;
   }
   const double algbw = algbw_gbps(*r);
@@ -835,18 +860,19 @@ void print_variant(const Row* r, int nranks) {
   } else {
     std::snprintf(wrong, sizeof wrong, "%lld", r->wrong);
   }
-  std::printf(" %10.2f %8.3f %8.3f %6s %10.2f %6.3f ", r->so.median_us, algbw,
-              algbw * busbw_factor(r->op, nranks), wrong, r->mpi.median_us, ratio_of(*r));
+  line.add(" %10.2f %8.3f %8.3f %6s %10.2f %6.3f ", r->so.median_us, algbw,
+           algbw * busbw_factor(r->op, nranks), wrong, r->mpi.median_us, ratio_of(*r));
 }
 
 void print_line(const Options& o, const Row* out, const Row* in, int nranks) {
   const Row& r = out != nullptr ? *out : *in;
   const char* redop = is_reduction(r.op) ? shardopt::reduce_op_name(o.redop) : "none";
-  std::printf("  %-14s %12zu %11zu %5s %5s ", collective_name(r.op), r.bytes, r.count,
-              shardopt::dtype_name(o.dtype), redop);
-  print_variant(out, nranks);
-  print_variant(in, nranks);
-  std::printf("\n");
+  TableLine line;
+  line.add("  %-14s %12zu %11zu %5s %5s ", collective_name(r.op), r.bytes, r.count,
+           shardopt::dtype_name(o.dtype), redop);
+  add_variant(line, out, nranks);
+  add_variant(line, in, nranks);
+  line.print();
   std::fflush(stdout);
 }
 

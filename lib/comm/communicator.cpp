@@ -13,6 +13,7 @@
 #include "comm/backend.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
+#include "common/mpi_lifetime.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 
@@ -130,6 +131,8 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
+  // From here on, the finalize check on every call is one atomic load.
+  detail::at_mpi_finalize(nullptr);
 }
 
 Communicator::Communicator(Communicator&&) noexcept = default;
@@ -147,7 +150,7 @@ Communicator::~Communicator() { release(); }
 
 void Communicator::release() noexcept {
   if (!backend_ || backend_->freed()) return;
-  if (mpi_is_finalized()) {
+  if (detail::mpi_finalize_started()) {
     SHARDOPT_LOG(warn,
                  "a Communicator outlived MPI_Finalize (MPI released it); destroy "
                  "shardopt objects before MPI_Finalize");
@@ -166,7 +169,7 @@ void Communicator::free() {
                    "call free() on the Communicator the object was moved to");
   }
   if (backend_->freed()) return;
-  if (mpi_is_finalized()) {
+  if (detail::mpi_finalize_started()) {
     SHARDOPT_THROW(mpi_finalized, "Communicator::free called after MPI_Finalize",
                    "free shardopt objects before MPI_Finalize");
   }
@@ -186,7 +189,7 @@ void Communicator::require_usable(const char* what) const {
                    std::string("Communicator::") + what + " called after Communicator::free()",
                    "create a new shardopt::Communicator, or call free() only when done");
   }
-  if (mpi_is_finalized()) {
+  if (detail::mpi_finalize_started()) {
     SHARDOPT_THROW(mpi_finalized,
                    std::string("Communicator::") + what + " called after MPI_Finalize",
                    "finish every shardopt operation before MPI_Finalize");

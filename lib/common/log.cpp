@@ -3,6 +3,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -66,11 +67,18 @@ const char* level_name(LogLevel l) {
 }  // namespace
 
 bool log_enabled(LogLevel level) noexcept {
-  try {
-    return static_cast<int>(level) <= static_cast<int>(settings().debug);
-  } catch (...) {
-    return level == LogLevel::warn;  // bad settings: keep warnings visible
+  // Cached: this sits on every collective's path.
+  static std::atomic<int> cached{-1};
+  int enabled = cached.load(std::memory_order_relaxed);
+  if (enabled < 0) {
+    try {
+      enabled = static_cast<int>(settings().debug);
+    } catch (...) {
+      enabled = static_cast<int>(LogLevel::warn);  // bad settings: keep warnings visible
+    }
+    cached.store(enabled, std::memory_order_relaxed);
   }
+  return static_cast<int>(level) <= enabled;
 }
 
 void log_message(LogLevel level, const std::string& message) noexcept {

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/check.hpp"
+#include "common/mpi_lifetime.hpp"
 
 namespace shardopt::detail {
 
@@ -39,13 +40,10 @@ MPI_Op g_ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
 std::once_flag g_ops_once;
 
-// Called by MPI_Finalize when it frees MPI_COMM_SELF's attributes: the ops
-// are released before MPI goes away.
-int free_ops(MPI_Comm, int, void*, void*) {
+void free_ops() {
   for (auto& row : g_ops)
     for (auto& op : row)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
-  return MPI_SUCCESS;
 }
 
 void create_ops() {
@@ -58,11 +56,7 @@ void create_ops() {
     for (int o = 0; o < 3; ++o)
       SHARDOPT_CHECK_MPI(MPI_Op_create(fns[t][o], /*commute=*/1, &g_ops[t][o]),
                          "creating the bf16/f16 reduction ops");
-  int keyval = MPI_KEYVAL_INVALID;
-  SHARDOPT_CHECK_MPI(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_ops, &keyval, nullptr),
-                     "registering the release of the bf16/f16 reduction ops");
-  SHARDOPT_CHECK_MPI(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr),
-                     "registering the release of the bf16/f16 reduction ops");
+  at_mpi_finalize(free_ops);  // MPI releases nothing by itself
 }
 
 }  // namespace

@@ -1,0 +1,19 @@
+// shardopt internal: knowing, cheaply, that MPI_Finalize has begun, and
+// releasing MPI objects at that moment.
+#pragma once
+
+#include <functional>
+
+namespace shardopt::detail {
+
+// Registers `fn` to run when MPI_Finalize begins (MPI deletes the attributes
+// of MPI_COMM_SELF first thing, and shardopt keeps one there). MPI must be
+// running. Callbacks run in the order they were registered.
+void at_mpi_finalize(std::function<void()> fn);
+
+// True once MPI_Finalize has begun. After any at_mpi_finalize registration
+// this is one atomic load (it sits on every collective's path); before, it
+// asks MPI_Finalized.
+bool mpi_finalize_started() noexcept;
+
+}  // namespace shardopt::detail
