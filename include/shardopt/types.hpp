@@ -22,7 +22,9 @@ enum class DType : int {
 //   sum: element-wise sum.
 //   avg: sum divided by the number of ranks (floating types only).
 //   max, min: element-wise maximum / minimum.
-// bf16 and f16 are combined in f32 and rounded once per combination.
+// bf16 and f16 are combined in f32 and rounded once per combination; avg
+// divides the sum, so an f16 sum past 65504 gives inf even where the average
+// would fit (reduce such data in f32).
 enum class ReduceOp : int { sum = 0, avg = 1, max = 2, min = 3 };
 
 inline constexpr bool is_valid(DType t) noexcept {
