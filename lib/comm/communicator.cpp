@@ -29,17 +29,22 @@ bool overlap(const void* a, std::size_t abytes, const void* b, std::size_t bbyte
   return addr(a) < addr(b) + bbytes && addr(b) < addr(a) + abytes;
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] void throw_overflow(std::size_t a, std::size_t b,
+                                                           const char* op, const char* what) {
+  throw_error(ErrorCode::invalid_argument,
+              std::string(op) + ": " + what + " overflows the address space (" + std::to_string(a) +
+                  " x " + std::to_string(b) + ")",
+              "pass the element count, not a byte count, and check it is not a negative "
+              "number converted to size_t",
+              __FILE__, __LINE__);
+}
+
 // a * b, or throws when it does not fit in size_t.
-std::size_t checked_mul(std::size_t a, std::size_t b, const char* op, const char* what) {
-  if (a != 0 && b > SIZE_MAX / a) {
-    throw_error(ErrorCode::invalid_argument,
-                std::string(op) + ": " + what + " overflows the address space (" +
-                    std::to_string(a) + " x " + std::to_string(b) + ")",
-                "pass the element count, not a byte count, and check it is not a negative "
-                "number converted to size_t",
-                __FILE__, __LINE__);
-  }
-  return a * b;
+inline std::size_t checked_mul(std::size_t a, std::size_t b, const char* op, const char* what) {
+  std::size_t r;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    throw_overflow(a, b, op, what);
+  return r;
 }
 
 }  // namespace
@@ -179,17 +184,17 @@ void Communicator::free() {
 bool Communicator::is_freed() const noexcept { return !backend_ || backend_->freed(); }
 
 void Communicator::require_usable(const char* what) const {
-  if (!backend_) {
+  if (!backend_) [[unlikely]] {
     SHARDOPT_THROW(invalid_state,
                    std::string("Communicator::") + what + " called on a moved-from Communicator",
                    "use the Communicator the object was moved to");
   }
-  if (backend_->freed()) {
+  if (backend_->freed()) [[unlikely]] {
     SHARDOPT_THROW(invalid_state,
                    std::string("Communicator::") + what + " called after Communicator::free()",
                    "create a new shardopt::Communicator, or call free() only when done");
   }
-  if (detail::mpi_finalize_started()) {
+  if (detail::mpi_finalize_started()) [[unlikely]] {
     SHARDOPT_THROW(mpi_finalized,
                    std::string("Communicator::") + what + " called after MPI_Finalize",
                    "finish every shardopt operation before MPI_Finalize");
@@ -230,60 +235,95 @@ namespace {
 
 using detail::Backend;
 
-void check_dtype(const char* op, DType dtype) {
-  if (!is_valid(dtype)) {
-    detail::throw_error(
-        ErrorCode::invalid_argument,
-        std::string(op) + ": unknown DType value " + std::to_string(static_cast<int>(dtype)),
-        "pass one of DType::f32, f64, bf16, f16, i32, i64", __FILE__, __LINE__);
-  }
+// The checks below run on every call: each is a few compares inline, and
+// everything that builds a message lives in a cold function of its own, so
+// the hot path stays short and compact.
+#define SHARDOPT_COLD [[noreturn, gnu::cold, gnu::noinline]]
+
+SHARDOPT_COLD void throw_bad_dtype(const char* op, DType dtype) {
+  detail::throw_error(
+      ErrorCode::invalid_argument,
+      std::string(op) + ": unknown DType value " + std::to_string(static_cast<int>(dtype)),
+      "pass one of DType::f32, f64, bf16, f16, i32, i64", __FILE__, __LINE__);
 }
 
-void check_reduction(const char* op, DType dtype, ReduceOp rop) {
-  check_dtype(op, dtype);
+SHARDOPT_COLD void throw_bad_reduction(const char* op, DType dtype, ReduceOp rop) {
   if (!is_valid(rop)) {
     detail::throw_error(
         ErrorCode::invalid_argument,
         std::string(op) + ": unknown ReduceOp value " + std::to_string(static_cast<int>(rop)),
         "pass one of ReduceOp::sum, avg, max, min", __FILE__, __LINE__);
   }
-  if (rop == ReduceOp::avg && !is_floating(dtype)) {
-    detail::throw_error(ErrorCode::unsupported,
-                        std::string(op) + ": ReduceOp::avg of " + dtype_name(dtype) +
-                            " is not supported: an integer average would have to round",
-                        "reduce with ReduceOp::sum and divide by size() with the rounding you "
-                        "want, or use a floating-point type",
-                        __FILE__, __LINE__);
-  }
+  detail::throw_error(ErrorCode::unsupported,
+                      std::string(op) + ": ReduceOp::avg of " + dtype_name(dtype) +
+                          " is not supported: an integer average would have to round",
+                      "reduce with ReduceOp::sum and divide by size() with the rounding you "
+                      "want, or use a floating-point type",
+                      __FILE__, __LINE__);
+}
+
+SHARDOPT_COLD void throw_null_buffer(const char* op, const char* which, std::size_t count) {
+  detail::throw_error(
+      ErrorCode::invalid_argument,
+      std::string(op) + ": " + which + " buffer is null but count is " + std::to_string(count),
+      "pass a buffer of at least the stated number of elements, or a count of 0", __FILE__,
+      __LINE__);
+}
+
+SHARDOPT_COLD void throw_overlap(const char* message, const char* hint) {
+  detail::throw_error(ErrorCode::invalid_argument, message, hint, __FILE__, __LINE__);
+}
+
+// Throws unless the backend can use the memory `p` points to.
+[[gnu::cold, gnu::noinline]] void check_location(const Backend& b, const char* op,
+                                                 const char* which, const void* p) {
+  const detail::MemoryLocation where = detail::locate(p);
+  if (b.accepts(where)) return;
+  detail::throw_error(
+      ErrorCode::wrong_device,
+      std::string(op) + ": " + which + " buffer is in " + detail::memory_kind_name(where.kind) +
+          (where.device >= 0 ? " of device " + std::to_string(where.device) : std::string()) +
+          ", which the " + b.name() + " backend cannot use",
+      "pass host buffers to a host Communicator, or copy the data to host memory first", __FILE__,
+      __LINE__);
+}
+
+SHARDOPT_COLD void throw_bad_root(int root, int size) {
+  detail::throw_error(ErrorCode::invalid_argument,
+                      "broadcast: root " + std::to_string(root) + " is not a rank of this " +
+                          std::to_string(size) + "-rank communicator",
+                      "pass a root from 0 to size()-1, the same on every rank", __FILE__, __LINE__);
+}
+
+[[gnu::cold, gnu::noinline]] void trace_call(const char* op, std::size_t count, DType dtype) {
+  SHARDOPT_LOG(trace, op << " count=" << count << " dtype=" << dtype_name(dtype));
+}
+
+inline void check_dtype(const char* op, DType dtype) {
+  if (!is_valid(dtype)) [[unlikely]]
+    throw_bad_dtype(op, dtype);
+}
+
+inline void check_reduction(const char* op, DType dtype, ReduceOp rop) {
+  check_dtype(op, dtype);
+  if (!is_valid(rop) || (rop == ReduceOp::avg && !is_floating(dtype))) [[unlikely]]
+    throw_bad_reduction(op, dtype, rop);
 }
 
 // A buffer of `count` elements: not null unless empty, and in memory the
-// backend can use.
-void check_buffer(const Backend& b, const char* op, const char* which, const void* p,
-                  std::size_t count) {
+// backend can use (only a question when the process sees a CUDA device).
+inline void check_buffer(const Backend& b, const char* op, const char* which, const void* p,
+                         std::size_t count) {
   if (count == 0) return;
-  if (p == nullptr) {
-    detail::throw_error(
-        ErrorCode::invalid_argument,
-        std::string(op) + ": " + which + " buffer is null but count is " + std::to_string(count),
-        "pass a buffer of at least the stated number of elements, or a count "
-        "of 0",
-        __FILE__, __LINE__);
-  }
-  const detail::MemoryLocation where = detail::locate(p);
-  if (!b.accepts(where)) {
-    detail::throw_error(
-        ErrorCode::wrong_device,
-        std::string(op) + ": " + which + " buffer is in " + detail::memory_kind_name(where.kind) +
-            (where.device >= 0 ? " of device " + std::to_string(where.device) : std::string()) +
-            ", which the " + b.name() + " backend cannot use",
-        "pass host buffers to a host Communicator, or copy the data to host memory first", __FILE__,
-        __LINE__);
-  }
+  if (p == nullptr) [[unlikely]]
+    throw_null_buffer(op, which, count);
+  static const bool any_device = detail::cuda_device_count() > 0;
+  if (any_device) check_location(b, op, which, p);
 }
 
-void trace(const char* op, std::size_t count, DType dtype, const char* extra = "") {
-  SHARDOPT_LOG(trace, op << " count=" << count << " dtype=" << dtype_name(dtype) << extra);
+inline void trace(const char* op, std::size_t count, DType dtype) {
+  if (detail::log_enabled(LogLevel::trace)) [[unlikely]]
+    trace_call(op, count, dtype);
 }
 
 // ------------------------------------------------ argument agreement
@@ -409,12 +449,10 @@ std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send
     const std::size_t bytes = detail::checked_mul(count, dtype_size(dtype), "allreduce", "count");
     check_buffer(b, "allreduce", "send", send, count);
     check_buffer(b, "allreduce", "recv", recv, count);
-    if (send != recv && detail::overlap(send, bytes, recv, bytes)) {
-      detail::throw_error(ErrorCode::invalid_argument,
-                          "allreduce: send and recv buffers overlap without being the same",
-                          "use one buffer for both (recv == send) for in place, or two separate "
-                          "buffers",
-                          __FILE__, __LINE__);
+    if (send != recv && detail::overlap(send, bytes, recv, bytes)) [[unlikely]] {
+      throw_overlap("allreduce: send and recv buffers overlap without being the same",
+                    "use one buffer for both (recv == send) for in place, or two separate "
+                    "buffers");
     }
   });
   trace("allreduce", count, dtype);
@@ -440,12 +478,11 @@ std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void*
       place = detail::ScatterPlace::at_start;
     } else if (count != 0 && recv == own) {
       place = detail::ScatterPlace::at_own_block;
-    } else if (detail::overlap(send, total_bytes, recv, count * es)) {
-      detail::throw_error(ErrorCode::invalid_argument,
-                          "reduce_scatter: recv overlaps send but is neither send (MPI-style in "
-                          "place) nor send + rank*count (NCCL-style in place)",
-                          "use separate buffers, or one of the two in-place forms", __FILE__,
-                          __LINE__);
+    } else if (detail::overlap(send, total_bytes, recv, count * es)) [[unlikely]] {
+      throw_overlap(
+          "reduce_scatter: recv overlaps send but is neither send (MPI-style in place) nor "
+          "send + rank*count (NCCL-style in place)",
+          "use separate buffers, or one of the two in-place forms");
     }
   });
   trace("reduce_scatter", count, dtype);
@@ -466,12 +503,10 @@ std::unique_ptr<PendingOp> do_allgather(Backend& b, bool agree, const void* send
     const auto* own =
         static_cast<const char*>(recv) + static_cast<std::size_t>(b.rank()) * count * es;
     in_place = count != 0 && send == own;
-    if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) {
-      detail::throw_error(ErrorCode::invalid_argument,
-                          "allgather: send overlaps recv but is not recv + rank*count (the "
-                          "in-place form)",
-                          "use separate buffers, or pass send = recv + rank*count", __FILE__,
-                          __LINE__);
+    if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) [[unlikely]] {
+      throw_overlap(
+          "allgather: send overlaps recv but is not recv + rank*count (the in-place form)",
+          "use separate buffers, or pass send = recv + rank*count");
     }
   });
   trace("allgather", count, dtype);
@@ -483,13 +518,8 @@ std::unique_ptr<PendingOp> do_broadcast(Backend& b, bool agree, void* buf, std::
   check_arguments(b, agree, signature(OpKind::broadcast, count, dtype, -1, root), [&] {
     check_dtype("broadcast", dtype);
     detail::checked_mul(count, dtype_size(dtype), "broadcast", "count");
-    if (root < 0 || root >= b.size()) {
-      detail::throw_error(ErrorCode::invalid_argument,
-                          "broadcast: root " + std::to_string(root) + " is not a rank of this " +
-                              std::to_string(b.size()) + "-rank communicator",
-                          "pass a root from 0 to size()-1, the same on every rank", __FILE__,
-                          __LINE__);
-    }
+    if (root < 0 || root >= b.size()) [[unlikely]]
+      throw_bad_root(root, b.size());
     check_buffer(b, "broadcast", "buf", buf, count);
   });
   trace("broadcast", count, dtype);

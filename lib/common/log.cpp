@@ -66,19 +66,17 @@ const char* level_name(LogLevel l) {
 
 }  // namespace
 
-bool log_enabled(LogLevel level) noexcept {
-  // Cached: this sits on every collective's path.
-  static std::atomic<int> cached{-1};
-  int enabled = cached.load(std::memory_order_relaxed);
-  if (enabled < 0) {
-    try {
-      enabled = static_cast<int>(settings().debug);
-    } catch (...) {
-      enabled = static_cast<int>(LogLevel::warn);  // bad settings: keep warnings visible
-    }
-    cached.store(enabled, std::memory_order_relaxed);
+std::atomic<int> g_log_level{-1};
+
+int read_log_level() noexcept {
+  int enabled;
+  try {
+    enabled = static_cast<int>(settings().debug);
+  } catch (...) {
+    enabled = static_cast<int>(LogLevel::warn);  // bad settings: keep warnings visible
   }
-  return static_cast<int>(level) <= enabled;
+  g_log_level.store(enabled, std::memory_order_relaxed);
+  return enabled;
 }
 
 void log_message(LogLevel level, const std::string& message) noexcept {

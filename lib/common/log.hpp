@@ -1,6 +1,7 @@
 // shardopt internal: logging controlled by SHARDOPT_DEBUG / SHARDOPT_DEBUG_FILE.
 #pragma once
 
+#include <atomic>
 #include <sstream>
 #include <string>
 
@@ -8,7 +9,16 @@
 
 namespace shardopt::detail {
 
-bool log_enabled(LogLevel level) noexcept;
+// The level in force, -1 until first read; cached because log_enabled() sits
+// on every collective's path.
+extern std::atomic<int> g_log_level;
+int read_log_level() noexcept;
+
+inline bool log_enabled(LogLevel level) noexcept {
+  int enabled = g_log_level.load(std::memory_order_relaxed);
+  if (enabled < 0) enabled = read_log_level();
+  return static_cast<int>(level) <= enabled;
+}
 // Writes one line "host:pid:tid [rank] SHARDOPT LEVEL message". Never throws.
 void log_message(LogLevel level, const std::string& message) noexcept;
 

@@ -183,11 +183,18 @@ class MpiHostBackend final : public Backend {
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                        ReduceOp op, bool blocking) override {
-    Issuer issue("allreduce", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
-    const std::size_t es = dtype_size(dtype);
     const bool in_place = send == recv;
+    if (blocking && count <= max_chunk_ && (op != ReduceOp::avg || size_ == 1)) {
+      // The common case, kept to the bare MPI call.
+      SHARDOPT_CHECK_MPI(MPI_Allreduce(in_place ? MPI_IN_PLACE : send, recv,
+                                       static_cast<int>(count), t, mop, comm_),
+                         "allreduce");
+      return nullptr;
+    }
+    Issuer issue("allreduce", comm_, blocking);
+    const std::size_t es = dtype_size(dtype);
     for_each_chunk(count, max_chunk_, [&](std::size_t off, std::size_t n) {
       issue.allreduce(in_place ? MPI_IN_PLACE : at(send, off, es), at(recv, off, es), n, t, mop);
     });
@@ -197,9 +204,18 @@ class MpiHostBackend final : public Backend {
   std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv, std::size_t count,
                                             DType dtype, ReduceOp op, ScatterPlace place,
                                             bool blocking) override {
-    Issuer issue("reduce_scatter", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
+    if (blocking && place != ScatterPlace::at_own_block &&
+        count * static_cast<std::size_t>(size_) <= max_chunk_ &&
+        (op != ReduceOp::avg || size_ == 1)) {
+      SHARDOPT_CHECK_MPI(
+          MPI_Reduce_scatter_block(place == ScatterPlace::at_start ? MPI_IN_PLACE : send, recv,
+                                   static_cast<int>(count), t, mop, comm_),
+          "reduce_scatter");
+      return nullptr;
+    }
+    Issuer issue("reduce_scatter", comm_, blocking);
     const std::size_t es = dtype_size(dtype);
     const std::size_t block_bytes = count * es;
     // For the in-place forms, the whole input buffer.
@@ -251,8 +267,14 @@ class MpiHostBackend final : public Backend {
 
   std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count, DType dtype,
                                        bool in_place, bool blocking) override {
-    Issuer issue("allgather", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
+    if (blocking && count * static_cast<std::size_t>(size_) <= max_chunk_) {
+      SHARDOPT_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), t,
+                                       recv, static_cast<int>(count), t, comm_),
+                         "allgather");
+      return nullptr;
+    }
+    Issuer issue("allgather", comm_, blocking);
     const std::size_t es = dtype_size(dtype);
     if (count * static_cast<std::size_t>(size_) <= max_chunk_) {
       issue.allgather(in_place ? MPI_IN_PLACE : send, recv, count, t);
@@ -272,8 +294,12 @@ class MpiHostBackend final : public Backend {
 
   std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
                                        bool blocking) override {
-    Issuer issue("broadcast", comm_, blocking);
     const MPI_Datatype t = mpi_datatype(dtype);
+    if (blocking && count <= max_chunk_) {
+      SHARDOPT_CHECK_MPI(MPI_Bcast(buf, static_cast<int>(count), t, root, comm_), "broadcast");
+      return nullptr;
+    }
+    Issuer issue("broadcast", comm_, blocking);
     const std::size_t es = dtype_size(dtype);
     for_each_chunk(count, max_chunk_, [&](std::size_t off, std::size_t n) {
       issue.bcast(at(buf, off, es), n, t, root);
