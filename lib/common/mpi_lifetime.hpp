@@ -2,6 +2,7 @@
 // releasing MPI objects at that moment.
 #pragma once
 
+#include <atomic>
 #include <functional>
 
 namespace shardopt::detail {
@@ -13,7 +14,15 @@ void at_mpi_finalize(std::function<void()> fn);
 
 // True once MPI_Finalize has begun. After any at_mpi_finalize registration
 // this is one atomic load (it sits on every collective's path); before, it
-// asks MPI_Finalized.
-bool mpi_finalize_started() noexcept;
+// asks MPI_Finalized. Inline: the state behind it is these two flags.
+extern std::atomic<bool> g_finalize_watched;
+extern std::atomic<bool> g_finalize_started;
+bool ask_mpi_finalized() noexcept;
+
+inline bool mpi_finalize_started() noexcept {
+  if (g_finalize_watched.load(std::memory_order_relaxed)) [[likely]]
+    return g_finalize_started.load(std::memory_order_relaxed);
+  return ask_mpi_finalized();
+}
 
 }  // namespace shardopt::detail

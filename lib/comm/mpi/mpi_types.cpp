@@ -61,24 +61,6 @@ void create_ops() {
 
 }  // namespace
 
-MPI_Datatype mpi_datatype(DType t) noexcept {
-  switch (t) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::bf16:
-      return MPI_UINT16_T;
-    case DType::f16:
-      return MPI_UINT16_T;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
 MPI_Op mpi_op(DType t, ReduceOp op) {
   const int o = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // avg reduces as sum
   if (t == DType::bf16 || t == DType::f16) {

@@ -11,7 +11,23 @@ namespace shardopt::detail {
 
 // The MPI datatype that carries `t`. bf16 and f16 travel as MPI_UINT16_T and
 // are only ever reduced with shardopt's own ops (mpi_op).
-MPI_Datatype mpi_datatype(DType t) noexcept;
+inline MPI_Datatype mpi_datatype(DType t) noexcept {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::f16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
 
 // The MPI op that reduces `t` with `op` (avg reduces with the sum; the
 // division follows locally). For bf16 and f16 these are user-defined ops that
