@@ -39,22 +39,25 @@ struct Min {
 // the tail and runs everywhere else. Results are bitwise those of combine().
 #define SHARDOPT_AVX2 __attribute__((target("avx2,f16c")))
 
-SHARDOPT_AVX2 inline __m256 load8(const bfloat16* p) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+// bf16 -> f32 is a 16-bit shift: interleaving the words with zeros does it,
+// 16 elements at a time (lo: elements 0-3 and 8-11, hi: 4-7 and 12-15).
+SHARDOPT_AVX2 inline __m256 bf16_lo(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), w));
 }
-SHARDOPT_AVX2 inline void store8(bfloat16* p, __m256 x) {
+SHARDOPT_AVX2 inline __m256 bf16_hi(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), w));
+}
+// f32 -> bf16 bits in the low half of each 32-bit lane, as bf16_from_float.
+SHARDOPT_AVX2 inline __m256i bf16_round(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
   const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x0040));
+  const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
   const __m256i rounded =
       _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-  // 8 x 32-bit -> 8 x 16-bit (each value fits in 16 bits).
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 SHARDOPT_AVX2 inline __m256 load8(const float16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -75,10 +78,24 @@ SHARDOPT_AVX2 inline __m256 apply8(Min, __m256 x, __m256 y) {
   return _mm256_blendv_ps(y, x, take_x);
 }
 
-template <class Half, class F>
-SHARDOPT_AVX2 int combine_avx2(const Half* a, Half* b, int len, F f) {
+template <class F>
+SHARDOPT_AVX2 int combine_avx2(const float16* a, float16* b, int len, F f) {
   int i = 0;
   for (; i + 8 <= len; i += 8) store8(b + i, apply8(f, load8(a + i), load8(b + i)));
+  return i;
+}
+
+template <class F>
+SHARDOPT_AVX2 int combine_avx2(const bfloat16* a, bfloat16* b, int len, F f) {
+  int i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i));
+    const __m256i lo = bf16_round(apply8(f, bf16_lo(x), bf16_lo(y)));
+    const __m256i hi = bf16_round(apply8(f, bf16_hi(x), bf16_hi(y)));
+    // packus undoes the unpack's interleaving within each 128-bit lane.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i), _mm256_packus_epi32(lo, hi));
+  }
   return i;
 }
 
