@@ -24,6 +24,7 @@
 #include <exception>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -673,9 +674,18 @@ class Bench {
           std::clamp(wanted, static_cast<double>(opt_.iters), static_cast<double>(cap)));
     }
     std::vector<double> t(2 * static_cast<std::size_t>(iters));
+    // The order within each pair is drawn at random (the same draw on every
+    // rank), so a slowdown that repeats with the iteration's parity cannot
+    // fall on one side only.
+    std::mt19937 order(12345);
     for (int i = 0; i < iters; ++i) {
-      t[i] = once(run_a);
-      t[iters + i] = once(run_b);
+      if (order() & 1u) {
+        t[i] = once(run_a);
+        t[iters + i] = once(run_b);
+      } else {
+        t[iters + i] = once(run_b);
+        t[i] = once(run_a);
+      }
     }
     MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, timing_);
     row.iters = iters;
