@@ -42,6 +42,7 @@ TEST_CASE("settings: defaults when nothing is set", "[settings]") {
   CHECK(s.debug_file.empty());
   CHECK(s.huge_pages);
   CHECK(s.comm_max_chunk == 2147483647u);
+  CHECK_FALSE(s.check_args);
   CHECK(parse({{"SHARDOPT_DEBUG", ""}}).debug == LogLevel::warn);  // empty = default
 }
 
@@ -54,6 +55,8 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK_FALSE(parse({{"SHARDOPT_HUGE_PAGES", "off"}}).huge_pages);
   CHECK(parse({{"SHARDOPT_HUGE_PAGES", "yes"}}).huge_pages);
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "1"}}).comm_max_chunk == 1u);
+  CHECK(parse({{"SHARDOPT_CHECK_ARGS", "1"}}).check_args);
+  CHECK_FALSE(parse({{"SHARDOPT_CHECK_ARGS", "off"}}).check_args);
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "2147483647"}}).comm_max_chunk == 2147483647u);
 }
 
@@ -61,6 +64,7 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
   CHECK(rejects("SHARDOPT_DEBUG", "LOUD", "NONE, WARN, INFO, TRACE"));
   CHECK(rejects("SHARDOPT_DEBUG", "1", "NONE, WARN, INFO, TRACE"));
   CHECK(rejects("SHARDOPT_HUGE_PAGES", "maybe", "1, 0"));
+  CHECK(rejects("SHARDOPT_CHECK_ARGS", "2", "1, 0"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "0", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "-5", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "2147483648", "1 to 2147483647"));
@@ -74,7 +78,7 @@ TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {
   std::stringstream doc;
   doc << in.rdbuf();
   const auto vars = shardopt::environment_variables();
-  CHECK(vars.size() >= 4);
+  CHECK(vars.size() >= 5);
   for (const auto& v : vars) {
     INFO(v.name);
     CHECK(doc.str().find("`" + v.name + "`") != std::string::npos);

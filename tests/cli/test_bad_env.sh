@@ -35,6 +35,7 @@ expect_rejected() {  # VAR VALUE ACCEPTED-TEXT
 expect_rejected SHARDOPT_DEBUG LOUD "NONE, WARN, INFO, TRACE"
 expect_rejected SHARDOPT_HUGE_PAGES maybe "1, 0"
 expect_rejected SHARDOPT_COMM_MAX_CHUNK 0 "1 to 2147483647"
+expect_rejected SHARDOPT_CHECK_ARGS maybe "1, 0"
 
 # And a good value runs.
 if out=$(SHARDOPT_DEBUG=INFO timeout 60 "$mpiexec" -n $ranks --oversubscribe "$program" -b 1K -e 1K 2>&1) &&
@@ -43,6 +44,18 @@ if out=$(SHARDOPT_DEBUG=INFO timeout 60 "$mpiexec" -n $ranks --oversubscribe "$p
 else
   failed=$((failed + 1)); echo "FAILED: SHARDOPT_DEBUG=INFO"; echo "$out"
 fi
+
+# SHARDOPT_DEBUG_FILE with %r: one log file per rank, each with that rank's lines.
+logdir=$(mktemp -d)
+if SHARDOPT_DEBUG=INFO SHARDOPT_DEBUG_FILE="$logdir/shardopt.%r.log" timeout 60 \
+     "$mpiexec" -n $ranks --oversubscribe "$program" -b 1K -e 1K >/dev/null 2>&1 &&
+   grep -q "\[0\] SHARDOPT INFO" "$logdir/shardopt.0.log" 2>/dev/null &&
+   grep -q "\[1\] SHARDOPT INFO" "$logdir/shardopt.1.log" 2>/dev/null; then
+  passed=$((passed + 1)); echo "ok: SHARDOPT_DEBUG_FILE writes one log per rank"
+else
+  failed=$((failed + 1)); echo "FAILED: SHARDOPT_DEBUG_FILE=$logdir/shardopt.%r.log"; ls -l "$logdir"
+fi
+rm -rf "$logdir"
 
 echo "bad env: $passed passed, $failed failed"
 [ $failed -eq 0 ]
