@@ -117,8 +117,8 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
     SHARDOPT_THROW(invalid_argument,
                    "Communicator: the MPI communicator is MPI_COMM_NULL (never created, or "
                    "already released with MPI_Comm_free)",
-                   "pass a live communicator such as MPI_COMM_WORLD, and free it only after "
-                   "the shardopt objects that use it");
+                   "pass a live communicator such as MPI_COMM_WORLD (shardopt duplicates it, "
+                   "so the caller may free the original afterwards)");
   }
   int inter = 0;
   SHARDOPT_CHECK_MPI(MPI_Comm_test_inter(comm, &inter), "Communicator: checking the communicator");
