@@ -8,5 +8,6 @@
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/memory.hpp"
+#include "shardopt/optim.hpp"
 #include "shardopt/types.hpp"
 #include "shardopt/version.hpp"

@@ -1,0 +1,150 @@
+// shardopt kernels: Adam and AdamW, one fused pass over a contiguous range.
+//
+// The per-element math is adam_element(), the single definition the
+// reference, CPU and CUDA kernels all call. It follows torch.optim.Adam /
+// AdamW (PyTorch 1.13, single-tensor path) operation by operation, each
+// operation rounded to float with no fused multiply-add (the library is built
+// with -ffp-contract=off and the CUDA kernels with --fmad=false), so the three
+// kernels agree bitwise.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "shardopt/half.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::kernels {
+
+// How weight decay enters: not at all, as L2 on the gradient (Adam), or
+// decoupled, multiplying the parameter (AdamW).
+enum class WeightDecay { none, l2, decoupled };
+
+// The scalars of one step, computed in double and rounded to float as
+// PyTorch does when a Python float meets a float32 tensor.
+struct AdamScalars {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float weight_decay;   // for l2
+  float decay;          // 1 - lr * weight_decay, for decoupled
+  float grad_sign;      // -1 when maximizing, else 1
+  float grad_mul;       // applied to the gradient first: 1 / loss_scale * clip_coef
+  WeightDecay wd_mode;
+  bool amsgrad;
+};
+
+// step is the count after this step (1 for the first).
+inline AdamScalars make_adam_scalars(double lr, double beta1, double beta2, double eps,
+                                     double weight_decay, bool decoupled, bool amsgrad,
+                                     bool maximize, std::int64_t step, double grad_mul) {
+  AdamScalars s{};
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.eps = static_cast<float>(eps);
+  s.neg_step_size = static_cast<float>(-(lr / bc1));
+  s.weight_decay = static_cast<float>(weight_decay);
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.grad_sign = maximize ? -1.0f : 1.0f;
+  s.grad_mul = static_cast<float>(grad_mul);
+  s.wd_mode = weight_decay == 0.0 ? WeightDecay::none
+              : decoupled         ? WeightDecay::decoupled
+                                  : WeightDecay::l2;
+  s.amsgrad = amsgrad;
+  return s;
+}
+
+// True unless x is inf or nan; integer arithmetic, so loops vectorize.
+SHARDOPT_HOST_DEVICE inline bool is_finite_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+// One element. p, m, v (and vmax when amsgrad) are updated in place; g is
+// the gradient as stored, already converted to float. W and Ams are the
+// step's wd_mode and amsgrad, as template arguments so that the loops
+// carry no branches. Returns whether the gradient (after grad_mul) is finite.
+template <WeightDecay W, bool Ams>
+SHARDOPT_HOST_DEVICE inline bool adam_element(float& p, float g, float& m, float& v, float* vmax,
+                                              const AdamScalars& s) {
+  g = g * s.grad_mul;
+  const bool finite = is_finite_bits(g);
+  g = g * s.grad_sign;
+  if constexpr (W == WeightDecay::decoupled) p = p * s.decay;
+  if constexpr (W == WeightDecay::l2) g = g + s.weight_decay * p;
+  m = m * s.beta1 + s.one_minus_beta1 * g;
+  v = v * s.beta2 + s.one_minus_beta2 * g * g;
+  float second = v;
+  if constexpr (Ams) {
+    *vmax = *vmax < v ? v : *vmax;  // torch.maximum; a NaN in v propagates through p anyway
+    second = *vmax;
+  }
+  const float denom = sqrtf(second) / s.bias_correction2_sqrt + s.eps;
+  p = p + s.neg_step_size * (m / denom);
+  return finite;
+}
+
+// Converts a stored gradient to float.
+SHARDOPT_HOST_DEVICE inline float load_grad(const float* g, std::size_t i) { return g[i]; }
+SHARDOPT_HOST_DEVICE inline float load_grad(const bfloat16* g, std::size_t i) {
+  return to_float(g[i]);
+}
+SHARDOPT_HOST_DEVICE inline float load_grad(const float16* g, std::size_t i) {
+  return to_float(g[i]);
+}
+
+// Writes the low-precision copy of an updated parameter.
+SHARDOPT_HOST_DEVICE inline void store_param(bfloat16* out, std::size_t i, float p) {
+  out[i] = bf16_from_float(p);
+}
+SHARDOPT_HOST_DEVICE inline void store_param(float16* out, std::size_t i, float p) {
+  out[i] = f16_from_float(p);
+}
+
+// The buffers of one Adam step over n elements.
+//   param:          fp32 parameters (the master copy in mixed precision), read and written
+//   grad:           gradients of grad_type (f32, bf16 or f16), read
+//   exp_avg:        first moment, read and written
+//   exp_avg_sq:     second moment, read and written
+//   max_exp_avg_sq: running maximum of exp_avg_sq, read and written; only with amsgrad
+//   param_out:      optional low-precision copy of the new parameters, of
+//                   param_out_type (bf16 or f16), written; null for none
+struct AdamBuffers {
+  float* param = nullptr;
+  const void* grad = nullptr;
+  DType grad_type = DType::f32;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* max_exp_avg_sq = nullptr;
+  void* param_out = nullptr;
+  DType param_out_type = DType::bf16;
+  std::size_t n = 0;
+};
+
+// Each returns true if every gradient was finite (after grad_mul); the
+// update is applied either way (callers that skip on overflow check first).
+namespace reference {
+bool adam(const AdamBuffers& b, const AdamScalars& s);
+}
+namespace cpu {
+// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
+bool adam(const AdamBuffers& b, const AdamScalars& s);
+}  // namespace cpu
+namespace cuda {
+// Device buffers; `stream` is a cudaStream_t (null: the default stream).
+// Synchronous: returns when the step is done. Throws NotCompiledError in a
+// build without CUDA.
+bool adam(const AdamBuffers& b, const AdamScalars& s, void* stream);
+}  // namespace cuda
+
+}  // namespace shardopt::kernels

@@ -1,0 +1,15 @@
+// The reference Adam kernel: one plain loop, no threads, no vector paths.
+// It defines the result the other kernels must match bitwise.
+#include "kernels/adam.hpp"
+
+#include "kernels/adam_loop.hpp"
+
+namespace shardopt::kernels::reference {
+
+bool adam(const AdamBuffers& b, const AdamScalars& s) {
+  return detail::dispatch_adam(b, s, [&]<class G, class O, WeightDecay W, bool Ams>() {
+    return detail::adam_range<G, O, W, Ams>(b, s, 0, b.n);
+  });
+}
+
+}  // namespace shardopt::kernels::reference

@@ -1,0 +1,254 @@
+// Adam and AdamW: the reference kernel on a hand-computed case and against a
+// float64 implementation, the CPU kernel against the reference bitwise, and
+// the functional API's checks.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/adam.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/optim.hpp"
+
+using namespace shardopt;
+using kernels::AdamBuffers;
+using kernels::AdamScalars;
+
+namespace {
+
+std::uint32_t bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+struct State {
+  std::vector<float> p, m, v, vmax;
+  std::vector<float> g32;
+  std::vector<bfloat16> g16b;
+  std::vector<float16> g16h;
+  std::vector<std::uint16_t> out;
+};
+
+State make_state(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  State s;
+  s.p.resize(n);
+  s.m.resize(n);
+  s.v.resize(n);
+  s.vmax.resize(n);
+  s.g32.resize(n);
+  s.out.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    s.p[i] = u(rng);
+    s.m[i] = 0.1f * u(rng);
+    s.v[i] = 0.01f * std::fabs(u(rng));
+    s.vmax[i] = s.v[i] * 1.5f;
+    s.g32[i] = u(rng);
+  }
+  for (float g : s.g32) {
+    s.g16b.push_back(bf16_from_float(g));
+    s.g16h.push_back(f16_from_float(g));
+  }
+  return s;
+}
+
+AdamBuffers buffers(State& s, DType grad_type, bool amsgrad, bool with_out, DType out_type) {
+  AdamBuffers b;
+  b.param = s.p.data();
+  b.grad = grad_type == DType::bf16  ? static_cast<const void*>(s.g16b.data())
+           : grad_type == DType::f16 ? static_cast<const void*>(s.g16h.data())
+                                     : static_cast<const void*>(s.g32.data());
+  b.grad_type = grad_type;
+  b.exp_avg = s.m.data();
+  b.exp_avg_sq = s.v.data();
+  b.max_exp_avg_sq = amsgrad ? s.vmax.data() : nullptr;
+  b.param_out = with_out ? s.out.data() : nullptr;
+  b.param_out_type = out_type;
+  b.n = s.p.size();
+  return b;
+}
+
+std::size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d += bits(a[i]) != bits(b[i]);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("Adam reference kernel: one step computed by hand", "[optim][adam]") {
+  // p = 1, g = 0.5, m = v = 0, lr = 0.1, betas (0.9, 0.999), eps 1e-8:
+  // m = 0.05, v = 0.00025, m_hat = 0.5, v_hat = 0.25, p = 1 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.9
+  float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
+  AdamBuffers b;
+  b.param = &p;
+  b.grad = &g;
+  b.exp_avg = &m;
+  b.exp_avg_sq = &v;
+  b.n = 1;
+  const AdamScalars s =
+      kernels::make_adam_scalars(0.1, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1, 1.0);
+  CHECK(kernels::reference::adam(b, s));
+  CHECK(m == Approx(0.05f).epsilon(1e-6));
+  CHECK(v == Approx(0.00025f).epsilon(1e-6));
+  CHECK(p == Approx(0.9f).epsilon(1e-6));
+}
+
+TEST_CASE("Adam and AdamW reference kernels follow the float64 formulas over 30 steps",
+          "[optim][adam]") {
+  for (const bool decoupled : {false, true}) {
+    for (const bool amsgrad : {false, true}) {
+      for (const bool maximize : {false, true}) {
+        const std::size_t n = 257;
+        State st = make_state(n, 99);
+        std::fill(st.m.begin(), st.m.end(), 0.0f);
+        std::fill(st.v.begin(), st.v.end(), 0.0f);
+        std::fill(st.vmax.begin(), st.vmax.end(), 0.0f);
+        std::vector<double> p(st.p.begin(), st.p.end()), m(n, 0.0), v(n, 0.0), vmax(n, 0.0);
+        const double lr = 0.01, b1 = 0.9, b2 = 0.99, eps = 1e-6, wd = 0.05;
+        std::mt19937_64 rng(7);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (int step = 1; step <= 30; ++step) {
+          for (auto& g : st.g32) g = u(rng);
+          const AdamScalars s = kernels::make_adam_scalars(lr, b1, b2, eps, wd, decoupled, amsgrad,
+                                                           maximize, step, 1.0);
+          kernels::reference::adam(buffers(st, DType::f32, amsgrad, false, DType::bf16), s);
+          for (std::size_t i = 0; i < n; ++i) {
+            double g = maximize ? -double(st.g32[i]) : double(st.g32[i]);
+            if (decoupled)
+              p[i] *= 1 - lr * wd;
+            else
+              g += wd * p[i];
+            m[i] = b1 * m[i] + (1 - b1) * g;
+            v[i] = b2 * v[i] + (1 - b2) * g * g;
+            vmax[i] = std::max(vmax[i], v[i]);
+            const double second = amsgrad ? vmax[i] : v[i];
+            const double denom = std::sqrt(second) / std::sqrt(1 - std::pow(b2, step)) + eps;
+            p[i] -= lr / (1 - std::pow(b1, step)) * m[i] / denom;
+          }
+        }
+        // |p| <= ~1.3 and each of the 30 steps rounds a few float operations:
+        // each step adds about one rounding of p (half an ulp, 1.2e-7 for |p| < 2) and
+        // one of the update: 30 steps stay well inside 5e-6 of the float64 result.
+        double worst = 0;
+        for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+        INFO("decoupled " << decoupled << " amsgrad " << amsgrad << " maximize " << maximize);
+        CHECK(worst < 5e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("Adam CPU kernel equals the reference bitwise, every type and mode", "[optim][adam]") {
+  const std::size_t sizes[] = {0, 1, 7, 15, 16, 17, 1000, 65537, (std::size_t{1} << 20) + 3};
+  for (std::size_t n : sizes) {
+    for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+      for (int out = 0; out < 3; ++out) {  // none, bf16, f16
+        for (int mode = 0; mode < 3; ++mode) {
+          for (bool amsgrad : {false, true}) {
+            if (n > 65537 && (out != 0 || amsgrad)) continue;  // keep the big size short
+            const bool maximize = (mode + out) % 2 == 1;
+            const AdamScalars s =
+                kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, mode == 0 ? 0.0 : 0.1, mode == 2,
+                                           amsgrad, maximize, 3, out == 2 ? 0.5 : 1.0);
+            const DType ot = out == 2 ? DType::f16 : DType::bf16;
+            State a = make_state(n, n * 31 + static_cast<std::size_t>(gt));
+            State c = a;
+            const bool fa = kernels::reference::adam(buffers(a, gt, amsgrad, out != 0, ot), s);
+            const bool fc = kernels::cpu::adam(buffers(c, gt, amsgrad, out != 0, ot), s);
+            INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
+                      << " amsgrad " << amsgrad);
+            CHECK(fa == fc);
+            CHECK(count_diff(a.p, c.p) == 0);
+            CHECK(count_diff(a.m, c.m) == 0);
+            CHECK(count_diff(a.v, c.v) == 0);
+            CHECK(count_diff(a.vmax, c.vmax) == 0);
+            CHECK(a.out == c.out);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Adam kernels flag non-finite gradients after grad_mul", "[optim][adam]") {
+  State st = make_state(100, 5);
+  st.g32[63] = INFINITY;
+  const AdamScalars s =
+      kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1.0);
+  State c = st;
+  CHECK_FALSE(kernels::reference::adam(buffers(st, DType::f32, false, false, DType::bf16), s));
+  CHECK_FALSE(kernels::cpu::adam(buffers(c, DType::f32, false, false, DType::bf16), s));
+  State big = make_state(100, 6);
+  big.g32[10] = 3e38f;  // finite, but not after multiplying by 1e3
+  const AdamScalars s2 =
+      kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1e3);
+  CHECK_FALSE(kernels::cpu::adam(buffers(big, DType::f32, false, false, DType::bf16), s2));
+  State fine = make_state(100, 7);
+  CHECK(kernels::cpu::adam(buffers(fine, DType::f32, false, false, DType::bf16), s2));
+}
+
+namespace {
+
+bool rejects(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    INFO(e.what());
+    return e.code() == code && e.message().find(needle) != std::string::npos && !e.hint().empty();
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("functional adam/adamw: bad hyper-parameters and buffers are clear errors",
+          "[optim][adam]") {
+  std::vector<float> p(8, 1.0f), g(8, 0.5f), m(8), v(8), vmax(8);
+  auto step = [&](Adam o, std::int64_t t = 1) { functional::adam(p, g, m, v, {}, t, o); };
+  const auto bad = ErrorCode::invalid_argument;
+  CHECK(rejects([&] { step(Adam{.lr = -0.1}); }, bad, "invalid learning rate (lr): -0.1"));
+  CHECK(rejects([&] { step(Adam{.eps = -1e-8}); }, bad, "invalid epsilon value (eps)"));
+  CHECK(rejects([&] { step(Adam{.betas = {1.0, 0.999}}); }, bad, "beta parameter at index 0"));
+  CHECK(rejects([&] { step(Adam{.betas = {0.9, -0.1}}); }, bad, "beta parameter at index 1"));
+  CHECK(rejects([&] { step(Adam{.weight_decay = -1}); }, bad, "invalid weight_decay value"));
+  CHECK(rejects([&] { step(Adam{}, 0); }, bad, "step 0 is not a step count"));
+  CHECK(rejects([&] { step(Adam{.lr = NAN}); }, bad, "learning rate"));
+  CHECK(rejects([&] { functional::adam(p, std::span<const float>(g).first(7), m, v, {}, 1, {}); },
+                bad, "grads has 7 elements, params have 8"));
+  CHECK(rejects([&] { functional::adam(p, g, m, v, {}, 1, Adam{.amsgrad = true}); }, bad,
+                "max_exp_avg_sq (amsgrad) has 0 elements"));
+  CHECK(rejects([&] { functional::adam(p, g, m, v, vmax, 1, Adam{}); }, bad,
+                "max_exp_avg_sq was given but amsgrad is off"));
+  CHECK(rejects([&] { functional::adamw(p, g, m, std::span<float>(v).first(3), {}, 1, {}); }, bad,
+                "exp_avg_sq has 3 elements"));
+  CHECK(rejects(
+      [&] { functional::adam(p, functional::GradView(g.data(), 8, DType::i32), m, v, {}, 1, {}); },
+      ErrorCode::unsupported, "gradients of type i32"));
+  // Nothing changed by the rejected calls.
+  CHECK(p == std::vector<float>(8, 1.0f));
+  CHECK(m == std::vector<float>(8, 0.0f));
+}
+
+TEST_CASE("functional adamw writes the low-precision copy in the same pass", "[optim][adam]") {
+  std::vector<float> p(1001), m(1001), v(1001);
+  std::vector<bfloat16> g(1001), out(1001);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    p[i] = std::sin(0.01f * i);
+    g[i] = bf16_from_float(std::cos(0.03f * i));
+  }
+  functional::StepOptions extra;
+  extra.param_out = out.data();
+  extra.param_out_dtype = DType::bf16;
+  const auto r =
+      functional::adamw(p, std::span<const bfloat16>(g), m, v, {}, 1, AdamW{.lr = 0.01}, extra);
+  CHECK(r.grads_finite);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) wrong += out[i].bits != bf16_from_float(p[i]).bits;
+  CHECK(wrong == 0);
+}
