@@ -2,10 +2,12 @@
 //
 // The per-element math is adam_element(), the single definition the
 // reference, CPU and CUDA kernels all call. It follows torch.optim.Adam /
-// AdamW (PyTorch 1.13, single-tensor path) operation by operation, each
-// operation rounded to float with no fused multiply-add (the library is built
-// with -ffp-contract=off and the CUDA kernels with --fmad=false), so the three
-// kernels agree bitwise.
+// AdamW (PyTorch 1.13) operation by operation, with fused multiply-adds
+// exactly where PyTorch's CPU kernels use them (add_ with alpha, addcmul_)
+// and nowhere else: contraction is explicit (fmaf), the compilers may not
+// add their own (-ffp-contract=off, nvcc --fmad=false). So the reference, CPU
+// and CUDA kernels agree bitwise, and with PyTorch's CPU trajectory too
+// (tests/data/golden).
 #pragma once
 
 #include <cmath>
@@ -80,17 +82,17 @@ SHARDOPT_HOST_DEVICE inline bool adam_element(float& p, float g, float& m, float
   g = g * s.grad_mul;
   const bool finite = is_finite_bits(g);
   g = g * s.grad_sign;
-  if constexpr (W == WeightDecay::decoupled) p = p * s.decay;
-  if constexpr (W == WeightDecay::l2) g = g + s.weight_decay * p;
-  m = m * s.beta1 + s.one_minus_beta1 * g;
-  v = v * s.beta2 + s.one_minus_beta2 * g * g;
+  if constexpr (W == WeightDecay::decoupled) p = p * s.decay;          // param.mul_(1 - lr*wd)
+  if constexpr (W == WeightDecay::l2) g = fmaf(s.weight_decay, p, g);  // grad.add(param, alpha=wd)
+  m = fmaf(s.one_minus_beta1, g, m * s.beta1);                         // mul_(b1).add_(g, 1-b1)
+  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);  // mul_(b2).addcmul_(g, g, 1-b2)
   float second = v;
   if constexpr (Ams) {
     *vmax = *vmax < v ? v : *vmax;  // torch.maximum; a NaN in v propagates through p anyway
     second = *vmax;
   }
   const float denom = sqrtf(second) / s.bias_correction2_sqrt + s.eps;
-  p = p + s.neg_step_size * (m / denom);
+  p = p + (s.neg_step_size * m) / denom;  // addcdiv_(m, denom, -step)
   return finite;
 }
 

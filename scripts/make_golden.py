@@ -14,19 +14,18 @@ The files are committed; shardopt's build and tests never need PyTorch. To
 regenerate them (Debian 12: `apt-get install python3-torch`, torch 1.13.1,
 CPU), from the repository root:
 
-    /usr/bin/python3 scripts/make_golden.py            # writes tests/data/golden/
-    /usr/bin/python3 scripts/make_golden.py --check    # also compares torch
-                                                       # with float64 formulas
+    /usr/bin/python3 scripts/make_golden.py      # writes tests/data/golden/, ~2 s
 
 torch runs on one thread, so the files do not depend on the machine's core
 count. They were made with torch's AVX2 CPU kernels; other CPUs may differ in
 the last bit of some values, which the tests' tolerances absorb.
 
---check re-implements torch's formulas in float64 (the per-element updates of
+It also re-implements torch's formulas in float64 (the per-element updates of
 torch 1.13's single-tensor code paths, in the same order) and prints, per
 optimizer, the largest difference between torch's float32 trajectory and the
-float64 one: a check that the formulas written here, which shardopt's kernels
-follow, are the ones torch computes. Nothing of it is stored.
+float64 one: a check that the formulas written here (and in the README), which
+shardopt's kernels follow, are the ones torch computes. Nothing of it is
+stored.
 """
 
 import argparse
@@ -502,8 +501,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "tests", "data", "golden"))
-    ap.add_argument("--check", action="store_true",
-                    help="compare torch's trajectories with the float64 formulas")
     ap.add_argument("--only", help="one optimizer (e.g. adam)")
     args = ap.parse_args()
 
@@ -527,12 +524,11 @@ def main():
                 p0, grads = inputs(seed, n, STEPS, case.grad_scale, case.precision)
                 if opt in TORCH_CLASS:
                     traj = run_torch(opt, case.options, p0, grads)
-                    if args.check:
-                        ref = run_float64(opt, case.options, p0, grads)
-                        diff = np.abs(traj.astype(np.float64) - ref)
-                        worst_abs = max(worst_abs, float(diff.max()))
-                        worst_rel = max(worst_rel, float(
-                            (diff / np.maximum(np.abs(ref), 1e-3)).max()))
+                    ref = run_float64(opt, case.options, p0, grads)
+                    diff = np.abs(traj.astype(np.float64) - ref)
+                    worst_abs = max(worst_abs, float(diff.max()))
+                    worst_rel = max(worst_rel, float(
+                        (diff / np.maximum(np.abs(ref), 1e-3)).max()))
                 else:
                     ref = run_float64(opt, case.options, p0, grads, margins)
                     traj = ref.astype(np.float32)
@@ -548,7 +544,7 @@ def main():
         os.replace(path + ".tmp", path)
         total += len(blob)
         line = f"{opt:8s} {len(records):4d} cases {len(blob):9d} bytes {time.time() - t0:6.1f} s"
-        if args.check and opt in TORCH_CLASS:
+        if opt in TORCH_CLASS:
             line += (f"   torch vs float64 formulas: max abs {worst_abs:.3g},"
                      f" max rel {worst_rel:.3g} (|x| floored at 1e-3)")
         if margins:

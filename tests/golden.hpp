@@ -39,7 +39,7 @@
 #include <vector>
 
 #ifndef SHARDOPT_SOURCE_DIR
-#error "tests/golden.hpp needs -DSHARDOPT_SOURCE_DIR=\"<repository root>\" (tests/meson.build passes it)"
+#error "tests/golden.hpp needs -DSHARDOPT_SOURCE_DIR=\"<repository root>\""
 #endif
 
 namespace shardopt::test::golden {
@@ -50,8 +50,8 @@ inline constexpr std::uint32_t kVersion = 1;
 
 // Every optimizer with a golden file, in the order make_golden.py writes them.
 inline const std::vector<std::string>& optimizers() {
-  static const std::vector<std::string> names = {"sgd",     "adam",    "adamw", "adagrad",
-                                                 "rmsprop", "lion",    "lamb"};
+  static const std::vector<std::string> names = {"sgd",     "adam", "adamw", "adagrad",
+                                                 "rmsprop", "lion", "lamb"};
   return names;
 }
 
@@ -278,7 +278,8 @@ inline Case read_case(Reader& r) {
   if (c.precision != "f32" && c.precision != "bf16grad" && c.precision != "f16grad")
     r.fail(r.context() + ": unknown precision \"" + c.precision + "\"");
   const std::uint32_t n_options = r.u32("the option count");
-  if (n_options > 64) r.fail(r.context() + ": implausible option count " + std::to_string(n_options));
+  if (n_options > 64)
+    r.fail(r.context() + ": implausible option count " + std::to_string(n_options));
   for (std::uint32_t k = 0; k < n_options; ++k) {
     std::string key = r.str("an option name");
     c.options[key] = r.f64("an option value");
@@ -332,8 +333,7 @@ inline Case read_case(Reader& r) {
 inline std::vector<Case> load(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) {
-    throw std::runtime_error("golden file " + file + ": cannot open it (" +
-                             std::strerror(errno) +
+    throw std::runtime_error("golden file " + file + ": cannot open it (" + std::strerror(errno) +
                              "); the files are made by scripts/make_golden.py");
   }
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),

@@ -2,8 +2,8 @@
 // aligned to 64 bytes, and each thread runs the loop compiled for the widest
 // vector unit the CPU has (AVX-512, AVX2 or the x86-64 baseline, chosen at
 // run time: one binary for every node type). The compiler peels unaligned
-// heads and tails. The arithmetic is adam_element's, without contraction, so
-// the result equals the reference kernel's bitwise.
+// heads and tails. The arithmetic is adam_element's, with its explicit
+// fused multiply-adds only, so the result equals the reference kernel's bitwise.
 #include "kernels/adam.hpp"
 
 #include <omp.h>
@@ -24,7 +24,9 @@ Isa detect_isa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return Isa::avx2;
 #endif
   return Isa::baseline;
 }
@@ -35,8 +37,9 @@ Isa current_isa() {
 }
 
 #if defined(__x86_64__)
-#define SHARDOPT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
-#define SHARDOPT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#define SHARDOPT_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define SHARDOPT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define SHARDOPT_TARGET_AVX512
 #define SHARDOPT_TARGET_AVX2
