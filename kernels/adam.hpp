@@ -13,9 +13,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
-#include "shardopt/half.hpp"
+#include "kernels/element.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -65,13 +64,6 @@ inline AdamScalars make_adam_scalars(double lr, double beta1, double beta2, doub
   return s;
 }
 
-// True unless x is inf or nan; integer arithmetic, so loops vectorize.
-SHARDOPT_HOST_DEVICE inline bool is_finite_bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return (u & 0x7f800000u) != 0x7f800000u;
-}
-
 // One element. p, m, v (and vmax when amsgrad) are updated in place; g is
 // the gradient as stored, already converted to float. W and Ams are the
 // step's wd_mode and amsgrad, as template arguments so that the loops
@@ -94,23 +86,6 @@ SHARDOPT_HOST_DEVICE inline bool adam_element(float& p, float g, float& m, float
   const float denom = sqrtf(second) / s.bias_correction2_sqrt + s.eps;
   p = p + (s.neg_step_size * m) / denom;  // addcdiv_(m, denom, -step)
   return finite;
-}
-
-// Converts a stored gradient to float.
-SHARDOPT_HOST_DEVICE inline float load_grad(const float* g, std::size_t i) { return g[i]; }
-SHARDOPT_HOST_DEVICE inline float load_grad(const bfloat16* g, std::size_t i) {
-  return to_float(g[i]);
-}
-SHARDOPT_HOST_DEVICE inline float load_grad(const float16* g, std::size_t i) {
-  return to_float(g[i]);
-}
-
-// Writes the low-precision copy of an updated parameter.
-SHARDOPT_HOST_DEVICE inline void store_param(bfloat16* out, std::size_t i, float p) {
-  out[i] = bf16_from_float(p);
-}
-SHARDOPT_HOST_DEVICE inline void store_param(float16* out, std::size_t i, float p) {
-  out[i] = f16_from_float(p);
 }
 
 // The buffers of one Adam step over n elements.

@@ -39,6 +39,9 @@ SHARDOPT_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 }
 }  // namespace detail
 
+// The identity, so templates can read any of float, bfloat16 and float16.
+SHARDOPT_HOST_DEVICE inline float to_float(float x) { return x; }
+
 SHARDOPT_HOST_DEVICE inline float to_float(bfloat16 h) {
   return detail::bits_float(static_cast<std::uint32_t>(h.bits) << 16);
 }

@@ -43,6 +43,57 @@ struct AdamW {
   bool maximize = false;
 };
 
+// torch.optim.SGD. torch has no default learning rate (lr is required
+// there); shardopt's 1e-3 is a placeholder to be set.
+struct SGD {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;  // L2: added to the gradient
+  bool nesterov = false;      // needs momentum > 0 and dampening 0
+  bool maximize = false;
+};
+
+// torch.optim.Adagrad.
+struct Adagrad {
+  double lr = 1e-2;
+  double lr_decay = 0.0;  // step t uses lr / (1 + (t - 1) * lr_decay)
+  double weight_decay = 0.0;
+  double initial_accumulator_value = 0.0;  // the caller's initial state_sum
+  double eps = 1e-10;
+  bool maximize = false;
+};
+
+// torch.optim.RMSprop.
+struct RMSprop {
+  double lr = 1e-2;
+  double alpha = 0.99;
+  double eps = 1e-8;  // added outside the square root
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+  bool centered = false;
+  bool maximize = false;
+};
+
+// Lion (Chen et al. 2023; torch.optim has none): the sign of an
+// interpolated momentum, decoupled weight decay p *= 1 - lr * weight_decay.
+struct Lion {
+  double lr = 1e-4;
+  std::pair<double, double> betas = {0.9, 0.99};
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+
+// LAMB (You et al. 2020; torch.optim has none): Adam's direction plus
+// weight_decay * p, scaled per tensor by the trust ratio ||p|| / ||r||.
+struct Lamb {
+  double lr = 1e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-6;
+  double weight_decay = 0.01;
+  bool maximize = false;
+};
+
 namespace functional {
 
 // Gradients of any supported type: f32, bf16 or f16 (read only).
@@ -103,6 +154,61 @@ SHARDOPT_API StepResult adamw(std::span<float> params, GradView grads, std::span
                               std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq,
                               std::int64_t step, const AdamW& options,
                               const StepOptions& extra = {});
+
+// One SGD step (torch.optim.SGD). Reads grads; reads and writes params and,
+// with momentum != 0, momentum_buffer (pass an empty span without
+// momentum). On step 1 momentum_buffer is only written: it becomes a copy of
+// the gradient (after maximize and weight decay), as torch creates it, so its
+// initial contents do not matter; later steps read it. `step` counts steps
+// including this one (1 for the first). Local; not collective.
+// Errors: InvalidArgument for a bad hyper-parameter (naming it, as torch
+// does: lr, momentum, weight_decay, nesterov without momentum or with
+// dampening), mismatched sizes or null buffers; DeviceError for buffers in
+// different memories; NotCompiledError for device buffers in a build without
+// CUDA.
+SHARDOPT_API StepResult sgd(std::span<float> params, GradView grads,
+                            std::span<float> momentum_buffer, std::int64_t step, const SGD& options,
+                            const StepOptions& extra = {});
+
+// One Adagrad step (torch.optim.Adagrad). Reads grads; reads and writes
+// params and state_sum, which the caller fills with
+// options.initial_accumulator_value before the first step (torch's initial
+// state). `step` counts steps including this one (1 for the first): it
+// decays the learning rate. Local; not collective. Errors as sgd().
+SHARDOPT_API StepResult adagrad(std::span<float> params, GradView grads, std::span<float> state_sum,
+                                std::int64_t step, const Adagrad& options,
+                                const StepOptions& extra = {});
+
+// One RMSprop step (torch.optim.RMSprop). Reads grads; reads and writes
+// params, square_avg, and grad_avg when centered, and momentum_buffer when
+// momentum != 0 (pass empty spans for the buffers the options do not use).
+// Every state starts at zero before the first step, as in torch. RMSprop
+// has no bias correction, hence no step count. Local; not collective.
+// Errors as sgd().
+SHARDOPT_API StepResult rmsprop(std::span<float> params, GradView grads,
+                                std::span<float> square_avg, std::span<float> grad_avg,
+                                std::span<float> momentum_buffer, const RMSprop& options,
+                                const StepOptions& extra = {});
+
+// One Lion step. Reads grads; reads and writes params and exp_avg (the
+// momentum, zero before the first step). No step count. Local; not
+// collective. Errors as sgd() (lr, betas in [0, 1), weight_decay >= 0).
+SHARDOPT_API StepResult lion(std::span<float> params, GradView grads, std::span<float> exp_avg,
+                             const Lion& options, const StepOptions& extra = {});
+
+// One LAMB step on one tensor: the moments (exp_avg, exp_avg_sq, read and
+// written, zero before the first step), the direction
+// r = m_hat / (sqrt(v_hat) + eps) + weight_decay * p written to `update`
+// (scratch the caller owns, as long as params; its contents on entry do not
+// matter), then p -= lr * trust * r with trust = ||p|| / ||r|| over the
+// whole span (1 when either norm is 0). The norms are summed in double in a
+// fixed order, so the result does not depend on the thread count.
+// `step` counts steps including this one. A sharded caller that needs the
+// norms of a whole tensor spread over ranks uses the two kernels of
+// kernels/lamb.hpp instead. Local; not collective. Errors as adam().
+SHARDOPT_API StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_avg,
+                             std::span<float> exp_avg_sq, std::span<float> update,
+                             std::int64_t step, const Lamb& options, const StepOptions& extra = {});
 
 }  // namespace functional
 }  // namespace shardopt

@@ -7,9 +7,7 @@
 namespace shardopt::kernels::reference {
 
 bool adam(const AdamBuffers& b, const AdamScalars& s) {
-  return detail::dispatch_adam(b, s, [&]<class G, class O, WeightDecay W, bool Ams>() {
-    return detail::adam_range<G, O, W, Ams>(b, s, 0, b.n);
-  });
+  return detail::dispatch_adam(b, s, [&]<class Loop>() { return Loop::range(b, s, 0, b.n); });
 }
 
 }  // namespace shardopt::kernels::reference

@@ -1,0 +1,144 @@
+// shardopt kernels: LAMB (You et al. 2020, "Large Batch Optimization for Deep
+// Learning", Algorithm 2 with Adam's bias correction), in two passes so that
+// a sharded caller can sum the norms across shards in between:
+//
+//   lamb_direction: the moments, the update direction r into a caller
+//                   buffer, and the squared norms ||p||^2 and ||r||^2 of the
+//                   range;
+//   lamb_apply:     p = p - lr * trust * r, trust = ||p|| / ||r|| (1 when
+//                   either is 0), computed by the caller from the norms of
+//                   the whole tensor.
+//
+// The squared norms are summed in double over fixed blocks of kLambNormBlock
+// elements (8 interleaved partial sums per block, then the blocks in order),
+// so they are bitwise the same for any thread count and on the GPU.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/element.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::kernels {
+
+inline constexpr std::size_t kLambNormBlock = 2048;
+
+struct LambScalars {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float bias_correction1;       // 1 - beta1^step
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float eps;
+  float weight_decay;  // added to the direction: r += weight_decay * p
+  float grad_sign;     // -1 when maximizing, else 1
+  float grad_mul;      // applied to the gradient first: 1 / loss_scale * clip_coef
+};
+
+// step is the count after this step (1 for the first).
+inline LambScalars make_lamb_scalars(double beta1, double beta2, double eps, double weight_decay,
+                                     bool maximize, std::int64_t step, double grad_mul) {
+  LambScalars s{};
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
+  s.bias_correction2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
+  s.eps = static_cast<float>(eps);
+  s.weight_decay = static_cast<float>(weight_decay);
+  s.grad_sign = maximize ? -1.0f : 1.0f;
+  s.grad_mul = static_cast<float>(grad_mul);
+  return s;
+}
+
+// One element of the direction: m and v updated in place, r written; p is
+// only read. Returns whether the gradient (after grad_mul) is finite.
+SHARDOPT_HOST_DEVICE inline bool lamb_direction_element(float p, float g, float& m, float& v,
+                                                        float& r, const LambScalars& s) {
+  g = g * s.grad_mul;
+  const bool finite = is_finite_bits(g);
+  g = g * s.grad_sign;
+  m = fmaf(s.one_minus_beta1, g, m * s.beta1);      // m * b1 + (1 - b1) * g
+  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);  // v * b2 + (1 - b2) * g * g
+  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
+  r = fmaf(s.weight_decay, p, (m / s.bias_correction1) / denom);  // m_hat / denom + wd * p
+  return finite;
+}
+
+// The sum of x[0..count)^2 in double (count <= kLambNormBlock): element j
+// goes to partial sum j % 8, the partial sums are added pairwise. Squares of
+// floats are exact in double, so only the additions round, in this order.
+SHARDOPT_HOST_DEVICE inline double lamb_block_sq_sum(const float* x, std::size_t count) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const double v = x[j + l];
+      acc[l] = acc[l] + v * v;
+    }
+  }
+  for (int l = 0; j < count; ++j, ++l) {
+    const double v = x[j];
+    acc[l] = acc[l] + v * v;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// The buffers of one LAMB direction pass over n elements.
+//   param:      fp32 parameters, read
+//   grad:       gradients of grad_type (f32, bf16 or f16), read
+//   exp_avg:    first moment, read and written
+//   exp_avg_sq: second moment, read and written
+//   update:     the direction r, written
+struct LambBuffers {
+  const float* param = nullptr;
+  const void* grad = nullptr;
+  DType grad_type = DType::f32;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* update = nullptr;
+  std::size_t n = 0;
+};
+
+// What the direction pass returns: the squared norms of the range.
+struct LambNorms {
+  double param_sq = 0.0;
+  double update_sq = 0.0;
+  bool grads_finite = true;  // every gradient finite after grad_mul
+};
+
+// The buffers of the apply pass: p = p + neg_step * r with neg_step =
+// f(-(lr * trust)); param read and written, update read, param_out (bf16 or
+// f16, optional) written.
+struct LambApplyBuffers {
+  float* param = nullptr;
+  const float* update = nullptr;
+  void* param_out = nullptr;
+  DType param_out_type = DType::bf16;
+  std::size_t n = 0;
+};
+
+SHARDOPT_HOST_DEVICE inline void lamb_apply_element(float& p, float r, float neg_step) {
+  p = fmaf(neg_step, r, p);
+}
+
+namespace reference {
+LambNorms lamb_direction(const LambBuffers& b, const LambScalars& s);
+void lamb_apply(const LambApplyBuffers& b, float neg_step);
+}  // namespace reference
+namespace cpu {
+// OpenMP across threads (whole norm blocks each), AVX-512 / AVX2 / baseline.
+LambNorms lamb_direction(const LambBuffers& b, const LambScalars& s);
+void lamb_apply(const LambApplyBuffers& b, float neg_step);
+}  // namespace cpu
+namespace cuda {
+// Device buffers; `stream` is a cudaStream_t (null: the default stream).
+// Synchronous. Throws NotCompiledError in a build without CUDA.
+LambNorms lamb_direction(const LambBuffers& b, const LambScalars& s, void* stream);
+void lamb_apply(const LambApplyBuffers& b, float neg_step, void* stream);
+}  // namespace cuda
+
+}  // namespace shardopt::kernels

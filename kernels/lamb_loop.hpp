@@ -1,0 +1,98 @@
+// shardopt kernels (internal): the LAMB loops over a range (reference and CPU
+// kernels), the per-index steps (CUDA kernels) and the dispatch over the
+// types. Included by .cpp and .cu files only.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/lamb.hpp"
+
+namespace shardopt::kernels::detail {
+
+// The direction pass and where it leaves each norm block's squared sums
+// (block k: sums[2k] for p, sums[2k + 1] for r).
+struct LambWork {
+  LambBuffers b;
+  double* sums = nullptr;
+};
+
+template <class G>
+struct LambDirectionLoop {
+  // Computes [begin, end), begin a multiple of kLambNormBlock, and the sums
+  // of its blocks; returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const LambWork& w, const LambScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    const float* __restrict p = w.b.param;
+    const G* __restrict g = static_cast<const G*>(w.b.grad);
+    float* __restrict m = w.b.exp_avg;
+    float* __restrict v = w.b.exp_avg_sq;
+    float* __restrict r = w.b.update;
+    unsigned bad = 0;
+    for (std::size_t i = begin; i < end; ++i)
+      bad |= !lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
+    for (std::size_t k = begin; k < end; k += kLambNormBlock) {
+      const std::size_t count = end - k < kLambNormBlock ? end - k : kLambNormBlock;
+      w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p + k, count);
+      w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r + k, count);
+    }
+    return bad == 0;
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const LambBuffers& b, const LambScalars& s,
+                                         std::size_t i) {
+    return lamb_direction_element(b.param[i], load_grad(static_cast<const G*>(b.grad), i),
+                                  b.exp_avg[i], b.exp_avg_sq[i], b.update[i], s);
+  }
+};
+
+template <class O>
+struct LambApplyLoop {
+  [[gnu::always_inline]] static inline bool range(const LambApplyBuffers& b, const float& neg_step,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    const float* __restrict r = b.update;
+    O* __restrict out = static_cast<O*>(b.param_out);
+    for (std::size_t i = begin; i < end; ++i) {
+      float pi = p[i];
+      lamb_apply_element(pi, r[i], neg_step);
+      p[i] = pi;
+      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+    }
+    return true;
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const LambApplyBuffers& b, const float& neg_step,
+                                         std::size_t i) {
+    float p = b.param[i];
+    lamb_apply_element(p, b.update[i], neg_step);
+    b.param[i] = p;
+    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
+    return true;
+  }
+};
+
+// The norms from the blocks' sums, added in block order.
+inline LambNorms lamb_sum_blocks(const double* sums, std::size_t n, bool finite) {
+  LambNorms out;
+  out.grads_finite = finite;
+  for (std::size_t k = 0; k < (n + kLambNormBlock - 1) / kLambNormBlock; ++k) {
+    out.param_sq = out.param_sq + sums[2 * k];
+    out.update_sq = out.update_sq + sums[2 * k + 1];
+  }
+  return out;
+}
+
+template <class F>
+bool dispatch_lamb_direction(const LambBuffers& b, F&& f) {
+  return dispatch_types(b.grad_type, nullptr, DType::f32, [&]<class G, class O>() {
+    return f.template operator()<LambDirectionLoop<G>>();
+  });
+}
+
+template <class F>
+bool dispatch_lamb_apply(const LambApplyBuffers& b, F&& f) {
+  return dispatch_types(DType::f32, b.param_out, b.param_out_type, [&]<class G, class O>() {
+    return f.template operator()<LambApplyLoop<O>>();
+  });
+}
+
+}  // namespace shardopt::kernels::detail

@@ -1,0 +1,89 @@
+// shardopt kernels: Lion (Chen et al. 2023, "Symbolic Discovery of
+// Optimization Algorithms"), one fused pass over a contiguous range.
+//
+// lion_element() is the single definition of the per-element math, called by
+// the reference, CPU and CUDA kernels. torch 1.13 has no Lion; the order of
+// operations is that of the common PyTorch implementation (decoupled decay,
+// then the signed interpolation, then the momentum update), in float32 with
+// the scalars rounded from double.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/element.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::kernels {
+
+struct LionScalars {
+  float neg_lr;  // -lr
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float decay;      // 1 - lr * weight_decay
+  float grad_sign;  // -1 when maximizing, else 1
+  float grad_mul;   // applied to the gradient first: 1 / loss_scale * clip_coef
+};
+
+inline LionScalars make_lion_scalars(double lr, double beta1, double beta2, double weight_decay,
+                                     bool maximize, double grad_mul) {
+  LionScalars s{};
+  s.neg_lr = static_cast<float>(-lr);
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.grad_sign = maximize ? -1.0f : 1.0f;
+  s.grad_mul = static_cast<float>(grad_mul);
+  return s;
+}
+
+// One element: p and m updated in place. Returns whether the gradient
+// (after grad_mul) is finite.
+SHARDOPT_HOST_DEVICE inline bool lion_element(float& p, float g, float& m, const LionScalars& s) {
+  g = g * s.grad_mul;
+  const bool finite = is_finite_bits(g);
+  g = g * s.grad_sign;
+  p = p * s.decay;                                          // p.mul_(1 - lr * wd)
+  const float c = fmaf(s.one_minus_beta1, g, m * s.beta1);  // m * b1 + (1 - b1) * g
+  // sign(c): +-1, zero stays zero and NaN stays NaN, as torch.sign.
+  const float sign = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c;
+  p = fmaf(s.neg_lr, sign, p);                  // p.add_(sign(c), alpha=-lr): exact product
+  m = fmaf(s.one_minus_beta2, g, m * s.beta2);  // m.mul_(b2).add_(g, alpha=1 - b2)
+  return finite;
+}
+
+// The buffers of one Lion step over n elements.
+//   param:     fp32 parameters (the master copy in mixed precision), read and written
+//   grad:      gradients of grad_type (f32, bf16 or f16), read
+//   exp_avg:   the momentum, read and written
+//   param_out: optional low-precision copy of the new parameters, of
+//              param_out_type (bf16 or f16), written; null for none
+struct LionBuffers {
+  float* param = nullptr;
+  const void* grad = nullptr;
+  DType grad_type = DType::f32;
+  float* exp_avg = nullptr;
+  void* param_out = nullptr;
+  DType param_out_type = DType::bf16;
+  std::size_t n = 0;
+};
+
+// Each returns true if every gradient was finite (after grad_mul); the
+// update is applied either way.
+namespace reference {
+bool lion(const LionBuffers& b, const LionScalars& s);
+}
+namespace cpu {
+// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
+bool lion(const LionBuffers& b, const LionScalars& s);
+}  // namespace cpu
+namespace cuda {
+// Device buffers; `stream` is a cudaStream_t (null: the default stream).
+// Synchronous. Throws NotCompiledError in a build without CUDA.
+bool lion(const LionBuffers& b, const LionScalars& s, void* stream);
+}  // namespace cuda
+
+}  // namespace shardopt::kernels

@@ -1,0 +1,63 @@
+// shardopt kernels (internal): the RMSprop loop over a range (reference and
+// CPU kernels), the per-index step (CUDA kernel) and the dispatch over the
+// step's types and modes. Included by .cpp and .cu files only.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/rmsprop.hpp"
+
+namespace shardopt::kernels::detail {
+
+template <class G, class O, bool Wd, bool Centered, bool Mom>
+struct RmspropLoop {
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const RmspropBuffers& b, const RmspropScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    float* __restrict sq = b.square_avg;
+    float* __restrict ga = b.grad_avg;
+    float* __restrict buf = b.momentum_buffer;
+    O* __restrict out = static_cast<O*>(b.param_out);
+    unsigned bad = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      float pi = p[i];
+      bad |= !rmsprop_element<Wd, Centered, Mom>(
+          pi, load_grad(g, i), sq[i], Centered ? ga + i : nullptr, Mom ? buf + i : nullptr, s);
+      p[i] = pi;
+      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+    }
+    return bad == 0;
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const RmspropBuffers& b, const RmspropScalars& s,
+                                         std::size_t i) {
+    float p = b.param[i];
+    float sq = b.square_avg[i];
+    float ga = Centered ? b.grad_avg[i] : 0.0f;
+    float buf = Mom ? b.momentum_buffer[i] : 0.0f;
+    const bool finite = rmsprop_element<Wd, Centered, Mom>(
+        p, load_grad(static_cast<const G*>(b.grad), i), sq, &ga, &buf, s);
+    b.param[i] = p;
+    b.square_avg[i] = sq;
+    if constexpr (Centered) b.grad_avg[i] = ga;
+    if constexpr (Mom) b.momentum_buffer[i] = buf;
+    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
+    return finite;
+  }
+};
+
+// Calls f.template operator()<RmspropLoop<...>>() for the step's types and modes.
+template <class F>
+bool dispatch_rmsprop(const RmspropBuffers& b, const RmspropScalars& s, F&& f) {
+  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, [&]<class G, class O>() {
+    return with_flags(
+        [&]<bool Wd, bool Centered, bool Mom>() {
+          return f.template operator()<RmspropLoop<G, O, Wd, Centered, Mom>>();
+        },
+        s.weight_decay != 0.0f, s.centered, s.momentum != 0.0f);
+  });
+}
+
+}  // namespace shardopt::kernels::detail

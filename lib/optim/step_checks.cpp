@@ -1,0 +1,115 @@
+// The checks shared by the functional optimizers (see step_checks.hpp).
+#include "step_checks.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace shardopt::detail {
+
+namespace {
+
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+void bad_hyper(const char* opt, const std::string& what, double value, const char* rule) {
+  throw_error(ErrorCode::invalid_argument,
+              std::string(opt) + ": invalid " + what + ": " + num(value) + " (" + rule + ")",
+              std::string("set ") + what + " within its range, as torch.optim." + opt + " requires",
+              __FILE__, __LINE__);
+}
+
+void bad_buffer(const char* opt, const std::string& message, const char* hint) {
+  throw_error(ErrorCode::invalid_argument, std::string(opt) + ": " + message, hint, __FILE__,
+              __LINE__);
+}
+
+void check_size(const char* opt, const char* name, std::size_t got, std::size_t want,
+                const void* data) {
+  if (got != want) {
+    bad_buffer(opt,
+               std::string(name) + " has " + std::to_string(got) + " elements, params have " +
+                   std::to_string(want),
+               "every state buffer and the gradients must be as long as the parameters");
+  }
+  if (want != 0 && data == nullptr) {
+    bad_buffer(opt, std::string(name) + " is null", "pass a buffer for it");
+  }
+}
+
+void check_optional(const char* opt, const char* name, std::span<float> buffer, std::size_t n,
+                    bool used, const char* why_unused) {
+  if (used) {
+    check_size(opt, name, buffer.size(), n, buffer.data());
+  } else if (!buffer.empty()) {
+    bad_buffer(opt, std::string(name) + " was given but " + why_unused,
+               "pass an empty span for a state buffer the options do not use");
+  }
+}
+
+void check_step(const char* opt, std::int64_t step) {
+  if (step < 1) {
+    bad_buffer(opt, "step " + std::to_string(step) + " is not a step count",
+               "pass the number of steps including this one: 1 for the first");
+  }
+}
+
+void check_step_buffers(const char* opt, std::span<float> params, const functional::GradView& grads,
+                        const functional::StepOptions& extra) {
+  if (!(std::isfinite(extra.grad_mul))) {
+    bad_buffer(opt, "StepOptions::grad_mul is " + num(extra.grad_mul),
+               "pass a finite multiplier (1 / loss_scale times the clip coefficient)");
+  }
+  const std::size_t n = params.size();
+  if (n != 0 && params.data() == nullptr) bad_buffer(opt, "params is null", "pass the parameters");
+  if (grads.dtype != DType::f32 && grads.dtype != DType::bf16 && grads.dtype != DType::f16) {
+    throw_error(
+        ErrorCode::unsupported,
+        std::string(opt) + ": gradients of type " + dtype_name(grads.dtype) + " are not supported",
+        "pass f32, bf16 or f16 gradients", __FILE__, __LINE__);
+  }
+  check_size(opt, "grads", grads.size, n, grads.data);
+  if (extra.param_out != nullptr && extra.param_out_dtype != DType::bf16 &&
+      extra.param_out_dtype != DType::f16) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) + ": a parameter copy of type " +
+                    dtype_name(extra.param_out_dtype) + " is not supported",
+                "use bf16 or f16 for StepOptions::param_out_dtype", __FILE__, __LINE__);
+  }
+}
+
+MemoryLocation common_location(const char* opt,
+                               std::initializer_list<std::pair<const char*, const void*>> buffers) {
+  MemoryLocation first{};
+  const char* first_name = nullptr;
+  for (const auto& [name, ptr] : buffers) {
+    if (ptr == nullptr) continue;
+    const MemoryLocation here = locate(ptr);
+    if (first_name == nullptr) {
+      first = here;
+      first_name = name;
+      continue;
+    }
+    const bool same_device = here.kind == MemoryKind::host
+                                 ? first.kind == MemoryKind::host
+                                 : first.kind != MemoryKind::host && here.device == first.device;
+    if (!same_device) {
+      throw_error(
+          ErrorCode::wrong_device,
+          std::string(opt) + ": " + name + " is in " + memory_kind_name(here.kind) +
+              (here.device >= 0 ? " (device " + std::to_string(here.device) + ")" : "") + " but " +
+              first_name + " is in " + memory_kind_name(first.kind) +
+              (first.device >= 0 ? " (device " + std::to_string(first.device) + ")" : ""),
+          "keep a step's parameters, gradients and states in the same memory (all host, or all "
+          "on one GPU)",
+          __FILE__, __LINE__);
+    }
+  }
+  return first;
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,250 @@
+// gpu suite: the CUDA SGD, Adagrad, RMSprop, Lion and LAMB kernels equal the reference
+// kernels bitwise, for every gradient type, output copy and mode, and device
+// buffers run on the device through the functional API. Skips (exit 77)
+// without a device.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/device.hpp"
+#include "kernels/adagrad.hpp"
+#include "kernels/lamb.hpp"
+#include "kernels/lion.hpp"
+#include "kernels/rmsprop.hpp"
+#include "kernels/sgd.hpp"
+#include "shardopt/shardopt.hpp"
+
+using namespace shardopt;
+
+namespace {
+
+int g_failed = 0;
+int g_passed = 0;
+
+void check(bool ok, const std::string& what) {
+  (ok ? g_passed : g_failed)++;
+  if (!ok) std::printf("FAILED: %s\n", what.c_str());
+}
+
+// A host buffer and its device copy.
+template <class T>
+struct Mirror {
+  std::vector<T> host;
+  T* dev = nullptr;
+  explicit Mirror(std::vector<T> h) : host(std::move(h)) {
+    cudaMalloc(&dev, host.size() * sizeof(T) + 1);
+    cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~Mirror() { cudaFree(dev); }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  // The device copy equals the host copy bitwise.
+  bool same() const {
+    std::vector<T> back(host.size());
+    cudaMemcpy(back.data(), dev, host.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    return std::memcmp(back.data(), host.data(), host.size() * sizeof(T)) == 0;
+  }
+};
+
+std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<std::uint16_t> grads16(const std::vector<float>& g, DType t) {
+  std::vector<std::uint16_t> h(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i)
+    h[i] = t == DType::bf16 ? bf16_from_float(g[i]).bits : f16_from_float(g[i]).bits;
+  return h;
+}
+
+}  // namespace
+
+int main() {
+  if (detail::cuda_device_count() == 0) {
+    std::printf(
+        "SKIP: no CUDA device visible to this process; the gpu suite runs on a machine "
+        "with a GPU (scripts/device-check)\n");
+    return 77;
+  }
+  std::mt19937 rng(17);
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537},
+                        (std::size_t{1} << 22) + 5}) {
+    const std::vector<float> g = uniform(n, rng, -1, 1);
+    for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+      Mirror<float> g32(g);
+      Mirror<std::uint16_t> g16(grads16(g, gt));
+      const void* hg = gt == DType::f32 ? static_cast<const void*>(g32.host.data())
+                                        : static_cast<const void*>(g16.host.data());
+      const void* dg =
+          gt == DType::f32 ? static_cast<const void*>(g32.dev) : static_cast<const void*>(g16.dev);
+      for (int out = 0; out < 3; ++out) {
+        const DType ot = out == 2 ? DType::f16 : DType::bf16;
+        const double grad_mul = out == 1 ? 0.5 : 1.0;
+        for (int mode = 0; mode < 8; ++mode) {
+          const std::string where = "n " + std::to_string(n) + " grad " + dtype_name(gt) + " out " +
+                                    std::to_string(out) + " mode " + std::to_string(mode);
+          const bool maximize = (mode + out) % 2 == 1;
+          {  // SGD, steps 1 and 2
+            Mirror<float> p(uniform(n, rng, -1, 1)), buf(uniform(n, rng, -0.1f, 0.1f));
+            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+            const bool mom = mode & 1;
+            for (std::int64_t step : {1, 2}) {
+              const auto s =
+                  kernels::make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
+                                            mom && (mode & 4), maximize, step, grad_mul);
+              kernels::SgdBuffers b{p.host.data(),
+                                    hg,
+                                    gt,
+                                    mom ? buf.host.data() : nullptr,
+                                    out ? o.host.data() : nullptr,
+                                    ot,
+                                    n};
+              kernels::reference::sgd(b, s);
+              b.param = p.dev;
+              b.grad = dg;
+              b.momentum_buffer = mom ? buf.dev : nullptr;
+              b.param_out = out ? o.dev : nullptr;
+              kernels::cuda::sgd(b, s, nullptr);
+            }
+            check(p.same() && buf.same() && o.same(), "SGD " + where);
+          }
+          if (mode < 2) {  // Adagrad
+            Mirror<float> p(uniform(n, rng, -1, 1)), sum(uniform(n, rng, 0, 0.1f));
+            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+            const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
+                                                         maximize, 3, grad_mul);
+            kernels::AdagradBuffers b{
+                p.host.data(), hg, gt, sum.host.data(), out ? o.host.data() : nullptr, ot, n};
+            kernels::reference::adagrad(b, s);
+            b.param = p.dev;
+            b.grad = dg;
+            b.sum = sum.dev;
+            b.param_out = out ? o.dev : nullptr;
+            kernels::cuda::adagrad(b, s, nullptr);
+            check(p.same() && sum.same() && o.same(), "Adagrad " + where);
+          }
+          if (mode < 2) {  // Lion
+            Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f));
+            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+            const auto s =
+                kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
+            kernels::LionBuffers b{
+                p.host.data(), hg, gt, m.host.data(), out ? o.host.data() : nullptr, ot, n};
+            kernels::reference::lion(b, s);
+            b.param = p.dev;
+            b.grad = dg;
+            b.exp_avg = m.dev;
+            b.param_out = out ? o.dev : nullptr;
+            kernels::cuda::lion(b, s, nullptr);
+            check(p.same() && m.same() && o.same(), "Lion " + where);
+          }
+          if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
+            Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f)),
+                v(uniform(n, rng, 0, 0.01f)), r(std::vector<float>(n, 0.0f));
+            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+            const auto s = kernels::make_lamb_scalars(0.9, 0.999, 1e-6, mode ? 0.01 : 0.0, maximize,
+                                                      3, grad_mul);
+            kernels::LambBuffers b{p.host.data(), hg, gt, m.host.data(), v.host.data(),
+                                   r.host.data(), n};
+            const auto hn = kernels::reference::lamb_direction(b, s);
+            b.param = p.dev;
+            b.grad = dg;
+            b.exp_avg = m.dev;
+            b.exp_avg_sq = v.dev;
+            b.update = r.dev;
+            const auto dn = kernels::cuda::lamb_direction(b, s, nullptr);
+            check(hn.param_sq == dn.param_sq && hn.update_sq == dn.update_sq &&
+                      hn.grads_finite == dn.grads_finite,
+                  "LAMB norms " + where);
+            kernels::LambApplyBuffers a{p.host.data(), r.host.data(), out ? o.host.data() : nullptr,
+                                        ot, n};
+            kernels::reference::lamb_apply(a, -0.0123f);
+            a.param = p.dev;
+            a.update = r.dev;
+            a.param_out = out ? o.dev : nullptr;
+            kernels::cuda::lamb_apply(a, -0.0123f, nullptr);
+            check(p.same() && m.same() && v.same() && r.same() && o.same(), "LAMB " + where);
+          }
+          {  // RMSprop
+            Mirror<float> p(uniform(n, rng, -1, 1)), sq(uniform(n, rng, 0.5f, 1)),
+                ga(uniform(n, rng, -0.1f, 0.1f)), buf(uniform(n, rng, -0.1f, 0.1f));
+            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+            const bool centered = mode & 1, mom = mode & 2;
+            const auto s =
+                kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
+                                              mom ? 0.9 : 0.0, centered, maximize, grad_mul);
+            kernels::RmspropBuffers b{p.host.data(),
+                                      hg,
+                                      gt,
+                                      sq.host.data(),
+                                      centered ? ga.host.data() : nullptr,
+                                      mom ? buf.host.data() : nullptr,
+                                      out ? o.host.data() : nullptr,
+                                      ot,
+                                      n};
+            kernels::reference::rmsprop(b, s);
+            b.param = p.dev;
+            b.grad = dg;
+            b.square_avg = sq.dev;
+            b.grad_avg = centered ? ga.dev : nullptr;
+            b.momentum_buffer = mom ? buf.dev : nullptr;
+            b.param_out = out ? o.dev : nullptr;
+            kernels::cuda::rmsprop(b, s, nullptr);
+            check(p.same() && sq.same() && ga.same() && buf.same() && o.same(), "RMSprop " + where);
+          }
+        }
+      }
+    }
+  }
+  // Through the functional API: device buffers run on the device, and agree
+  // with the host step.
+  const std::size_t n = 4097;
+  std::mt19937 rng2(5);
+  const std::vector<float> g = uniform(n, rng2, -1, 1);
+  Mirror<float> dg(g);
+  {
+    Mirror<float> p(uniform(n, rng2, -1, 1)), buf(std::vector<float>(n, 0.0f));
+    const SGD o{.lr = 0.1, .momentum = 0.9, .nesterov = true};
+    const auto r = functional::sgd({p.dev, n}, functional::GradView(dg.dev, n, DType::f32),
+                                   {buf.dev, n}, 1, o);
+    functional::sgd(p.host, g, buf.host, 1, o);
+    check(r.grads_finite && p.same() && buf.same(), "functional sgd on device");
+  }
+  {
+    Mirror<float> p(uniform(n, rng2, -1, 1)), sum(std::vector<float>(n, 0.1f));
+    const Adagrad o{.lr = 0.1, .initial_accumulator_value = 0.1};
+    functional::adagrad({p.dev, n}, functional::GradView(dg.dev, n, DType::f32), {sum.dev, n}, 1,
+                        o);
+    functional::adagrad(p.host, g, sum.host, 1, o);
+    check(p.same() && sum.same(), "functional adagrad on device");
+  }
+  {
+    Mirror<float> p(uniform(n, rng2, -1, 1)), sq(std::vector<float>(n, 0.0f)),
+        ga(std::vector<float>(n, 0.0f));
+    const RMSprop o{.lr = 0.1, .centered = true};
+    functional::rmsprop({p.dev, n}, functional::GradView(dg.dev, n, DType::f32), {sq.dev, n},
+                        {ga.dev, n}, {}, o);
+    functional::rmsprop(p.host, g, sq.host, ga.host, {}, o);
+    check(p.same() && sq.same() && ga.same(), "functional rmsprop on device");
+  }
+  {
+    Mirror<float> p(uniform(n, rng2, -1, 1)), m(std::vector<float>(n, 0.0f)),
+        v(std::vector<float>(n, 0.0f)), r(std::vector<float>(n, 0.0f));
+    const Lamb o{.lr = 0.01};
+    functional::lamb({p.dev, n}, functional::GradView(dg.dev, n, DType::f32), {m.dev, n},
+                     {v.dev, n}, {r.dev, n}, 1, o);
+    functional::lamb(p.host, g, m.host, v.host, r.host, 1, o);
+    check(p.same() && m.same() && v.same() && r.same(), "functional lamb on device");
+  }
+  std::printf("gpu optim (SGD, Adagrad, RMSprop, Lion, LAMB): %d passed, %d failed\n", g_passed,
+              g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,81 @@
+// Helpers of the optimizer tests: random inputs in every gradient type,
+// bitwise comparison, and error matching.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardopt/error.hpp"
+#include "shardopt/half.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::test {
+
+inline std::uint32_t bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// The number of elements whose bits differ.
+inline std::size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size());
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d += bits(a[i]) != bits(b[i]);
+  return d;
+}
+
+// n values uniform in [lo, hi).
+inline std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// One gradient in the three stored types.
+struct Grads {
+  std::vector<float> f32;
+  std::vector<bfloat16> bf16;
+  std::vector<float16> f16;
+
+  explicit Grads(std::vector<float> g) : f32(std::move(g)) {
+    for (float x : f32) {
+      bf16.push_back(bf16_from_float(x));
+      f16.push_back(f16_from_float(x));
+    }
+  }
+  const void* data(DType t) const {
+    return t == DType::bf16  ? static_cast<const void*>(bf16.data())
+           : t == DType::f16 ? static_cast<const void*>(f16.data())
+                             : static_cast<const void*>(f32.data());
+  }
+};
+
+// True if f throws a shardopt::Error with `code`, a message containing
+// `needle` and a hint.
+inline bool rejects(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    INFO(e.what());
+    return e.code() == code && e.message().find(needle) != std::string::npos && !e.hint().empty();
+  }
+  return false;
+}
+
+// Sizes around the SIMD and thread-split edges, and one big enough for threads.
+inline const std::vector<std::size_t>& awkward_sizes() {
+  static const std::vector<std::size_t> sizes = {
+      0, 1, 7, 15, 16, 17, 1000, 65537, (std::size_t{1} << 20) + 3};
+  return sizes;
+}
+
+}  // namespace shardopt::test
