@@ -3,39 +3,39 @@
 // step's types and modes. Included by .cpp and .cu files only.
 #pragma once
 
-#include <type_traits>
+#include <cstdint>
 
 #include "kernels/adagrad.hpp"
 #include "kernels/dispatch.hpp"
 
 namespace shardopt::kernels::detail {
 
-template <class G, class O, bool Wd>
+template <class G, class P, bool Wd>
 struct AdagradLoop {
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const AdagradBuffers& b, const AdagradScalars& s,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict sum = b.sum;
-    O* __restrict out = static_cast<O*>(b.param_out);
     unsigned bad = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      float pi = p[i];
+      float pi = P::load(p, copy, rem, i);
       bad |= !adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);
-      p[i] = pi;
-      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+      P::store(p, copy, rem, i, pi);
     }
     return bad == 0;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const AdagradBuffers& b, const AdagradScalars& s,
                                          std::size_t i) {
-    float p = b.param[i];
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
     float sum = b.sum[i];
     const bool finite = adagrad_element<Wd>(p, load_grad(static_cast<const G*>(b.grad), i), sum, s);
-    b.param[i] = p;
+    P::store(b.param, copy, b.remainder, i, p);
     b.sum[i] = sum;
-    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
     return finite;
   }
 };
@@ -43,10 +43,11 @@ struct AdagradLoop {
 // Calls f.template operator()<AdagradLoop<...>>() for the step's types and modes.
 template <class F>
 bool dispatch_adagrad(const AdagradBuffers& b, const AdagradScalars& s, F&& f) {
-  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, [&]<class G, class O>() {
-    return with_flags([&]<bool Wd>() { return f.template operator()<AdagradLoop<G, O, Wd>>(); },
-                      s.weight_decay != 0.0f);
-  });
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+        return with_flags([&]<bool Wd>() { return f.template operator()<AdagradLoop<G, P, Wd>>(); },
+                          s.weight_decay != 0.0f);
+      });
 }
 
 }  // namespace shardopt::kernels::detail

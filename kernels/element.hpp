@@ -1,11 +1,13 @@
 // shardopt kernels: what every optimizer's per-element function shares:
 // the finiteness test, gradient loads and low-precision parameter stores,
-// each one definition for the reference, CPU and CUDA kernels.
+// each one definition for the reference, CPU and CUDA kernels, and the
+// storage of the parameters that the loops share.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "shardopt/half.hpp"
 
@@ -34,5 +36,75 @@ SHARDOPT_HOST_DEVICE inline void store_param(bfloat16* out, std::size_t i, float
 SHARDOPT_HOST_DEVICE inline void store_param(float16* out, std::size_t i, float p) {
   out[i] = f16_from_float(p);
 }
+
+// Parameter remainders: the fp32 master p kept as its bf16 rounding hi
+// (the model's parameter) and a 16-bit remainder, so that
+//   bits(p) = (hi << 16) + int16(rem)   (mod 2^32)
+// exactly, for every bit pattern. hi = (bits(p) + 0x8000) >> 16 rounds the
+// magnitude to nearest, ties away from zero, so hi is within half a bf16 ulp
+// of p and the remainder is the signed difference in [-0x8000, 0x7fff].
+SHARDOPT_HOST_DEVICE inline float decode_remainder(bfloat16 hi, std::uint16_t rem) {
+  const std::uint32_t low = static_cast<std::uint32_t>(
+      static_cast<std::int32_t>(static_cast<std::int16_t>(rem)));  // sign-extended
+  return detail::bits_float((static_cast<std::uint32_t>(hi.bits) << 16) + low);
+}
+SHARDOPT_HOST_DEVICE inline void encode_remainder(float p, bfloat16& hi, std::uint16_t& rem) {
+  const std::uint32_t u = detail::float_bits(p);
+  hi.bits = static_cast<std::uint16_t>((u + 0x8000u) >> 16);
+  rem = static_cast<std::uint16_t>(u - (static_cast<std::uint32_t>(hi.bits) << 16));
+}
+
+// How a step stores its parameters: the storage template argument of the
+// optimizers' loops, which load each parameter as fp32 before the element
+// function and store it after. `p`, `copy` and `rem` are the buffers'
+// param, param_out (as Copy*) and remainder.
+//
+// MasterParams<O>: fp32 parameters (the master copy in mixed precision);
+// when O is bfloat16 or float16, a copy of each new value is written to
+// `copy` (O float: no copy).
+template <class O>
+struct MasterParams {
+  using Copy = O;
+  // The parameters' fp32 values, indexable.
+  SHARDOPT_HOST_DEVICE static const float* values(const float* p, const Copy*,
+                                                  const std::uint16_t*) {
+    return p;
+  }
+  SHARDOPT_HOST_DEVICE static float load(const float* p, const Copy*, const std::uint16_t*,
+                                         std::size_t i) {
+    return p[i];
+  }
+  SHARDOPT_HOST_DEVICE static void store(float* p, Copy* copy, std::uint16_t*, std::size_t i,
+                                         float x) {
+    p[i] = x;
+    if constexpr (!std::is_same_v<O, float>) store_param(copy, i, x);
+  }
+};
+
+// RemainderParams: bf16 parameters in `copy`, read and written, with their
+// remainders in `rem`; no fp32 buffer (`p` is null). The element function
+// sees the decoded fp32 master, so the trajectory is the fp32 one bitwise.
+struct RemainderParams {
+  using Copy = bfloat16;
+  struct Decoded {
+    const bfloat16* hi;
+    const std::uint16_t* rem;
+    SHARDOPT_HOST_DEVICE float operator[](std::size_t i) const {
+      return decode_remainder(hi[i], rem[i]);
+    }
+  };
+  SHARDOPT_HOST_DEVICE static Decoded values(const float*, const Copy* copy,
+                                             const std::uint16_t* rem) {
+    return {copy, rem};
+  }
+  SHARDOPT_HOST_DEVICE static float load(const float*, const Copy* copy, const std::uint16_t* rem,
+                                         std::size_t i) {
+    return decode_remainder(copy[i], rem[i]);
+  }
+  SHARDOPT_HOST_DEVICE static void store(float*, Copy* copy, std::uint16_t* rem, std::size_t i,
+                                         float x) {
+    encode_remainder(x, copy[i], rem[i]);
+  }
+};
 
 }  // namespace shardopt::kernels

@@ -68,27 +68,34 @@ SHARDOPT_HOST_DEVICE inline bool lamb_direction_element(float p, float g, float&
   return finite;
 }
 
-// The sum of x[0..count)^2 in double (count <= kLambNormBlock): element j
-// goes to partial sum j % 8, the partial sums are added pairwise. Squares of
-// floats are exact in double, so only the additions round, in this order.
-SHARDOPT_HOST_DEVICE inline double lamb_block_sq_sum(const float* x, std::size_t count) {
+// The sum of x[begin..begin + count)^2 in double (count <= kLambNormBlock):
+// element j goes to partial sum j % 8, the partial sums are added pairwise.
+// Squares of floats are exact in double, so only the additions round, in
+// this order. X is a float pointer or anything indexable that yields floats
+// (RemainderParams::Decoded).
+template <class X>
+SHARDOPT_HOST_DEVICE inline double lamb_block_sq_sum(const X& x, std::size_t begin,
+                                                     std::size_t count) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::size_t j = 0;
   for (; j + 8 <= count; j += 8) {
     for (int l = 0; l < 8; ++l) {
-      const double v = x[j + l];
+      const double v = x[begin + j + l];
       acc[l] = acc[l] + v * v;
     }
   }
   for (int l = 0; j < count; ++j, ++l) {
-    const double v = x[j];
+    const double v = x[begin + j];
     acc[l] = acc[l] + v * v;
   }
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 // The buffers of one LAMB direction pass over n elements.
-//   param:      fp32 parameters, read
+//   param:      fp32 parameters, read; null with remainder
+//   param_bf16: with remainder, the bf16 parameters, read; else null
+//   remainder:  optional 16-bit remainders of the bf16 parameters
+//               (parameter remainders, kernels/element.hpp), read
 //   grad:       gradients of grad_type (f32, bf16 or f16), read
 //   exp_avg:    first moment, read and written
 //   exp_avg_sq: second moment, read and written
@@ -101,6 +108,8 @@ struct LambBuffers {
   float* exp_avg_sq = nullptr;
   float* update = nullptr;
   std::size_t n = 0;
+  const bfloat16* param_bf16 = nullptr;
+  const std::uint16_t* remainder = nullptr;
 };
 
 // What the direction pass returns: the squared norms of the range.
@@ -112,13 +121,16 @@ struct LambNorms {
 
 // The buffers of the apply pass: p = p + neg_step * r with neg_step =
 // f(-(lr * trust)); param read and written, update read, param_out (bf16 or
-// f16, optional) written.
+// f16, optional) written. With remainder set, param is null and param_out
+// holds the bf16 parameters themselves, read and written with their
+// remainders (parameter remainders, kernels/element.hpp).
 struct LambApplyBuffers {
   float* param = nullptr;
   const float* update = nullptr;
   void* param_out = nullptr;
   DType param_out_type = DType::bf16;
   std::size_t n = 0;
+  std::uint16_t* remainder = nullptr;
 };
 
 SHARDOPT_HOST_DEVICE inline void lamb_apply_element(float& p, float r, float neg_step) {

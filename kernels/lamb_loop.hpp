@@ -3,7 +3,7 @@
 // types. Included by .cpp and .cu files only.
 #pragma once
 
-#include <type_traits>
+#include <cstdint>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/lamb.hpp"
@@ -17,13 +17,13 @@ struct LambWork {
   double* sums = nullptr;
 };
 
-template <class G>
+template <class G, class P>
 struct LambDirectionLoop {
   // Computes [begin, end), begin a multiple of kLambNormBlock, and the sums
   // of its blocks; returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const LambWork& w, const LambScalars& s,
                                                   std::size_t begin, std::size_t end) {
-    const float* __restrict p = w.b.param;
+    const auto p = values(w.b);
     const G* __restrict g = static_cast<const G*>(w.b.grad);
     float* __restrict m = w.b.exp_avg;
     float* __restrict v = w.b.exp_avg_sq;
@@ -33,39 +33,43 @@ struct LambDirectionLoop {
       bad |= !lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
     for (std::size_t k = begin; k < end; k += kLambNormBlock) {
       const std::size_t count = end - k < kLambNormBlock ? end - k : kLambNormBlock;
-      w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p + k, count);
-      w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r + k, count);
+      w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p, k, count);
+      w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r, k, count);
     }
     return bad == 0;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const LambBuffers& b, const LambScalars& s,
                                          std::size_t i) {
-    return lamb_direction_element(b.param[i], load_grad(static_cast<const G*>(b.grad), i),
+    return lamb_direction_element(values(b)[i], load_grad(static_cast<const G*>(b.grad), i),
                                   b.exp_avg[i], b.exp_avg_sq[i], b.update[i], s);
+  }
+  // The parameters' fp32 values, indexable (decoded with remainders).
+  SHARDOPT_HOST_DEVICE static auto values(const LambBuffers& b) {
+    return P::values(b.param, reinterpret_cast<const typename P::Copy*>(b.param_bf16), b.remainder);
   }
 };
 
-template <class O>
+template <class P>
 struct LambApplyLoop {
   [[gnu::always_inline]] static inline bool range(const LambApplyBuffers& b, const float& neg_step,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
     const float* __restrict r = b.update;
-    O* __restrict out = static_cast<O*>(b.param_out);
     for (std::size_t i = begin; i < end; ++i) {
-      float pi = p[i];
+      float pi = P::load(p, copy, rem, i);
       lamb_apply_element(pi, r[i], neg_step);
-      p[i] = pi;
-      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+      P::store(p, copy, rem, i, pi);
     }
     return true;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const LambApplyBuffers& b, const float& neg_step,
                                          std::size_t i) {
-    float p = b.param[i];
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
     lamb_apply_element(p, b.update[i], neg_step);
-    b.param[i] = p;
-    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
+    P::store(b.param, copy, b.remainder, i, p);
     return true;
   }
 };
@@ -83,16 +87,16 @@ inline LambNorms lamb_sum_blocks(const double* sums, std::size_t n, bool finite)
 
 template <class F>
 bool dispatch_lamb_direction(const LambBuffers& b, F&& f) {
-  return dispatch_types(b.grad_type, nullptr, DType::f32, [&]<class G, class O>() {
-    return f.template operator()<LambDirectionLoop<G>>();
+  return dispatch_types(b.grad_type, nullptr, DType::f32, b.remainder, [&]<class G, class P>() {
+    return f.template operator()<LambDirectionLoop<G, P>>();
   });
 }
 
 template <class F>
 bool dispatch_lamb_apply(const LambApplyBuffers& b, F&& f) {
-  return dispatch_types(DType::f32, b.param_out, b.param_out_type, [&]<class G, class O>() {
-    return f.template operator()<LambApplyLoop<O>>();
-  });
+  return dispatch_types(
+      DType::f32, b.param_out, b.param_out_type, b.remainder,
+      [&]<class G, class P>() { return f.template operator()<LambApplyLoop<P>>(); });
 }
 
 }  // namespace shardopt::kernels::detail

@@ -61,6 +61,10 @@ SHARDOPT_HOST_DEVICE inline bool lion_element(float& p, float g, float& m, const
 //   exp_avg:   the momentum, read and written
 //   param_out: optional low-precision copy of the new parameters, of
 //              param_out_type (bf16 or f16), written; null for none
+//   remainder: optional 16-bit remainders (parameter remainders): when set,
+//              param is null and param_out holds the bf16 parameters themselves,
+//              read and written; the pair decodes to the fp32 master
+//              (decode_remainder, kernels/element.hpp)
 struct LionBuffers {
   float* param = nullptr;
   const void* grad = nullptr;
@@ -69,6 +73,7 @@ struct LionBuffers {
   void* param_out = nullptr;
   DType param_out_type = DType::bf16;
   std::size_t n = 0;
+  std::uint16_t* remainder = nullptr;
 };
 
 // Each returns true if every gradient was finite (after grad_mul); the

@@ -3,39 +3,39 @@
 // types. Included by .cpp and .cu files only.
 #pragma once
 
-#include <type_traits>
+#include <cstdint>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/lion.hpp"
 
 namespace shardopt::kernels::detail {
 
-template <class G, class O>
+template <class G, class P>
 struct LionLoop {
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const LionBuffers& b, const LionScalars& s,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict m = b.exp_avg;
-    O* __restrict out = static_cast<O*>(b.param_out);
     unsigned bad = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      float pi = p[i];
+      float pi = P::load(p, copy, rem, i);
       bad |= !lion_element(pi, load_grad(g, i), m[i], s);
-      p[i] = pi;
-      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+      P::store(p, copy, rem, i, pi);
     }
     return bad == 0;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const LionBuffers& b, const LionScalars& s,
                                          std::size_t i) {
-    float p = b.param[i];
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
     float m = b.exp_avg[i];
     const bool finite = lion_element(p, load_grad(static_cast<const G*>(b.grad), i), m, s);
-    b.param[i] = p;
+    P::store(b.param, copy, b.remainder, i, p);
     b.exp_avg[i] = m;
-    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
     return finite;
   }
 };
@@ -43,9 +43,9 @@ struct LionLoop {
 // Calls f.template operator()<LionLoop<...>>() for the step's types.
 template <class F>
 bool dispatch_lion(const LionBuffers& b, const LionScalars&, F&& f) {
-  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, [&]<class G, class O>() {
-    return f.template operator()<LionLoop<G, O>>();
-  });
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder,
+      [&]<class G, class P>() { return f.template operator()<LionLoop<G, P>>(); });
 }
 
 }  // namespace shardopt::kernels::detail

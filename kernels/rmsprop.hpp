@@ -84,6 +84,10 @@ SHARDOPT_HOST_DEVICE inline bool rmsprop_element(float& p, float g, float& sq, f
 //   momentum_buffer: read and written; only when momentum != 0
 //   param_out:       optional low-precision copy of the new parameters, of
 //                    param_out_type (bf16 or f16), written; null for none
+//   remainder:       optional 16-bit remainders (parameter remainders): when set,
+//                    param is null and param_out holds the bf16 parameters themselves,
+//                    read and written; the pair decodes to the fp32 master
+//                    (decode_remainder, kernels/element.hpp)
 struct RmspropBuffers {
   float* param = nullptr;
   const void* grad = nullptr;
@@ -94,6 +98,7 @@ struct RmspropBuffers {
   void* param_out = nullptr;
   DType param_out_type = DType::bf16;
   std::size_t n = 0;
+  std::uint16_t* remainder = nullptr;
 };
 
 // Each returns true if every gradient was finite (after grad_mul); the

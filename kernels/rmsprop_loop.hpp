@@ -3,47 +3,47 @@
 // step's types and modes. Included by .cpp and .cu files only.
 #pragma once
 
-#include <type_traits>
+#include <cstdint>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/rmsprop.hpp"
 
 namespace shardopt::kernels::detail {
 
-template <class G, class O, bool Wd, bool Centered, bool Mom>
+template <class G, class P, bool Wd, bool Centered, bool Mom>
 struct RmspropLoop {
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const RmspropBuffers& b, const RmspropScalars& s,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict sq = b.square_avg;
     float* __restrict ga = b.grad_avg;
     float* __restrict buf = b.momentum_buffer;
-    O* __restrict out = static_cast<O*>(b.param_out);
     unsigned bad = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      float pi = p[i];
+      float pi = P::load(p, copy, rem, i);
       bad |= !rmsprop_element<Wd, Centered, Mom>(
           pi, load_grad(g, i), sq[i], Centered ? ga + i : nullptr, Mom ? buf + i : nullptr, s);
-      p[i] = pi;
-      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+      P::store(p, copy, rem, i, pi);
     }
     return bad == 0;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const RmspropBuffers& b, const RmspropScalars& s,
                                          std::size_t i) {
-    float p = b.param[i];
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
     float sq = b.square_avg[i];
     float ga = Centered ? b.grad_avg[i] : 0.0f;
     float buf = Mom ? b.momentum_buffer[i] : 0.0f;
     const bool finite = rmsprop_element<Wd, Centered, Mom>(
         p, load_grad(static_cast<const G*>(b.grad), i), sq, &ga, &buf, s);
-    b.param[i] = p;
+    P::store(b.param, copy, b.remainder, i, p);
     b.square_avg[i] = sq;
     if constexpr (Centered) b.grad_avg[i] = ga;
     if constexpr (Mom) b.momentum_buffer[i] = buf;
-    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
     return finite;
   }
 };
@@ -51,13 +51,14 @@ struct RmspropLoop {
 // Calls f.template operator()<RmspropLoop<...>>() for the step's types and modes.
 template <class F>
 bool dispatch_rmsprop(const RmspropBuffers& b, const RmspropScalars& s, F&& f) {
-  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, [&]<class G, class O>() {
-    return with_flags(
-        [&]<bool Wd, bool Centered, bool Mom>() {
-          return f.template operator()<RmspropLoop<G, O, Wd, Centered, Mom>>();
-        },
-        s.weight_decay != 0.0f, s.centered, s.momentum != 0.0f);
-  });
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+        return with_flags(
+            [&]<bool Wd, bool Centered, bool Mom>() {
+              return f.template operator()<RmspropLoop<G, P, Wd, Centered, Mom>>();
+            },
+            s.weight_decay != 0.0f, s.centered, s.momentum != 0.0f);
+      });
 }
 
 }  // namespace shardopt::kernels::detail

@@ -3,39 +3,39 @@
 // types and modes. Included by .cpp and .cu files only.
 #pragma once
 
-#include <type_traits>
+#include <cstdint>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/sgd.hpp"
 
 namespace shardopt::kernels::detail {
 
-template <class G, class O, bool Wd, bool Mom>
+template <class G, class P, bool Wd, bool Mom>
 struct SgdLoop {
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const SgdBuffers& b, const SgdScalars& s,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict buf = b.momentum_buffer;
-    O* __restrict out = static_cast<O*>(b.param_out);
     unsigned bad = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      float pi = p[i];
+      float pi = P::load(p, copy, rem, i);
       bad |= !sgd_element<Wd, Mom>(pi, load_grad(g, i), Mom ? buf + i : nullptr, s);
-      p[i] = pi;
-      if constexpr (!std::is_same_v<O, float>) store_param(out, i, pi);
+      P::store(p, copy, rem, i, pi);
     }
     return bad == 0;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const SgdBuffers& b, const SgdScalars& s, std::size_t i) {
-    float p = b.param[i];
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
     float buf = Mom ? b.momentum_buffer[i] : 0.0f;
     const bool finite =
         sgd_element<Wd, Mom>(p, load_grad(static_cast<const G*>(b.grad), i), &buf, s);
-    b.param[i] = p;
+    P::store(b.param, copy, b.remainder, i, p);
     if constexpr (Mom) b.momentum_buffer[i] = buf;
-    if constexpr (!std::is_same_v<O, float>) store_param(static_cast<O*>(b.param_out), i, p);
     return finite;
   }
 };
@@ -43,11 +43,12 @@ struct SgdLoop {
 // Calls f.template operator()<SgdLoop<...>>() for the step's types and modes.
 template <class F>
 bool dispatch_sgd(const SgdBuffers& b, const SgdScalars& s, F&& f) {
-  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, [&]<class G, class O>() {
-    return with_flags(
-        [&]<bool Wd, bool Mom>() { return f.template operator()<SgdLoop<G, O, Wd, Mom>>(); },
-        s.weight_decay != 0.0f, s.momentum != 0.0f);
-  });
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+        return with_flags(
+            [&]<bool Wd, bool Mom>() { return f.template operator()<SgdLoop<G, P, Wd, Mom>>(); },
+            s.weight_decay != 0.0f, s.momentum != 0.0f);
+      });
 }
 
 }  // namespace shardopt::kernels::detail

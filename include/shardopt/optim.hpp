@@ -10,6 +10,7 @@
 // CUDA device (then the step runs on `StepOptions::stream`).
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -116,13 +117,68 @@ struct GradView {
         dtype(dtype_of<std::remove_cvref_t<decltype(*std::data(r))>>()) {}
 };
 
+// The parameters a step updates, in one of two storages:
+//   fp32: the parameters themselves (the master copy in mixed precision,
+//         optionally with a bf16 or f16 copy written by StepOptions::param_out);
+//   bf16 with remainders ("parameter remainders"): the model's bf16
+//         parameters plus one 16-bit remainder each, which together hold the
+//         fp32 master exactly, with no fp32 buffer (2 bytes a parameter fewer
+//         than an fp32 master beside a bf16 copy). Each step decodes the
+//         master, updates it exactly as an fp32 step would, and encodes it
+//         back, so the trajectory is the fp32 one bitwise and the bf16
+//         parameters are the master rounded to nearest.
+// The encoding, per element with u the bits of the fp32 master:
+//   param = (u + 0x8000) >> 16,  remainder = u - (param << 16)  (as int16),
+//   u = (param << 16) + int16(remainder)  (mod 2^32);
+// to start from fp32 values, encode them (encode_param_remainders), or from a
+// bf16 model, use zero remainders (the master is then the bf16 value).
+// bf16 only: an f16 parameter is not the high half of an fp32 value.
+struct ParamView {
+  void* data = nullptr;
+  std::size_t size = 0;
+  DType dtype = DType::f32;
+  std::uint16_t* remainders = nullptr;  // null for fp32 parameters
+  std::size_t remainders_size = 0;
+
+  ParamView() = default;
+  // fp32 parameters: any contiguous range of float (std::vector, std::span, ...).
+  template <class R>
+  requires requires(R& r) {
+    { std::data(r) } -> std::convertible_to<float*>;
+    std::size(r);
+  }
+  ParamView(R&& r) : data(std::data(r)), size(std::size(r)) {}
+  ParamView(float* d, std::size_t n) : data(d), size(n) {}
+  // bf16 parameters with their remainders, as many as the parameters.
+  ParamView(std::span<bfloat16> params, std::span<std::uint16_t> rem)
+      : data(params.data()),
+        size(params.size()),
+        dtype(DType::bf16),
+        remainders(rem.data()),
+        remainders_size(rem.size()) {}
+  // Raw buffers of any type (checked by the step: f32 alone, or bf16 with
+  // remainders).
+  ParamView(void* d, std::size_t n, DType t, std::span<std::uint16_t> rem)
+      : data(d), size(n), dtype(t), remainders(rem.data()), remainders_size(rem.size()) {}
+};
+
+// Encodes fp32 values as bf16 parameters with remainders (the sizes must be
+// equal); decode_param_remainders is the exact inverse, for every bit
+// pattern. Host memory. Local. Errors: InvalidArgument for mismatched sizes.
+SHARDOPT_API void encode_param_remainders(std::span<const float> master, std::span<bfloat16> params,
+                                          std::span<std::uint16_t> remainders);
+SHARDOPT_API void decode_param_remainders(std::span<const bfloat16> params,
+                                          std::span<const std::uint16_t> remainders,
+                                          std::span<float> master);
+
 struct StepOptions {
   // Multiplies every gradient before anything else: 1 / loss_scale to
   // unscale, times a clip coefficient to clip. 1 leaves them as they are.
   double grad_mul = 1.0;
   // Optional low-precision copy of the new parameters, written in the same
   // pass (mixed precision: the fp32 params are the master copy). Its size
-  // must equal the params'. dtype bf16 or f16.
+  // must equal the params'. dtype bf16 or f16. Not with parameter
+  // remainders: the bf16 parameters are then the model's copy.
   void* param_out = nullptr;
   DType param_out_dtype = DType::bf16;
   // For device buffers: the cudaStream_t to run on (null: the default
@@ -137,6 +193,14 @@ struct StepResult {
   bool grads_finite = true;
 };
 
+// Every step takes its parameters as a ParamView: fp32, or bf16 with
+// remainders (then the remainders are read and written with them). Errors
+// of the parameters, for every step: InvalidArgument for remainders of the
+// wrong size or null, remainders with fp32 parameters, or
+// StepOptions::param_out with remainders; Unsupported for bf16 parameters
+// without remainders, remainders with f16 parameters (f16 is not the high
+// half of an fp32 value), or any other parameter type.
+
 // One Adam step. Reads grads; reads and writes params, exp_avg, exp_avg_sq
 // and, with amsgrad, max_exp_avg_sq (pass an empty span without amsgrad).
 // `step` counts steps including this one (1 for the first), as torch's
@@ -145,12 +209,12 @@ struct StepResult {
 // does), mismatched sizes or null buffers; DeviceError for buffers in
 // different memories; NotCompiledError for device buffers in a build without
 // CUDA.
-SHARDOPT_API StepResult adam(std::span<float> params, GradView grads, std::span<float> exp_avg,
+SHARDOPT_API StepResult adam(ParamView params, GradView grads, std::span<float> exp_avg,
                              std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq,
                              std::int64_t step, const Adam& options, const StepOptions& extra = {});
 
 // One AdamW step; buffers as adam().
-SHARDOPT_API StepResult adamw(std::span<float> params, GradView grads, std::span<float> exp_avg,
+SHARDOPT_API StepResult adamw(ParamView params, GradView grads, std::span<float> exp_avg,
                               std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq,
                               std::int64_t step, const AdamW& options,
                               const StepOptions& extra = {});
@@ -166,16 +230,15 @@ SHARDOPT_API StepResult adamw(std::span<float> params, GradView grads, std::span
 // dampening), mismatched sizes or null buffers; DeviceError for buffers in
 // different memories; NotCompiledError for device buffers in a build without
 // CUDA.
-SHARDOPT_API StepResult sgd(std::span<float> params, GradView grads,
-                            std::span<float> momentum_buffer, std::int64_t step, const SGD& options,
-                            const StepOptions& extra = {});
+SHARDOPT_API StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffer,
+                            std::int64_t step, const SGD& options, const StepOptions& extra = {});
 
 // One Adagrad step (torch.optim.Adagrad). Reads grads; reads and writes
 // params and state_sum, which the caller fills with
 // options.initial_accumulator_value before the first step (torch's initial
 // state). `step` counts steps including this one (1 for the first): it
 // decays the learning rate. Local; not collective. Errors as sgd().
-SHARDOPT_API StepResult adagrad(std::span<float> params, GradView grads, std::span<float> state_sum,
+SHARDOPT_API StepResult adagrad(ParamView params, GradView grads, std::span<float> state_sum,
                                 std::int64_t step, const Adagrad& options,
                                 const StepOptions& extra = {});
 
@@ -185,15 +248,14 @@ SHARDOPT_API StepResult adagrad(std::span<float> params, GradView grads, std::sp
 // Every state starts at zero before the first step, as in torch. RMSprop
 // has no bias correction, hence no step count. Local; not collective.
 // Errors as sgd().
-SHARDOPT_API StepResult rmsprop(std::span<float> params, GradView grads,
-                                std::span<float> square_avg, std::span<float> grad_avg,
-                                std::span<float> momentum_buffer, const RMSprop& options,
-                                const StepOptions& extra = {});
+SHARDOPT_API StepResult rmsprop(ParamView params, GradView grads, std::span<float> square_avg,
+                                std::span<float> grad_avg, std::span<float> momentum_buffer,
+                                const RMSprop& options, const StepOptions& extra = {});
 
 // One Lion step. Reads grads; reads and writes params and exp_avg (the
 // momentum, zero before the first step). No step count. Local; not
 // collective. Errors as sgd() (lr, betas in [0, 1), weight_decay >= 0).
-SHARDOPT_API StepResult lion(std::span<float> params, GradView grads, std::span<float> exp_avg,
+SHARDOPT_API StepResult lion(ParamView params, GradView grads, std::span<float> exp_avg,
                              const Lion& options, const StepOptions& extra = {});
 
 // One LAMB step on one tensor: the moments (exp_avg, exp_avg_sq, read and
@@ -206,7 +268,7 @@ SHARDOPT_API StepResult lion(std::span<float> params, GradView grads, std::span<
 // `step` counts steps including this one. A sharded caller that needs the
 // norms of a whole tensor spread over ranks uses the two kernels of
 // kernels/lamb.hpp instead. Local; not collective. Errors as adam().
-SHARDOPT_API StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_avg,
+SHARDOPT_API StepResult lamb(ParamView params, GradView grads, std::span<float> exp_avg,
                              std::span<float> exp_avg_sq, std::span<float> update,
                              std::int64_t step, const Lamb& options, const StepOptions& extra = {});
 

@@ -24,14 +24,14 @@ void check_adam_options(const char* opt, const Options& o) {
 }
 
 template <class Options>
-StepResult adam_like(const char* opt, bool decoupled, std::span<float> params, GradView grads,
+StepResult adam_like(const char* opt, bool decoupled, ParamView params, GradView grads,
                      std::span<float> exp_avg, std::span<float> exp_avg_sq,
                      std::span<float> max_exp_avg_sq, std::int64_t step, const Options& o,
                      const StepOptions& extra) {
   check_adam_options(opt, o);
   detail::check_step(opt, step);
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   detail::check_size(opt, "exp_avg", exp_avg.size(), n, exp_avg.data());
   detail::check_size(opt, "exp_avg_sq", exp_avg_sq.size(), n, exp_avg_sq.data());
   if (o.amsgrad) {
@@ -43,26 +43,25 @@ StepResult adam_like(const char* opt, bool decoupled, std::span<float> params, G
   }
 
   kernels::AdamBuffers b;
-  b.param = params.data();
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.exp_avg = exp_avg.data();
   b.exp_avg_sq = exp_avg_sq.data();
   b.max_exp_avg_sq = o.amsgrad ? max_exp_avg_sq.data() : nullptr;
-  b.param_out = extra.param_out;
-  b.param_out_type = extra.param_out_dtype;
+  detail::set_params(b, params, extra);
   b.n = n;
   const kernels::AdamScalars s =
       kernels::make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay,
                                  decoupled, o.amsgrad, o.maximize, step, extra.grad_mul);
 
   const detail::MemoryLocation where =
-      detail::common_location(opt, {{"params", b.param},
+      detail::common_location(opt, {{"params", params.data},
                                     {"grads", b.grad},
                                     {"exp_avg", b.exp_avg},
                                     {"exp_avg_sq", b.exp_avg_sq},
                                     {"max_exp_avg_sq", b.max_exp_avg_sq},
-                                    {"param_out", b.param_out}});
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where, [&] { return kernels::cpu::adam(b, s); },
       [&] { return kernels::cuda::adam(b, s, extra.stream); });
@@ -70,14 +69,14 @@ StepResult adam_like(const char* opt, bool decoupled, std::span<float> params, G
 
 }  // namespace
 
-StepResult adam(std::span<float> params, GradView grads, std::span<float> exp_avg,
+StepResult adam(ParamView params, GradView grads, std::span<float> exp_avg,
                 std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                 const Adam& options, const StepOptions& extra) {
   return adam_like("Adam", false, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options,
                    extra);
 }
 
-StepResult adamw(std::span<float> params, GradView grads, std::span<float> exp_avg,
+StepResult adamw(ParamView params, GradView grads, std::span<float> exp_avg,
                  std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                  const AdamW& options, const StepOptions& extra) {
   return adam_like("AdamW", true, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options,

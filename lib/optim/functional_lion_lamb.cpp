@@ -23,7 +23,7 @@ void check_betas(const char* opt, const std::pair<double, double>& betas) {
 
 }  // namespace
 
-StepResult lion(std::span<float> params, GradView grads, std::span<float> exp_avg, const Lion& o,
+StepResult lion(ParamView params, GradView grads, std::span<float> exp_avg, const Lion& o,
                 const StepOptions& extra) {
   const char* opt = "Lion";
   if (!(o.lr >= 0.0)) detail::bad_hyper(opt, "learning rate (lr)", o.lr, "lr must be >= 0");
@@ -31,28 +31,29 @@ StepResult lion(std::span<float> params, GradView grads, std::span<float> exp_av
   if (!(o.weight_decay >= 0.0))
     detail::bad_hyper(opt, "weight_decay value", o.weight_decay, "weight_decay must be >= 0");
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   detail::check_size(opt, "exp_avg", exp_avg.size(), n, exp_avg.data());
 
   kernels::LionBuffers b;
-  b.param = params.data();
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.exp_avg = exp_avg.data();
-  b.param_out = extra.param_out;
-  b.param_out_type = extra.param_out_dtype;
+  detail::set_params(b, params, extra);
   b.n = n;
   const kernels::LionScalars s = kernels::make_lion_scalars(
       o.lr, o.betas.first, o.betas.second, o.weight_decay, o.maximize, extra.grad_mul);
-  const detail::MemoryLocation where = detail::common_location(
-      opt,
-      {{"params", b.param}, {"grads", b.grad}, {"exp_avg", b.exp_avg}, {"param_out", b.param_out}});
+  const detail::MemoryLocation where =
+      detail::common_location(opt, {{"params", params.data},
+                                    {"grads", b.grad},
+                                    {"exp_avg", b.exp_avg},
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where, [&] { return kernels::cpu::lion(b, s); },
       [&] { return kernels::cuda::lion(b, s, extra.stream); });
 }
 
-StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_avg,
+StepResult lamb(ParamView params, GradView grads, std::span<float> exp_avg,
                 std::span<float> exp_avg_sq, std::span<float> update, std::int64_t step,
                 const Lamb& o, const StepOptions& extra) {
   const char* opt = "Lamb";
@@ -63,13 +64,16 @@ StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_av
     detail::bad_hyper(opt, "weight_decay value", o.weight_decay, "weight_decay must be >= 0");
   detail::check_step(opt, step);
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   detail::check_size(opt, "exp_avg", exp_avg.size(), n, exp_avg.data());
   detail::check_size(opt, "exp_avg_sq", exp_avg_sq.size(), n, exp_avg_sq.data());
   detail::check_size(opt, "update", update.size(), n, update.data());
 
   kernels::LambBuffers b;
-  b.param = params.data();
+  const bool with_remainders = params.remainders != nullptr;
+  b.param = with_remainders ? nullptr : static_cast<const float*>(params.data);
+  b.param_bf16 = with_remainders ? static_cast<const bfloat16*>(params.data) : nullptr;
+  b.remainder = params.remainders;
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.exp_avg = exp_avg.data();
@@ -77,10 +81,8 @@ StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_av
   b.update = update.data();
   b.n = n;
   kernels::LambApplyBuffers a;
-  a.param = params.data();
+  detail::set_params(a, params, extra);
   a.update = update.data();
-  a.param_out = extra.param_out;
-  a.param_out_type = extra.param_out_dtype;
   a.n = n;
   const kernels::LambScalars s = kernels::make_lamb_scalars(
       o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step, extra.grad_mul);
@@ -91,12 +93,14 @@ StepResult lamb(std::span<float> params, GradView grads, std::span<float> exp_av
                              : 1.0;
     return static_cast<float>(-(o.lr * trust));
   };
-  const detail::MemoryLocation where = detail::common_location(opt, {{"params", b.param},
-                                                                     {"grads", b.grad},
-                                                                     {"exp_avg", b.exp_avg},
-                                                                     {"exp_avg_sq", b.exp_avg_sq},
-                                                                     {"update", b.update},
-                                                                     {"param_out", a.param_out}});
+  const detail::MemoryLocation where =
+      detail::common_location(opt, {{"params", params.data},
+                                    {"grads", b.grad},
+                                    {"exp_avg", b.exp_avg},
+                                    {"exp_avg_sq", b.exp_avg_sq},
+                                    {"update", b.update},
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where,
       [&] {

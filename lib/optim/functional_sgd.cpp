@@ -11,7 +11,7 @@
 
 namespace shardopt::functional {
 
-StepResult sgd(std::span<float> params, GradView grads, std::span<float> momentum_buffer,
+StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffer,
                std::int64_t step, const SGD& o, const StepOptions& extra) {
   const char* opt = "SGD";
   // The checks and their order are torch.optim.SGD's.
@@ -31,33 +31,32 @@ StepResult sgd(std::span<float> params, GradView grads, std::span<float> momentu
     detail::bad_hyper(opt, "dampening value", o.dampening, "dampening must be finite");
   detail::check_step(opt, step);
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   const bool with_momentum = o.momentum != 0.0;
   detail::check_optional(opt, "momentum_buffer", momentum_buffer, n, with_momentum,
                          "momentum is 0");
 
   kernels::SgdBuffers b;
-  b.param = params.data();
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.momentum_buffer = with_momentum ? momentum_buffer.data() : nullptr;
-  b.param_out = extra.param_out;
-  b.param_out_type = extra.param_out_dtype;
+  detail::set_params(b, params, extra);
   b.n = n;
   const kernels::SgdScalars s = kernels::make_sgd_scalars(
       o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize, step, extra.grad_mul);
   const detail::MemoryLocation where =
-      detail::common_location(opt, {{"params", b.param},
+      detail::common_location(opt, {{"params", params.data},
                                     {"grads", b.grad},
                                     {"momentum_buffer", b.momentum_buffer},
-                                    {"param_out", b.param_out}});
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where, [&] { return kernels::cpu::sgd(b, s); },
       [&] { return kernels::cuda::sgd(b, s, extra.stream); });
 }
 
-StepResult adagrad(std::span<float> params, GradView grads, std::span<float> state_sum,
-                   std::int64_t step, const Adagrad& o, const StepOptions& extra) {
+StepResult adagrad(ParamView params, GradView grads, std::span<float> state_sum, std::int64_t step,
+                   const Adagrad& o, const StepOptions& extra) {
   const char* opt = "Adagrad";
   // The checks and their order are torch.optim.Adagrad's.
   if (!(o.lr >= 0.0)) detail::bad_hyper(opt, "learning rate (lr)", o.lr, "lr must be >= 0");
@@ -71,28 +70,29 @@ StepResult adagrad(std::span<float> params, GradView grads, std::span<float> sta
   if (!(o.eps >= 0.0)) detail::bad_hyper(opt, "epsilon value (eps)", o.eps, "eps must be >= 0");
   detail::check_step(opt, step);
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   detail::check_size(opt, "state_sum", state_sum.size(), n, state_sum.data());
 
   kernels::AdagradBuffers b;
-  b.param = params.data();
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.sum = state_sum.data();
-  b.param_out = extra.param_out;
-  b.param_out_type = extra.param_out_dtype;
+  detail::set_params(b, params, extra);
   b.n = n;
   const kernels::AdagradScalars s = kernels::make_adagrad_scalars(
       o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize, step, extra.grad_mul);
-  const detail::MemoryLocation where = detail::common_location(
-      opt,
-      {{"params", b.param}, {"grads", b.grad}, {"state_sum", b.sum}, {"param_out", b.param_out}});
+  const detail::MemoryLocation where =
+      detail::common_location(opt, {{"params", params.data},
+                                    {"grads", b.grad},
+                                    {"state_sum", b.sum},
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where, [&] { return kernels::cpu::adagrad(b, s); },
       [&] { return kernels::cuda::adagrad(b, s, extra.stream); });
 }
 
-StepResult rmsprop(std::span<float> params, GradView grads, std::span<float> square_avg,
+StepResult rmsprop(ParamView params, GradView grads, std::span<float> square_avg,
                    std::span<float> grad_avg, std::span<float> momentum_buffer, const RMSprop& o,
                    const StepOptions& extra) {
   const char* opt = "RMSprop";
@@ -105,7 +105,7 @@ StepResult rmsprop(std::span<float> params, GradView grads, std::span<float> squ
     detail::bad_hyper(opt, "weight_decay value", o.weight_decay, "weight_decay must be >= 0");
   if (!(o.alpha >= 0.0)) detail::bad_hyper(opt, "alpha value", o.alpha, "alpha must be >= 0");
   detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size();
+  const std::size_t n = params.size;
   const bool with_momentum = o.momentum != 0.0;
   detail::check_size(opt, "square_avg", square_avg.size(), n, square_avg.data());
   detail::check_optional(opt, "grad_avg (centered)", grad_avg, n, o.centered, "centered is off");
@@ -113,24 +113,23 @@ StepResult rmsprop(std::span<float> params, GradView grads, std::span<float> squ
                          "momentum is 0");
 
   kernels::RmspropBuffers b;
-  b.param = params.data();
   b.grad = grads.data;
   b.grad_type = grads.dtype;
   b.square_avg = square_avg.data();
   b.grad_avg = o.centered ? grad_avg.data() : nullptr;
   b.momentum_buffer = with_momentum ? momentum_buffer.data() : nullptr;
-  b.param_out = extra.param_out;
-  b.param_out_type = extra.param_out_dtype;
+  detail::set_params(b, params, extra);
   b.n = n;
   const kernels::RmspropScalars s = kernels::make_rmsprop_scalars(
       o.lr, o.alpha, o.eps, o.weight_decay, o.momentum, o.centered, o.maximize, extra.grad_mul);
   const detail::MemoryLocation where =
-      detail::common_location(opt, {{"params", b.param},
+      detail::common_location(opt, {{"params", params.data},
                                     {"grads", b.grad},
                                     {"square_avg", b.square_avg},
                                     {"grad_avg", b.grad_avg},
                                     {"momentum_buffer", b.momentum_buffer},
-                                    {"param_out", b.param_out}});
+                                    {"remainders", params.remainders},
+                                    {"param_out", extra.param_out}});
   return detail::run_where(
       opt, where, [&] { return kernels::cpu::rmsprop(b, s); },
       [&] { return kernels::cuda::rmsprop(b, s, extra.stream); });

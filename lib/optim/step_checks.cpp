@@ -58,14 +58,64 @@ void check_step(const char* opt, std::int64_t step) {
   }
 }
 
-void check_step_buffers(const char* opt, std::span<float> params, const functional::GradView& grads,
-                        const functional::StepOptions& extra) {
+namespace {
+
+void check_params(const char* opt, const functional::ParamView& params,
+                  const functional::StepOptions& extra) {
+  const bool with_remainders = params.remainders != nullptr || params.remainders_size != 0;
+  if (params.dtype == DType::f16 && with_remainders) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) + ": parameter remainders need bf16 parameters, not f16",
+                "keep fp32 parameters (the master copy) and write the f16 model copy with "
+                "StepOptions::param_out: an f16 value is not the high half of an fp32 value",
+                __FILE__, __LINE__);
+  }
+  if (params.dtype == DType::f32 && with_remainders) {
+    bad_buffer(opt, "remainders were given with fp32 parameters",
+               "pass bf16 parameters with their remainders, or fp32 parameters alone");
+  }
+  if (params.dtype == DType::bf16 && !with_remainders) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) + ": bf16 parameters need their remainders (no fp32 master)",
+                "pass the 16-bit remainders with the bf16 parameters (encode_param_remainders "
+                "makes them from fp32 values), or fp32 parameters",
+                __FILE__, __LINE__);
+  }
+  if (params.dtype != DType::f32 && params.dtype != DType::bf16) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) + ": parameters of type " + dtype_name(params.dtype) +
+                    " are not supported",
+                "pass fp32 parameters, or bf16 parameters with remainders", __FILE__, __LINE__);
+  }
+  const std::size_t n = params.size;
+  if (n != 0 && params.data == nullptr) bad_buffer(opt, "params is null", "pass the parameters");
+  if (with_remainders) {
+    if (params.remainders_size != n) {
+      bad_buffer(opt,
+                 "remainders has " + std::to_string(params.remainders_size) +
+                     " elements, params have " + std::to_string(n),
+                 "pass one remainder for each bf16 parameter");
+    }
+    if (n != 0 && params.remainders == nullptr) {
+      bad_buffer(opt, "remainders is null", "pass the remainders of the bf16 parameters");
+    }
+    if (extra.param_out != nullptr) {
+      bad_buffer(opt, "StepOptions::param_out was given with parameter remainders",
+                 "leave param_out null: with remainders the bf16 parameters are the model's copy");
+    }
+  }
+}
+
+}  // namespace
+
+void check_step_buffers(const char* opt, const functional::ParamView& params,
+                        const functional::GradView& grads, const functional::StepOptions& extra) {
   if (!(std::isfinite(extra.grad_mul))) {
     bad_buffer(opt, "StepOptions::grad_mul is " + num(extra.grad_mul),
                "pass a finite multiplier (1 / loss_scale times the clip coefficient)");
   }
-  const std::size_t n = params.size();
-  if (n != 0 && params.data() == nullptr) bad_buffer(opt, "params is null", "pass the parameters");
+  check_params(opt, params, extra);
+  const std::size_t n = params.size;
   if (grads.dtype != DType::f32 && grads.dtype != DType::bf16 && grads.dtype != DType::f16) {
     throw_error(
         ErrorCode::unsupported,

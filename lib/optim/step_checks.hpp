@@ -37,10 +37,30 @@ void check_optional(const char* opt, const char* name, std::span<float> buffer, 
 // step counts steps including this one: 1 for the first.
 void check_step(const char* opt, std::int64_t step);
 
-// What every step checks: the parameters, the gradients (f32, bf16 or f16, as
-// many as the parameters), StepOptions (a finite grad_mul, a bf16 or f16 copy).
-void check_step_buffers(const char* opt, std::span<float> params, const functional::GradView& grads,
-                        const functional::StepOptions& extra);
+// What every step checks: the parameters (f32, or bf16 with as many
+// remainders), the gradients (f32, bf16 or f16, as many as the parameters),
+// StepOptions (a finite grad_mul, a bf16 or f16 copy, none with remainders).
+void check_step_buffers(const char* opt, const functional::ParamView& params,
+                        const functional::GradView& grads, const functional::StepOptions& extra);
+
+// Sets a kernel's parameter buffers (param, param_out, param_out_type,
+// remainder) from checked params and StepOptions: with remainders, the bf16
+// parameters go to param_out (kernels/element.hpp, RemainderParams).
+template <class Buffers>
+void set_params(Buffers& b, const functional::ParamView& params,
+                const functional::StepOptions& extra) {
+  if (params.remainders != nullptr) {
+    b.param = nullptr;
+    b.param_out = params.data;
+    b.param_out_type = DType::bf16;
+    b.remainder = params.remainders;
+  } else {
+    b.param = static_cast<float*>(params.data);
+    b.param_out = extra.param_out;
+    b.param_out_type = extra.param_out_dtype;
+    b.remainder = nullptr;
+  }
+}
 
 // Where the step runs: every non-null buffer must be in the same memory
 // (host, or one CUDA device), else a WrongDevice error naming two of them.

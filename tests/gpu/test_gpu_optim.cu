@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -243,6 +244,61 @@ int main() {
                      {v.dev, n}, {r.dev, n}, 1, o);
     functional::lamb(p.host, g, m.host, v.host, r.host, 1, o);
     check(p.same() && m.same() && v.same() && r.same(), "functional lamb on device");
+  }
+  // Parameter remainders: bf16 parameters and remainders on the device step
+  // exactly as on the host (which equals the fp32-master trajectory, tested
+  // in test_optim_remainders), for every optimizer.
+  for (std::size_t rn : {std::size_t{1}, std::size_t{1000}, std::size_t{65537}}) {
+    for (DType gt : {DType::bf16, DType::f16}) {
+      const std::vector<float> master = uniform(rn, rng2, -1, 1);
+      std::vector<bfloat16> hi0(rn);
+      std::vector<std::uint16_t> rem0(rn);
+      functional::encode_param_remainders(master, hi0, rem0);
+      Mirror<std::uint16_t> rg(grads16(uniform(rn, rng2, -1, 1), gt));
+      const functional::GradView hgv(rg.host.data(), rn, gt), dgv(rg.dev, rn, gt);
+      for (int opt = 0; opt < 7; ++opt) {
+        Mirror<bfloat16> hi(hi0);
+        Mirror<std::uint16_t> rem(rem0);
+        Mirror<float> s0(std::vector<float>(rn, 0.1f)), s1(std::vector<float>(rn, 0.0f)),
+            s2(std::vector<float>(rn, 0.0f));
+        for (int dev = 0; dev < 2; ++dev) {
+          const functional::ParamView pv(
+              std::span<bfloat16>(dev ? hi.dev : hi.host.data(), rn),
+              std::span<std::uint16_t>(dev ? rem.dev : rem.host.data(), rn));
+          const functional::GradView gv = dev ? dgv : hgv;
+          const std::span<float> a(dev ? s0.dev : s0.host.data(), rn),
+              b(dev ? s1.dev : s1.host.data(), rn), c(dev ? s2.dev : s2.host.data(), rn);
+          for (std::int64_t t : {1, 2}) {
+            switch (opt) {
+              case 0:
+                functional::adam(pv, gv, a, b, c, t, Adam{.weight_decay = 0.01, .amsgrad = true});
+                break;
+              case 1:
+                functional::adamw(pv, gv, a, b, {}, t, AdamW{});
+                break;
+              case 2:
+                functional::sgd(pv, gv, a, t, SGD{.lr = 0.01, .momentum = 0.9});
+                break;
+              case 3:
+                functional::adagrad(pv, gv, a, t, Adagrad{.initial_accumulator_value = 0.1});
+                break;
+              case 4:
+                functional::rmsprop(pv, gv, a, b, c, RMSprop{.momentum = 0.9, .centered = true});
+                break;
+              case 5:
+                functional::lion(pv, gv, a, Lion{.weight_decay = 0.1});
+                break;
+              default:
+                functional::lamb(pv, gv, a, b, c, t, Lamb{});
+                break;
+            }
+          }
+        }
+        check(hi.same() && rem.same() && s0.same() && s1.same() && s2.same(),
+              "remainders optimizer " + std::to_string(opt) + " n " + std::to_string(rn) +
+                  " grad " + dtype_name(gt));
+      }
+    }
   }
   std::printf("gpu optim (SGD, Adagrad, RMSprop, Lion, LAMB): %d passed, %d failed\n", g_passed,
               g_failed);
