@@ -1,0 +1,1213 @@
+// shardopt-bench-optim: the functional optimizers on the host beside their
+// memory limit.
+//
+// An optimizer step streams its arrays once: it is memory-bound, and its
+// limit is the time the same memory traffic takes without the math. For each
+// optimizer, precision, parameter count and thread count this program times
+// the step and, alternately on the same arrays, a memory-only kernel that
+// reads and writes exactly the streams the step does (same in-place writes,
+// same OpenMP threads and partition, trivial arithmetic), and prints both
+// rates and their ratio. STREAM triad is printed beside them for reference.
+//
+//   shardopt-bench-optim                 # 1M..256M params, 1..nproc threads
+//   shardopt-bench-optim -s 16M,64M -o adam,adamw -p fp32,bf16 --json
+//
+// It runs as one process (the functional API needs no MPI_Init); it also
+// runs under `mpirun -n 1`. Uses only the public API of shardopt, OpenMP and
+// the standard library.
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "shardopt/build_info.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/half.hpp"
+#include "shardopt/memory.hpp"
+#include "shardopt/optim.hpp"
+#include "shardopt/types.hpp"
+
+namespace {
+
+using shardopt::DType;
+namespace functional = shardopt::functional;
+
+constexpr const char* kProgram = "shardopt-bench-optim";
+
+// The goal: at this many parameters and more, with every core, each
+// optimizer and precision runs at this fraction of its memory limit or better.
+constexpr std::size_t kGoalNumel = std::size_t{16} << 20;
+constexpr double kGoalRatio = 0.95;
+// Small sizes run more than the minimum number of repetitions: about this
+// long per timed series, up to kMaxReps.
+constexpr double kSeriesBudgetS = 0.25;
+constexpr int kMaxReps = 2000;
+constexpr std::uint64_t kSeed = 0x243f6a8885a308d3ULL;
+
+// ---------------------------------------------------------------------------
+// The arrays of one step
+
+// The most fp32 state arrays (besides the parameters) an optimizer keeps.
+constexpr int kMaxStates = 3;
+
+// One step's arrays over n parameters, as the optimizer entries see them.
+struct Streams {
+  std::size_t n = 0;
+  float* param = nullptr;                  // fp32 (master) parameters: read, written
+  std::array<float*, kMaxStates> state{};  // fp32 optimizer state: read, written
+  const void* grad = nullptr;              // gradients of grad_type: read
+  DType grad_type = DType::f32;
+  void* copy = nullptr;  // low-precision copy of the new params: written
+  DType copy_type = DType::bf16;
+  float* scratch = nullptr;  // two-pass steps: the direction, written then read
+
+  std::span<float> params() const { return {param, n}; }
+  std::span<float> state_span(int i) const { return {state[static_cast<std::size_t>(i)], n}; }
+  std::span<float> scratch_span() const { return {scratch, n}; }
+  functional::GradView grads() const { return {grad, n, grad_type}; }
+  functional::StepOptions step_options() const {
+    functional::StepOptions o;
+    o.param_out = copy;
+    o.param_out_dtype = copy_type;
+    return o;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The optimizers: one entry each.
+//
+// `states` names the fp32 arrays the step reads and writes besides the
+// parameters (one element per parameter each); with the precision it gives
+// the bytes per parameter and the streams of the memory-only limit kernel.
+// `step` runs one step with torch's default hyper-parameters (plus the
+// options that make the state exist, e.g. momentum); `t` counts steps from 1.
+// A step with a `scratch` array runs in two passes: the first reads p, g and
+// the states and writes the states and the scratch direction; the second
+// reads p and the direction and writes p (and the copy).
+
+struct OptimizerEntry {
+  const char* name;
+  std::vector<const char*> states;
+  void (*step)(const Streams& s, std::int64_t t);
+  const char* scratch = nullptr;
+};
+
+const std::vector<OptimizerEntry>& optimizers() {
+  static const std::vector<OptimizerEntry> entries = {
+      {"adam",
+       {"m", "v"},
+       [](const Streams& s, std::int64_t t) {
+         functional::adam(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
+                          shardopt::Adam{}, s.step_options());
+       }},
+      {"adamw",
+       {"m", "v"},
+       [](const Streams& s, std::int64_t t) {
+         functional::adamw(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
+                           shardopt::AdamW{}, s.step_options());
+       }},
+      {"sgd",
+       {"buf"},  // with momentum: without it there is no state
+       [](const Streams& s, std::int64_t t) {
+         shardopt::SGD o;
+         o.momentum = 0.9;
+         functional::sgd(s.params(), s.grads(), s.state_span(0), t, o, s.step_options());
+       }},
+      {"adagrad",
+       {"sum"},
+       [](const Streams& s, std::int64_t t) {
+         functional::adagrad(s.params(), s.grads(), s.state_span(0), t, shardopt::Adagrad{},
+                             s.step_options());
+       }},
+      {"rmsprop",
+       {"sq"},  // no momentum, not centered
+       [](const Streams& s, std::int64_t) {
+         functional::rmsprop(s.params(), s.grads(), s.state_span(0), {}, {}, shardopt::RMSprop{},
+                             s.step_options());
+       }},
+      {"lion",
+       {"m"},
+       [](const Streams& s, std::int64_t) {
+         functional::lion(s.params(), s.grads(), s.state_span(0), shardopt::Lion{},
+                          s.step_options());
+       }},
+      {"lamb",
+       {"m", "v"},
+       [](const Streams& s, std::int64_t t) {
+         functional::lamb(s.params(), s.grads(), s.state_span(0), s.state_span(1), s.scratch_span(),
+                          t, shardopt::Lamb{}, s.step_options());
+       },
+       "u"},
+  };
+  return entries;
+}
+
+// ---------------------------------------------------------------------------
+// Precisions
+
+struct Precision {
+  const char* name;
+  DType grad;
+  bool copy;  // writes a low-precision copy of the new parameters
+  DType copy_type;
+  const char* description;
+};
+
+constexpr Precision kPrecisions[] = {
+    {"fp32", DType::f32, false, DType::bf16, "f32 grads, no copy"},
+    {"bf16", DType::bf16, true, DType::bf16, "bf16 grads, fp32 master + states, bf16 copy out"},
+    {"f16", DType::f16, true, DType::f16, "f16 grads, fp32 master + states, f16 copy out"},
+    {"fp32-bf16", DType::f32, true, DType::bf16, "f32 grads, fp32 master + states, bf16 copy out"},
+};
+constexpr int kDefaultPrecisions = 3;  // fp32 bf16 f16
+
+// Bytes moved per parameter, every read and write counted once (per pass).
+std::size_t bytes_per_param(const OptimizerEntry& o, const Precision& p) {
+  const std::size_t g = shardopt::dtype_size(p.grad);
+  const std::size_t c = p.copy ? shardopt::dtype_size(p.copy_type) : 0;
+  const std::size_t k = o.states.size();
+  if (o.scratch != nullptr) return (4 + g + 4 * k) + (4 * k + 4) + (4 + 4) + (4 + c);
+  return 4 * 2 * (1 + k) + g + c;
+}
+
+// "r p4 g2 m4 v4 + w p4 m4 v4 c2 = 28"; two passes separated by ';'.
+std::string bytes_formula(const OptimizerEntry& o, const Precision& p) {
+  std::string f = "r p4 g" + std::to_string(shardopt::dtype_size(p.grad));
+  for (const char* s : o.states) f += std::string(" ") + s + "4";
+  f += o.scratch != nullptr ? " + w" : " + w p4";
+  for (const char* s : o.states) f += std::string(" ") + s + "4";
+  if (o.scratch != nullptr) f += std::string(" ") + o.scratch + "4; r p4 " + o.scratch + "4 + w p4";
+  if (p.copy) f += " c" + std::to_string(shardopt::dtype_size(p.copy_type));
+  return f + " = " + std::to_string(bytes_per_param(o, p));
+}
+
+// ---------------------------------------------------------------------------
+// Memory-only kernels: the limit and STREAM triad.
+//
+// Both split the range across OpenMP threads as the CPU optimizer kernels do
+// (one static block per thread, rounded up to 16 floats; one thread below
+// 32768 elements) and run a loop compiled for the widest vector unit present.
+
+#if defined(__x86_64__)
+enum class Isa { baseline, avx2, avx512 };
+Isa detect_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+  return Isa::baseline;
+}
+const char* isa_name(Isa i) {
+  return i == Isa::avx512 ? "AVX-512" : i == Isa::avx2 ? "AVX2" : "x86-64 baseline";
+}
+#define SHARDOPT_BENCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define SHARDOPT_BENCH_AVX2 __attribute__((target("avx2,fma")))
+#else
+enum class Isa { baseline };
+Isa detect_isa() { return Isa::baseline; }
+const char* isa_name(Isa) { return "baseline"; }
+#define SHARDOPT_BENCH_AVX512
+#define SHARDOPT_BENCH_AVX2
+#endif
+
+const Isa kIsa = detect_isa();
+
+// Opaque to the compiler, so the limit kernel's arithmetic is not folded away.
+volatile float g_zero = 0.0f;
+
+// A gradient as a float, by the cheapest conversion that reads every bit
+// pattern (the value does not matter: it is multiplied by zero).
+inline float grad_value(float g) { return g; }
+inline float grad_value(shardopt::bfloat16 g) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(g.bits) << 16);
+}
+inline float grad_value(shardopt::float16 g) { return static_cast<float>(g.bits); }
+
+// The limit kernel over [begin, end): reads g, p and the K states; writes p,
+// the K states (each unchanged: x + g * 0) and, with Copy, 16 bits per
+// parameter. The same streams, read and written the same way, as the step.
+template <class G, int K, bool Copy>
+[[gnu::always_inline]] inline void touch_body(const Streams& s, float zero, std::size_t begin,
+                                              std::size_t end) {
+  float* __restrict p = s.param;
+  const G* __restrict g = static_cast<const G*>(s.grad);
+  float* __restrict s0 = s.state[0];
+  float* __restrict s1 = s.state[1];
+  float* __restrict s2 = s.state[2];
+  std::uint16_t* __restrict c = static_cast<std::uint16_t*>(s.copy);
+  // Every load before every store, as the optimizer loops do: the arrays are
+  // 2 MiB aligned, so a store to p[i] and a later load of s0[i] share their
+  // low address bits and the load would wait on the store (4K aliasing).
+  for (std::size_t i = begin; i < end; ++i) {
+    const float t = grad_value(g[i]) * zero;
+    const float pn = p[i] + t;
+    float a0 = 0, a1 = 0, a2 = 0;
+    if constexpr (K > 0) a0 = s0[i] + t;
+    if constexpr (K > 1) a1 = s1[i] + t;
+    if constexpr (K > 2) a2 = s2[i] + t;
+    p[i] = pn;
+    if constexpr (K > 0) s0[i] = a0;
+    if constexpr (K > 1) s1[i] = a1;
+    if constexpr (K > 2) s2[i] = a2;
+    if constexpr (Copy) c[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(pn) >> 16);
+  }
+}
+
+// The two passes of a step with a scratch direction: the first reads g, p
+// and the K states and writes the states and the direction u = p + g * 0;
+// the second reads p and u and writes p = p + u * 0 (and the copy).
+template <class G, int K>
+[[gnu::always_inline]] inline void direction_body(const Streams& s, float zero, std::size_t begin,
+                                                  std::size_t end) {
+  const float* __restrict p = s.param;
+  const G* __restrict g = static_cast<const G*>(s.grad);
+  float* __restrict s0 = s.state[0];
+  float* __restrict s1 = s.state[1];
+  float* __restrict s2 = s.state[2];
+  float* __restrict u = s.scratch;
+  for (std::size_t i = begin; i < end; ++i) {  // loads first, as in touch_body
+    const float t = grad_value(g[i]) * zero;
+    const float ui = p[i] + t;
+    float a0 = 0, a1 = 0, a2 = 0;
+    if constexpr (K > 0) a0 = s0[i] + t;
+    if constexpr (K > 1) a1 = s1[i] + t;
+    if constexpr (K > 2) a2 = s2[i] + t;
+    if constexpr (K > 0) s0[i] = a0;
+    if constexpr (K > 1) s1[i] = a1;
+    if constexpr (K > 2) s2[i] = a2;
+    u[i] = ui;
+  }
+}
+
+template <bool Copy>
+[[gnu::always_inline]] inline void apply_body(const Streams& s, float zero, std::size_t begin,
+                                              std::size_t end) {
+  float* __restrict p = s.param;
+  const float* __restrict u = s.scratch;
+  std::uint16_t* __restrict c = static_cast<std::uint16_t*>(s.copy);
+  for (std::size_t i = begin; i < end; ++i) {
+    const float pn = p[i] + u[i] * zero;
+    p[i] = pn;
+    if constexpr (Copy) c[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(pn) >> 16);
+  }
+}
+
+template <class G, int K>
+SHARDOPT_BENCH_AVX512 void direction_avx512(const Streams& s, float z, std::size_t b,
+                                            std::size_t e) {
+  direction_body<G, K>(s, z, b, e);
+}
+template <class G, int K>
+SHARDOPT_BENCH_AVX2 void direction_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
+  direction_body<G, K>(s, z, b, e);
+}
+template <class G, int K>
+void direction_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
+  direction_body<G, K>(s, z, b, e);
+}
+template <bool Copy>
+SHARDOPT_BENCH_AVX512 void apply_avx512(const Streams& s, float z, std::size_t b, std::size_t e) {
+  apply_body<Copy>(s, z, b, e);
+}
+template <bool Copy>
+SHARDOPT_BENCH_AVX2 void apply_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
+  apply_body<Copy>(s, z, b, e);
+}
+template <bool Copy>
+void apply_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
+  apply_body<Copy>(s, z, b, e);
+}
+
+template <class G, int K, bool Copy>
+SHARDOPT_BENCH_AVX512 void touch_avx512(const Streams& s, float z, std::size_t b, std::size_t e) {
+  touch_body<G, K, Copy>(s, z, b, e);
+}
+template <class G, int K, bool Copy>
+SHARDOPT_BENCH_AVX2 void touch_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
+  touch_body<G, K, Copy>(s, z, b, e);
+}
+template <class G, int K, bool Copy>
+void touch_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
+  touch_body<G, K, Copy>(s, z, b, e);
+}
+
+// a = b + scalar * c
+[[gnu::always_inline]] inline void triad_body(float* __restrict a, const float* __restrict b,
+                                              const float* __restrict c, float scalar,
+                                              std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) a[i] = b[i] + scalar * c[i];
+}
+SHARDOPT_BENCH_AVX512 void triad_avx512(float* a, const float* b, const float* c, float x,
+                                        std::size_t begin, std::size_t end) {
+  triad_body(a, b, c, x, begin, end);
+}
+SHARDOPT_BENCH_AVX2 void triad_avx2(float* a, const float* b, const float* c, float x,
+                                    std::size_t begin, std::size_t end) {
+  triad_body(a, b, c, x, begin, end);
+}
+void triad_baseline(float* a, const float* b, const float* c, float x, std::size_t begin,
+                    std::size_t end) {
+  triad_body(a, b, c, x, begin, end);
+}
+
+// Runs range(begin, end) over [0, n) split as the CPU optimizer kernels split it.
+template <class Range>
+void partitioned(std::size_t n, const Range& range) {
+  constexpr std::size_t kAlign = 16;
+  if (n < (std::size_t{1} << 15) || omp_get_max_threads() == 1) {
+    range(std::size_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const auto threads = static_cast<std::size_t>(omp_get_num_threads());
+    const auto t = static_cast<std::size_t>(omp_get_thread_num());
+    const std::size_t share = (n + threads - 1) / threads;
+    const std::size_t per = (share + kAlign - 1) / kAlign * kAlign;
+    const std::size_t begin = std::min(n, t * per);
+    const std::size_t end = std::min(n, begin + per);
+    range(begin, end);
+  }
+}
+
+template <class G, int K, bool Copy>
+void touch_all(const Streams& s) {
+  const float zero = g_zero;
+  partitioned(s.n, [&](std::size_t b, std::size_t e) {
+    switch (kIsa) {
+#if defined(__x86_64__)
+      case Isa::avx512:
+        return touch_avx512<G, K, Copy>(s, zero, b, e);
+      case Isa::avx2:
+        return touch_avx2<G, K, Copy>(s, zero, b, e);
+#endif
+      default:
+        return touch_baseline<G, K, Copy>(s, zero, b, e);
+    }
+  });
+}
+
+template <class G, int K, bool Copy>
+void two_passes(const Streams& s) {
+  const float zero = g_zero;
+  partitioned(s.n, [&](std::size_t b, std::size_t e) {
+    switch (kIsa) {
+#if defined(__x86_64__)
+      case Isa::avx512:
+        return direction_avx512<G, K>(s, zero, b, e);
+      case Isa::avx2:
+        return direction_avx2<G, K>(s, zero, b, e);
+#endif
+      default:
+        return direction_baseline<G, K>(s, zero, b, e);
+    }
+  });
+  partitioned(s.n, [&](std::size_t b, std::size_t e) {
+    switch (kIsa) {
+#if defined(__x86_64__)
+      case Isa::avx512:
+        return apply_avx512<Copy>(s, zero, b, e);
+      case Isa::avx2:
+        return apply_avx2<Copy>(s, zero, b, e);
+#endif
+      default:
+        return apply_baseline<Copy>(s, zero, b, e);
+    }
+  });
+}
+
+template <class G, int K>
+void touch_with_copy(const Streams& s) {
+  if (s.scratch != nullptr) {
+    if (s.copy != nullptr) {
+      two_passes<G, K, true>(s);
+    } else {
+      two_passes<G, K, false>(s);
+    }
+  } else if (s.copy != nullptr) {
+    touch_all<G, K, true>(s);
+  } else {
+    touch_all<G, K, false>(s);
+  }
+}
+
+template <class G>
+void touch_with_states(const Streams& s, int k) {
+  switch (k) {
+    case 0:
+      return touch_with_copy<G, 0>(s);
+    case 1:
+      return touch_with_copy<G, 1>(s);
+    case 2:
+      return touch_with_copy<G, 2>(s);
+    default:
+      return touch_with_copy<G, 3>(s);
+  }
+}
+
+// The memory-only limit kernel of a step with k state arrays (two passes
+// when s.scratch is set).
+void memory_only(const Streams& s, int k) {
+  switch (s.grad_type) {
+    case DType::bf16:
+      return touch_with_states<shardopt::bfloat16>(s, k);
+    case DType::f16:
+      return touch_with_states<shardopt::float16>(s, k);
+    default:
+      return touch_with_states<float>(s, k);
+  }
+}
+
+void triad(float* a, const float* b, const float* c, std::size_t n) {
+  const float scalar = 0.5f + g_zero;
+  partitioned(n, [&](std::size_t lo, std::size_t hi) {
+    switch (kIsa) {
+#if defined(__x86_64__)
+      case Isa::avx512:
+        return triad_avx512(a, b, c, scalar, lo, hi);
+      case Isa::avx2:
+        return triad_avx2(a, b, c, scalar, lo, hi);
+#endif
+      default:
+        return triad_baseline(a, b, c, scalar, lo, hi);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Random data
+
+std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [lo, hi), a function of (key, i).
+inline float uniform(std::uint64_t key, std::size_t i, float lo, float hi) {
+  const std::uint64_t h = mix64(key ^ mix64(i));
+  const float u = static_cast<float>(h >> 40) * 0x1p-24f;
+  return lo + (hi - lo) * u;
+}
+
+template <class T, class F>
+void fill(T* x, std::size_t n, const F& value) {
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) x[i] = value(i);
+}
+
+// Gradients, f32 or the bits of bf16 / f16, in [-1, 1) times 1e-2.
+void fill_grads(void* g, DType t, std::size_t n, std::uint64_t key) {
+  auto v = [key](std::size_t i) { return uniform(key, i, -1e-2f, 1e-2f); };
+  switch (t) {
+    case DType::bf16:
+      fill(static_cast<shardopt::bfloat16*>(g), n,
+           [&](std::size_t i) { return shardopt::bf16_from_float(v(i)); });
+      break;
+    case DType::f16:
+      fill(static_cast<shardopt::float16*>(g), n,
+           [&](std::size_t i) { return shardopt::f16_from_float(v(i)); });
+      break;
+    default:
+      fill(static_cast<float*>(g), n, v);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Options
+
+struct Options {
+  std::vector<std::size_t> sizes;
+  std::vector<int> threads;
+  std::vector<const OptimizerEntry*> optimizers;
+  std::vector<const Precision*> precisions;
+  int reps = 7;
+  int warmup = 2;
+  std::size_t max_memory = 0;  // 0: 3/4 of MemAvailable
+  bool json = false;
+  bool help = false;
+};
+
+struct UsageError {
+  std::string message;
+};
+
+std::string usage() {
+  std::string names;
+  for (const auto& o : optimizers()) names += std::string(names.empty() ? "" : " ") + o.name;
+  std::string precisions;
+  for (const auto& p : kPrecisions) {
+    precisions += std::string("                          ") + p.name +
+                  std::string(10 - std::strlen(p.name), ' ') + p.description + "\n";
+  }
+  return std::string(
+             "usage: shardopt-bench-optim [options]\n"
+             "\n"
+             "Times shardopt's functional optimizers on host memory beside their memory limit,\n"
+             "measured in the same run on the same arrays. Runs as one process (also under\n"
+             "mpirun -n 1 --bind-to none: by default mpirun binds the rank to one core); OpenMP\n"
+             "threads are set per row with omp_set_num_threads.\n"
+             "\n"
+             "  -s, --sizes LIST        parameter counts, comma-separated, with an optional K, M "
+             "or\n"
+             "                          G suffix (powers of 1024) (default 1M,4M,16M,64M,256M)\n"
+             "  -t, --threads LIST      OpenMP thread counts, comma-separated, or a range A-B\n"
+             "                          (default 1-nproc)\n"
+             "  -o, --optimizers LIST   comma-separated, or all (default all): ") +
+         names +
+         "\n"
+         "  -p, --precisions LIST   comma-separated, or all (default fp32,bf16,f16):\n" +
+         precisions +
+         "  -n, --reps N            timed repetitions of each series, at least (default 7);\n"
+         "                          small sizes run more, about 0.25 s worth, up to 2000\n"
+         "  -w, --warmup N          untimed repetitions first (default 2)\n"
+         "  -M, --max-memory SIZE   skip sizes whose arrays need more bytes than this\n"
+         "                          (K, M, G suffix; default 3/4 of MemAvailable at start)\n"
+         "      --json              one JSON object per row on stdout; the rest on stderr\n"
+         "  -h, --help              this text\n"
+         "\n"
+         "Arrays are allocated once per size as shardopt::HostBuffer (2 MiB aligned, huge\n"
+         "pages, touched at allocation) and filled with random data (params in [-1,1),\n"
+         "states in [0,1e-2), grads in [-1e-2,1e-2)). For each row the step and the limit kernel\n"
+         "run alternately, in an order drawn at random per pair, after warm-up; the table\n"
+         "shows medians.\n"
+         "\n"
+         "Columns:\n"
+         "  B_pp     bytes per parameter, every read and write counted once; the formula\n"
+         "           is printed per row: r = read, w = written, p = fp32 params, g = grads,\n"
+         "           state arrays by name (m, v, buf, sum, sq), c = the 16-bit param copy,\n"
+         "           u = LAMB's direction. fp32: Adam/AdamW 28, SGD (momentum 0.9) 20,\n"
+         "           Adagrad 20, RMSprop (no momentum, not centered) 20, Lion 20, LAMB 40\n"
+         "           (two passes: r p g m v + w m v u; r p u + w p); bf16 or f16 mixed: the\n"
+         "           same (2 B less grad, 2 B copy); fp32 grads with a bf16 copy: 2 B more.\n"
+         "  time_us  median time of one step\n"
+         "  GB/s     numel * B_pp / time_us\n"
+         "  limit    GB/s of the memory-only kernel: the same arrays, the same reads and\n"
+         "           in-place writes (every input stream read, every output stream\n"
+         "           written: p, states += g * 0; c = the top 16 bits of p), trivial\n"
+         "           arithmetic, the same OpenMP threads and static partition, the same\n"
+         "           passes, counted with the same B_pp. The step cannot beat it by more\n"
+         "           than noise.\n"
+         "  stream   GB/s of STREAM triad a[i] = b[i] + s * c[i] over three fp32 arrays of\n"
+         "           numel elements, counted 12 B per element (read b, c, write a; STREAM's\n"
+         "           24 B per double element are the same bytes).\n"
+         "           A reference only: it understates the in-place limit, since its counted\n"
+         "           bytes leave out the write-allocate read of a, which an in-place update\n"
+         "           does not pay.\n"
+         "  ratio    GB/s / limit: the fraction of the memory limit the step reaches.\n"
+         "  other    CPU time other processes used while the row ran, as a share of all\n"
+         "           cores (from /proc/stat); over 5% the row is marked * and its times\n"
+         "           are those of a busy machine, not of the kernel.\n"
+         "\n"
+         "After the table, one line per optimizer and precision gives its smallest ratio at\n"
+         ">= 16M params with the most threads measured, beside the goal (>= 0.95), and a\n"
+         "last line the verdict with the worst row. Timings are not pass/fail.\n"
+         "\n"
+         "Exit status: 0 all steps ran, 1 a step or an allocation failed, 2 a bad option.\n"
+         "With --json, each row is an object with the keys optimizer, precision, numel,\n"
+         "threads, bytes_per_param, time_us, gbps, limit_gbps, stream_gbps, ratio.\n";
+}
+
+[[noreturn]] void bad_value(const std::string& label, std::string_view value,
+                            std::string_view accepted) {
+  throw UsageError{"bad value '" + std::string(value) + "' for " + label +
+                   "; accepted: " + std::string(accepted)};
+}
+
+std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
+  std::uint64_t v = 0;
+  if (s.empty()) return std::nullopt;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::size_t> parse_count(std::string_view s) {
+  std::uint64_t mult = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'k':
+      case 'K':
+        mult = std::uint64_t{1} << 10;
+        break;
+      case 'm':
+      case 'M':
+        mult = std::uint64_t{1} << 20;
+        break;
+      case 'g':
+      case 'G':
+        mult = std::uint64_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) s.remove_suffix(1);
+  }
+  const auto v = parse_unsigned(s);
+  // At most 2^40: far past any memory, and no overflow in bytes.
+  if (!v || *v == 0 || *v > (std::uint64_t{1} << 40) / mult) return std::nullopt;
+  return static_cast<std::size_t>(*v * mult);
+}
+
+std::vector<std::string_view> split(std::string_view s) {
+  std::vector<std::string_view> items;
+  while (true) {
+    const std::size_t comma = s.find(',');
+    items.push_back(s.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
+int parse_int(const std::string& label, std::string_view s, int lo, int hi,
+              std::string_view accepted) {
+  const auto v = parse_unsigned(s);
+  if (!v || *v < static_cast<std::uint64_t>(lo) || *v > static_cast<std::uint64_t>(hi)) {
+    bad_value(label, s, accepted);
+  }
+  return static_cast<int>(*v);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (std::size_t n : {1, 4, 16, 64, 256}) o.sizes.push_back(n << 20);
+  for (int t = 1; t <= omp_get_num_procs(); ++t) o.threads.push_back(t);
+  for (const auto& e : optimizers()) o.optimizers.push_back(&e);
+  for (int i = 0; i < kDefaultPrecisions; ++i) o.precisions.push_back(&kPrecisions[i]);
+
+  struct Spec {
+    char short_name;
+    const char* long_name;
+    bool takes_value;
+  };
+  static constexpr Spec kSpecs[] = {
+      {'s', "sizes", true},      {'t', "threads", true}, {'o', "optimizers", true},
+      {'p', "precisions", true}, {'n', "reps", true},    {'w', "warmup", true},
+      {'M', "max-memory", true}, {0, "json", false},     {'h', "help", false},
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const Spec* spec = nullptr;
+    std::optional<std::string_view> value;
+    if (arg.size() > 2 && arg.starts_with("--")) {
+      std::string_view name = arg.substr(2);
+      const std::size_t eq = name.find('=');
+      if (eq != std::string_view::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      }
+      for (const Spec& s : kSpecs) {
+        if (name == s.long_name) spec = &s;
+      }
+    } else if (arg.size() >= 2 && arg[0] == '-' && arg[1] != '-') {
+      for (const Spec& s : kSpecs) {
+        if (s.short_name == arg[1]) spec = &s;
+      }
+      if (spec != nullptr && arg.size() > 2) {
+        if (spec->takes_value) {
+          value = arg.substr(2);
+        } else {
+          spec = nullptr;
+        }
+      }
+    } else {
+      throw UsageError{"unexpected argument '" + std::string(arg) + "'"};
+    }
+    if (spec == nullptr) throw UsageError{"unknown option '" + std::string(arg) + "'"};
+    const std::string label =
+        spec->short_name != 0 ? std::string("-") + spec->short_name + " (--" + spec->long_name + ")"
+                              : std::string("--") + spec->long_name;
+    if (spec->takes_value && !value) {
+      if (i + 1 >= argc) throw UsageError{"option " + label + " needs a value"};
+      value = argv[++i];
+    }
+    if (!spec->takes_value && value) throw UsageError{"option " + label + " takes no value"};
+    const std::string_view v = value.value_or("");
+    const std::string_view name = spec->long_name;
+
+    if (name == "sizes") {
+      o.sizes.clear();
+      for (std::string_view item : split(v)) {
+        const auto n = parse_count(item);
+        if (!n)
+          bad_value(label, v, "positive counts with an optional K, M or G suffix, e.g. 1M,16M");
+        o.sizes.push_back(*n);
+      }
+    } else if (name == "threads") {
+      constexpr const char* kAccepted = "thread counts >= 1, comma-separated, or a range A-B";
+      o.threads.clear();
+      for (std::string_view item : split(v)) {
+        const std::size_t dash = item.find('-');
+        if (dash == std::string_view::npos) {
+          o.threads.push_back(parse_int(label, item, 1, 4096, kAccepted));
+        } else {
+          const int lo = parse_int(label, item.substr(0, dash), 1, 4096, kAccepted);
+          const int hi = parse_int(label, item.substr(dash + 1), 1, 4096, kAccepted);
+          if (hi < lo) bad_value(label, v, kAccepted);
+          for (int t = lo; t <= hi; ++t) o.threads.push_back(t);
+        }
+      }
+    } else if (name == "optimizers") {
+      std::string accepted = "all";
+      for (const auto& e : optimizers()) accepted += std::string(" ") + e.name;
+      std::vector<const OptimizerEntry*> chosen;
+      for (std::string_view item : split(v)) {
+        bool found = item == "all";
+        for (const auto& e : optimizers()) {
+          if (item == "all" || item == e.name) {
+            chosen.push_back(&e);
+            found = true;
+          }
+        }
+        if (!found) bad_value(label, item, accepted);
+      }
+      o.optimizers.clear();
+      for (const auto& e : optimizers()) {  // each once, in table order
+        if (std::find(chosen.begin(), chosen.end(), &e) != chosen.end()) o.optimizers.push_back(&e);
+      }
+    } else if (name == "precisions") {
+      std::string accepted = "all";
+      for (const auto& p : kPrecisions) accepted += std::string(" ") + p.name;
+      std::vector<const Precision*> chosen;
+      for (std::string_view item : split(v)) {
+        bool found = item == "all";
+        for (const auto& p : kPrecisions) {
+          if (item == "all" || item == p.name) {
+            chosen.push_back(&p);
+            found = true;
+          }
+        }
+        if (!found) bad_value(label, item, accepted);
+      }
+      o.precisions.clear();
+      for (const auto& p : kPrecisions) {
+        if (std::find(chosen.begin(), chosen.end(), &p) != chosen.end()) o.precisions.push_back(&p);
+      }
+    } else if (name == "reps") {
+      o.reps = parse_int(label, v, 1, kMaxReps, "an integer, 1 to 2000");
+    } else if (name == "warmup") {
+      o.warmup = parse_int(label, v, 0, 1000, "an integer, 0 to 1000");
+    } else if (name == "max-memory") {
+      const auto n = parse_count(v);
+      if (!n) bad_value(label, v, "a positive number of bytes with an optional K, M or G suffix");
+      o.max_memory = *n;
+    } else if (name == "json") {
+      o.json = true;
+    } else if (name == "help") {
+      o.help = true;
+    }
+  }
+  std::sort(o.sizes.begin(), o.sizes.end());
+  o.sizes.erase(std::unique(o.sizes.begin(), o.sizes.end()), o.sizes.end());
+  std::sort(o.threads.begin(), o.threads.end());
+  o.threads.erase(std::unique(o.threads.begin(), o.threads.end()), o.threads.end());
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Machine
+
+std::size_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("model name")) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+// mpirun -n 2 would start two copies that compete for the same cores.
+int launched_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* v = std::getenv(var)) {
+      const auto n = parse_unsigned(v);
+      if (n && *n > 1) return static_cast<int>(std::min<std::uint64_t>(*n, 1 << 20));
+    }
+  }
+  return 1;
+}
+
+// CPU time used by other processes (and the kernel) since the last call, as a
+// fraction of all cores over that wall time: 0 on a quiet machine. Busy rows
+// are marked, since a step and its limit slowed down alike read as ratio 1.
+class OtherLoad {
+ public:
+  OtherLoad() { sample(); }
+  // The fraction since the last call (or construction); -1 if unknown.
+  double fraction() {
+    const auto [busy0, self0, wall0] = std::tuple{busy_s_, self_s_, wall_};
+    if (!sample()) return -1;
+    const double wall = std::chrono::duration<double>(wall_ - wall0).count();
+    const double cores = static_cast<double>(omp_get_num_procs());
+    if (wall <= 0) return -1;
+    return std::max(0.0, ((busy_s_ - busy0) - (self_s_ - self0)) / (wall * cores));
+  }
+
+ private:
+  bool sample() {
+    wall_ = std::chrono::steady_clock::now();
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    self_s_ = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+              static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    std::uint64_t v[8] = {};
+    if (!(in >> cpu) || cpu != "cpu") return false;
+    for (auto& x : v) in >> x;  // user nice system idle iowait irq softirq steal
+    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+    busy_s_ = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
+    return static_cast<bool>(in);
+  }
+  double busy_s_ = 0, self_s_ = 0;
+  std::chrono::steady_clock::time_point wall_;
+};
+
+// A row is marked busy when other processes used more than this fraction of
+// the machine while it ran.
+constexpr double kBusyFraction = 0.05;
+
+std::string human_count(std::size_t n) {
+  if (n % (std::size_t{1} << 30) == 0) return std::to_string(n >> 30) + "G";
+  if (n % (std::size_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
+  if (n % (std::size_t{1} << 10) == 0) return std::to_string(n >> 10) + "K";
+  return std::to_string(n);
+}
+
+double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+// ---------------------------------------------------------------------------
+// Timing
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const std::size_t n = t.size();
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+template <class F>
+double seconds(const F& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median seconds of a and of b, timed alternately in a random order per pair.
+struct PairTimes {
+  double a = 0, b = 0;
+  int reps = 0;
+};
+
+template <class A, class B>
+PairTimes time_pair(const A& a, const B& b, int warmup, int min_reps, std::mt19937_64& rng) {
+  double last = 0;
+  for (int i = 0; i < warmup; ++i) last = seconds(a) + seconds(b);
+  if (warmup == 0) last = seconds(a) + seconds(b);
+  const int budget_reps =
+      last > 0 ? static_cast<int>(std::min<double>(kMaxReps, std::ceil(2 * kSeriesBudgetS / last)))
+               : kMaxReps;
+  const int reps = std::max(min_reps, budget_reps);
+  std::vector<double> ta, tb;
+  ta.reserve(static_cast<std::size_t>(reps));
+  tb.reserve(static_cast<std::size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    if (rng() & 1) {
+      ta.push_back(seconds(a));
+      tb.push_back(seconds(b));
+    } else {
+      tb.push_back(seconds(b));
+      ta.push_back(seconds(a));
+    }
+  }
+  return {median(ta), median(tb), reps};
+}
+
+template <class A>
+double time_one(const A& a, int warmup, int min_reps) {
+  double last = 0;
+  for (int i = 0; i < warmup; ++i) last = seconds(a);
+  if (warmup == 0) last = seconds(a);
+  const int budget_reps =
+      last > 0 ? static_cast<int>(std::min<double>(kMaxReps, std::ceil(kSeriesBudgetS / last)))
+               : kMaxReps;
+  const int reps = std::max(min_reps, budget_reps);
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) t.push_back(seconds(a));
+  return median(t);
+}
+
+// ---------------------------------------------------------------------------
+// The run
+
+struct Row {
+  const OptimizerEntry* opt;
+  const Precision* prec;
+  std::size_t numel;
+  int threads;
+  std::size_t bpp;
+  double time_us, gbps, limit_gbps, stream_gbps, ratio;
+  double other_load;  // other processes' share of the CPUs during the row; -1 unknown
+};
+
+// Fixed-notation number for JSON (finite only).
+std::string num(double x, int digits) {
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+void print_row(const Options& o, const Row& r) {
+  if (o.json) {
+    std::printf(
+        "{\"optimizer\": \"%s\", \"precision\": \"%s\", \"numel\": %zu, \"threads\": %d, "
+        "\"bytes_per_param\": %zu, \"time_us\": %s, \"gbps\": %s, \"limit_gbps\": %s, "
+        "\"stream_gbps\": %s, \"ratio\": %s}\n",
+        r.opt->name, r.prec->name, r.numel, r.threads, r.bpp, num(r.time_us, 2).c_str(),
+        num(r.gbps, 3).c_str(), num(r.limit_gbps, 3).c_str(), num(r.stream_gbps, 3).c_str(),
+        num(r.ratio, 4).c_str());
+  } else {
+    char other[16] = "?";
+    if (r.other_load >= 0) {
+      std::snprintf(other, sizeof other, "%3.0f%%%s", 100 * r.other_load,
+                    r.other_load > kBusyFraction ? "*" : " ");
+    }
+    std::printf("%-10s %-10s %6s %7d %4zu %11.1f %8.2f %8.2f %8.2f %6.3f %6s  %s\n", r.opt->name,
+                r.prec->name, human_count(r.numel).c_str(), r.threads, r.bpp, r.time_us, r.gbps,
+                r.limit_gbps, r.stream_gbps, r.ratio, other,
+                bytes_formula(*r.opt, *r.prec).c_str());
+  }
+  std::fflush(stdout);
+}
+
+int run(const Options& o) {
+  // Header and summary go to stderr with --json, so stdout holds rows only.
+  FILE* info = o.json ? stderr : stdout;
+  const int nproc = omp_get_num_procs();
+  std::fprintf(info, "# %s: %s\n", kProgram, shardopt::build_info_string().c_str());
+  std::fprintf(info, "# machine: %s, %d cores for OpenMP, vector unit %s, MemAvailable %.1f GiB\n",
+               cpu_model().c_str(), nproc, isa_name(kIsa), gib(mem_available_bytes()));
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && nproc == 1) {
+    std::fprintf(info,
+                 "# note: mpirun binds a rank to one core; mpirun -n 1 --bind-to none "
+                 "gives this process every core\n");
+  }
+
+  std::size_t max_states = 0;
+  bool need_scratch = false;
+  for (const auto* e : o.optimizers) {
+    max_states = std::max(max_states, e->states.size());
+    need_scratch |= e->scratch != nullptr;
+  }
+  bool need_bf16 = false, need_f16 = false, need_copy = false;
+  for (const auto* p : o.precisions) {
+    need_bf16 |= p->grad == DType::bf16;
+    need_f16 |= p->grad == DType::f16;
+    need_copy |= p->copy;
+  }
+  // params, states and f32 grads (also the triad's output), plus what the precisions need.
+  const std::size_t bytes_per_elem = 4 * (2 + max_states) + (need_scratch ? 4 : 0) +
+                                     (need_bf16 ? 2 : 0) + (need_f16 ? 2 : 0) + (need_copy ? 2 : 0);
+  const std::size_t max_memory = o.max_memory != 0 ? o.max_memory : mem_available_bytes() / 4 * 3;
+
+  if (!o.json) {
+    std::printf("#\n# %-8s %-10s %6s %7s %4s %11s %8s %8s %8s %6s %6s  %s\n", "optimizer",
+                "precision", "numel", "threads", "B_pp", "time_us", "GB/s", "limit", "stream",
+                "ratio", "other", "bytes per param (r read, w written)");
+  }
+
+  std::vector<Row> rows;
+  std::mt19937_64 rng(kSeed);
+  for (const std::size_t n : o.sizes) {
+    const std::size_t need = n * bytes_per_elem;
+    if (max_memory != 0 && need > max_memory) {
+      std::fprintf(info,
+                   "# skipping %s params: the arrays need %.2f GiB, over the limit %.2f GiB"
+                   " (-M)\n",
+                   human_count(n).c_str(), gib(need), gib(max_memory));
+      continue;
+    }
+    omp_set_num_threads(nproc);
+    shardopt::HostBuffer param(n * 4), grad32(n * 4);
+    std::vector<shardopt::HostBuffer> states;
+    for (std::size_t i = 0; i < max_states; ++i) states.emplace_back(n * 4);
+    shardopt::HostBuffer grad_bf16(need_bf16 ? n * 2 : 0), grad_f16(need_f16 ? n * 2 : 0);
+    shardopt::HostBuffer copy(need_copy ? n * 2 : 0);
+    shardopt::HostBuffer scratch(need_scratch ? n * 4 : 0);
+
+    const std::uint64_t key = mix64(kSeed + n);
+    fill(param.as<float>(), n, [&](std::size_t i) { return uniform(key + 1, i, -1.0f, 1.0f); });
+    // States in [0, 1e-2): some are sums of squares (v, Adagrad's sum, RMSprop's sq).
+    for (std::size_t s = 0; s < max_states; ++s) {
+      fill(states[s].as<float>(), n,
+           [&](std::size_t i) { return uniform(key + 2 + s, i, 0.0f, 1e-2f); });
+    }
+    if (need_bf16) fill_grads(grad_bf16.data(), DType::bf16, n, key + 10);
+    if (need_f16) fill_grads(grad_f16.data(), DType::f16, n, key + 11);
+
+    // STREAM triad for each thread count, into the f32 gradient array, which
+    // is then refilled.
+    std::vector<double> stream_gbps;
+    for (const int t : o.threads) {
+      omp_set_num_threads(t);
+      const double s = time_one(
+          [&] {
+            triad(grad32.as<float>(), param.as<float>(),
+                  states.empty() ? param.as<float>() : states[0].as<float>(), n);
+          },
+          o.warmup, o.reps);
+      stream_gbps.push_back(static_cast<double>(n) * 12 / s / 1e9);
+    }
+    omp_set_num_threads(nproc);
+    fill_grads(grad32.data(), DType::f32, n, key + 12);
+
+    for (std::size_t ti = 0; ti < o.threads.size(); ++ti) {
+      const int t = o.threads[ti];
+      omp_set_num_threads(t);
+      for (const auto* opt : o.optimizers) {
+        for (const auto* prec : o.precisions) {
+          Streams s;
+          s.n = n;
+          s.param = param.as<float>();
+          for (std::size_t i = 0; i < opt->states.size(); ++i) s.state[i] = states[i].as<float>();
+          s.grad_type = prec->grad;
+          s.grad = prec->grad == DType::bf16  ? grad_bf16.data()
+                   : prec->grad == DType::f16 ? grad_f16.data()
+                                              : grad32.data();
+          s.copy = prec->copy ? copy.data() : nullptr;
+          s.copy_type = prec->copy_type;
+          s.scratch = opt->scratch != nullptr ? scratch.as<float>() : nullptr;
+          const int k = static_cast<int>(opt->states.size());
+          std::int64_t step = 0;
+          OtherLoad load;
+          const PairTimes pt = time_pair([&] { opt->step(s, ++step); }, [&] { memory_only(s, k); },
+                                         o.warmup, o.reps, rng);
+          Row r{opt, prec,           n, t, bytes_per_param(*opt, *prec), 0, 0, 0, stream_gbps[ti],
+                0,   load.fraction()};
+          const double bytes = static_cast<double>(n) * static_cast<double>(r.bpp);
+          r.time_us = pt.a * 1e6;
+          r.gbps = bytes / pt.a / 1e9;
+          r.limit_gbps = bytes / pt.b / 1e9;
+          r.ratio = r.gbps / r.limit_gbps;
+          print_row(o, r);
+          rows.push_back(r);
+        }
+      }
+    }
+  }
+
+  // The goal.
+  const int goal_threads = o.threads.empty() ? 0 : o.threads.back();
+  std::fprintf(info, "#\n# goal: ratio >= %.2f at >= %s params with %d thread%s (%s)\n", kGoalRatio,
+               human_count(kGoalNumel).c_str(), goal_threads, goal_threads == 1 ? "" : "s",
+               goal_threads >= nproc ? "all cores" : "fewer than all cores");
+  const Row* worst = nullptr;
+  bool evaluated = false;
+  for (const auto* opt : o.optimizers) {
+    for (const auto* prec : o.precisions) {
+      const Row* w = nullptr;
+      for (const Row& r : rows) {
+        if (r.opt != opt || r.prec != prec || r.numel < kGoalNumel || r.threads != goal_threads)
+          continue;
+        if (w == nullptr || r.ratio < w->ratio) w = &r;
+      }
+      if (w == nullptr) {
+        std::fprintf(info, "#   %-10s %-10s not evaluated: no row at >= %s params\n", opt->name,
+                     prec->name, human_count(kGoalNumel).c_str());
+        continue;
+      }
+      evaluated = true;
+      std::fprintf(info, "#   %-10s %-10s worst ratio %.3f (%s params): %s\n", opt->name,
+                   prec->name, w->ratio, human_count(w->numel).c_str(),
+                   w->ratio >= kGoalRatio ? "met" : "not met");
+      if (worst == nullptr || w->ratio < worst->ratio) worst = w;
+    }
+  }
+  const auto busy = std::count_if(rows.begin(), rows.end(),
+                                  [](const Row& r) { return r.other_load > kBusyFraction; });
+  if (busy > 0) {
+    std::fprintf(info,
+                 "# %zu of %zu rows ran while other processes used more than %.0f%% of the CPUs"
+                 " (marked * in the table): their times are not this kernel's; rerun them on a"
+                 " quiet machine\n",
+                 static_cast<std::size_t>(busy), rows.size(), 100 * kBusyFraction);
+  }
+  if (!evaluated) {
+    std::fprintf(info, "# goal: not evaluated (run sizes >= %s)\n",
+                 human_count(kGoalNumel).c_str());
+  } else {
+    std::fprintf(info, "# goal: %s; worst row: %s %s %s params, %d threads, ratio %.3f\n",
+                 worst->ratio >= kGoalRatio ? "met" : "not met", worst->opt->name,
+                 worst->prec->name, human_count(worst->numel).c_str(), worst->threads,
+                 worst->ratio);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_options(argc, argv);
+    if (const int n = launched_processes(); n > 1) {
+      throw UsageError{"started as " + std::to_string(n) +
+                       " processes; it runs as one (mpirun -n 1, or no launcher): copies would "
+                       "compete for the same cores and memory bandwidth"};
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n(%s -h lists the options)\n", kProgram, e.message.c_str(),
+                 kProgram);
+    return 2;
+  }
+  if (o.help) {
+    std::fputs(usage().c_str(), stdout);
+    return 0;
+  }
+  try {
+    return run(o);
+  } catch (const shardopt::Error& e) {
+    std::fprintf(stderr, "%s: %s\n  hint: %s\n", kProgram, e.what(), e.hint().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
+  }
+  return 1;
+}
