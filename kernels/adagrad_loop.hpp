@@ -21,6 +21,7 @@ struct AdagradLoop {
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict sum = b.sum;
     unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
     for (std::size_t i = begin; i < end; ++i) {
       float pi = P::load(p, copy, rem, i);
       bad |= !adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);

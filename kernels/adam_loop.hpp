@@ -23,6 +23,7 @@ struct AdamLoop {
     float* __restrict v = b.exp_avg_sq;
     float* __restrict vmax = b.max_exp_avg_sq;
     unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
     for (std::size_t i = begin; i < end; ++i) {
       float pi = P::load(p, copy, rem, i);
       bad |= !adam_element<W, Ams>(pi, load_grad(g, i), m[i], v[i], Ams ? vmax + i : nullptr, s);

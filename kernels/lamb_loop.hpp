@@ -29,6 +29,7 @@ struct LambDirectionLoop {
     float* __restrict v = w.b.exp_avg_sq;
     float* __restrict r = w.b.update;
     unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
     for (std::size_t i = begin; i < end; ++i)
       bad |= !lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
     for (std::size_t k = begin; k < end; k += kLambNormBlock) {
@@ -57,6 +58,7 @@ struct LambApplyLoop {
     typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
     std::uint16_t* __restrict rem = b.remainder;
     const float* __restrict r = b.update;
+#pragma omp simd
     for (std::size_t i = begin; i < end; ++i) {
       float pi = P::load(p, copy, rem, i);
       lamb_apply_element(pi, r[i], neg_step);

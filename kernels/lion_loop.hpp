@@ -21,6 +21,7 @@ struct LionLoop {
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict m = b.exp_avg;
     unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
     for (std::size_t i = begin; i < end; ++i) {
       float pi = P::load(p, copy, rem, i);
       bad |= !lion_element(pi, load_grad(g, i), m[i], s);

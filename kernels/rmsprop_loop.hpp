@@ -23,6 +23,7 @@ struct RmspropLoop {
     float* __restrict ga = b.grad_avg;
     float* __restrict buf = b.momentum_buffer;
     unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
     for (std::size_t i = begin; i < end; ++i) {
       float pi = P::load(p, copy, rem, i);
       bad |= !rmsprop_element<Wd, Centered, Mom>(
