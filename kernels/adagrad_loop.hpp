@@ -20,14 +20,13 @@ struct AdagradLoop {
     std::uint16_t* __restrict rem = b.remainder;
     const G* __restrict g = static_cast<const G*>(b.grad);
     float* __restrict sum = b.sum;
-    unsigned bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (std::size_t i = begin; i < end; ++i) {
-      float pi = P::load(p, copy, rem, i);
-      bad |= !adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);
-      P::store(p, copy, rem, i, pi);
-    }
-    return bad == 0;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite = adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
   }
   SHARDOPT_HOST_DEVICE static bool apply(const AdagradBuffers& b, const AdagradScalars& s,
                                          std::size_t i) {

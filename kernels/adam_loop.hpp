@@ -22,14 +22,14 @@ struct AdamLoop {
     float* __restrict m = b.exp_avg;
     float* __restrict v = b.exp_avg_sq;
     float* __restrict vmax = b.max_exp_avg_sq;
-    unsigned bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (std::size_t i = begin; i < end; ++i) {
-      float pi = P::load(p, copy, rem, i);
-      bad |= !adam_element<W, Ams>(pi, load_grad(g, i), m[i], v[i], Ams ? vmax + i : nullptr, s);
-      P::store(p, copy, rem, i, pi);
-    }
-    return bad == 0;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite =
+              adam_element<W, Ams>(pi, load_grad(g, i), m[i], v[i], Ams ? vmax + i : nullptr, s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
   }
   SHARDOPT_HOST_DEVICE static bool apply(const AdamBuffers& b, const AdamScalars& s,
                                          std::size_t i) {

@@ -37,6 +37,29 @@ SHARDOPT_HOST_DEVICE inline void store_param(float16* out, std::size_t i, float 
   out[i] = f16_from_float(p);
 }
 
+// Whether a loop over gradients G and parameter storage P is forced to
+// vectorize: yes, except where f16 is converted, whose branching software
+// conversions run slower as masked vector code than as scalar code.
+template <class G, class P>
+inline constexpr bool force_simd =
+    !std::is_same_v<G, float16> && !std::is_same_v<typename P::Copy, float16>;
+
+// Runs step(i) for i in [begin, end); returns whether every call returned
+// true (every gradient finite). With Simd, `#pragma omp simd` makes GCC
+// vectorize loops its cost model declines (f32 grads with a bf16 copy, ...);
+// the arithmetic of each element is the same either way.
+template <bool Simd, class F>
+[[gnu::always_inline]] inline bool for_range(std::size_t begin, std::size_t end, F&& step) {
+  unsigned bad = 0;
+  if constexpr (Simd) {
+#pragma omp simd reduction(| : bad)
+    for (std::size_t i = begin; i < end; ++i) bad |= !step(i);
+  } else {
+    for (std::size_t i = begin; i < end; ++i) bad |= !step(i);
+  }
+  return bad == 0;
+}
+
 // Parameter remainders: the fp32 master p kept as its bf16 rounding hi
 // (the model's parameter) and a 16-bit remainder, so that
 //   bits(p) = (hi << 16) + int16(rem)   (mod 2^32)

@@ -28,16 +28,16 @@ struct LambDirectionLoop {
     float* __restrict m = w.b.exp_avg;
     float* __restrict v = w.b.exp_avg_sq;
     float* __restrict r = w.b.update;
-    unsigned bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (std::size_t i = begin; i < end; ++i)
-      bad |= !lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
+    const bool all_finite = for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          return lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
+        });
     for (std::size_t k = begin; k < end; k += kLambNormBlock) {
       const std::size_t count = end - k < kLambNormBlock ? end - k : kLambNormBlock;
       w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p, k, count);
       w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r, k, count);
     }
-    return bad == 0;
+    return all_finite;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const LambBuffers& b, const LambScalars& s,
                                          std::size_t i) {

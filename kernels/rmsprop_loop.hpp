@@ -22,15 +22,14 @@ struct RmspropLoop {
     float* __restrict sq = b.square_avg;
     float* __restrict ga = b.grad_avg;
     float* __restrict buf = b.momentum_buffer;
-    unsigned bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (std::size_t i = begin; i < end; ++i) {
-      float pi = P::load(p, copy, rem, i);
-      bad |= !rmsprop_element<Wd, Centered, Mom>(
-          pi, load_grad(g, i), sq[i], Centered ? ga + i : nullptr, Mom ? buf + i : nullptr, s);
-      P::store(p, copy, rem, i, pi);
-    }
-    return bad == 0;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite = rmsprop_element<Wd, Centered, Mom>(
+              pi, load_grad(g, i), sq[i], Centered ? ga + i : nullptr, Mom ? buf + i : nullptr, s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
   }
   SHARDOPT_HOST_DEVICE static bool apply(const RmspropBuffers& b, const RmspropScalars& s,
                                          std::size_t i) {
