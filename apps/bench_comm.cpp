@@ -30,9 +30,15 @@
 #include <utility>
 #include <vector>
 
+#include "cli.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace {
+
+using cli::bad_value;
+using cli::OptionSpec;
+using cli::parse_int;
+using cli::UsageError;
 
 using shardopt::DType;
 using shardopt::ReduceOp;
@@ -108,10 +114,6 @@ struct Options {
 };
 
 // A bad command line; every rank parses the same argv and throws the same one.
-struct UsageError {
-  std::string message;
-};
-
 constexpr const char* kUsage =
     "usage: shardopt-bench-comm [options]\n"
     "\n"
@@ -165,69 +167,11 @@ constexpr const char* kUsage =
     "redop, ranks, inplace, iters, time_us, min_us, max_us, algbw_gbps, busbw_gbps,\n"
     "mpi_time_us, mpi_min_us, mpi_max_us, ratio, wrong (null when -c 0).\n";
 
-std::string option_label(char short_name, const char* long_name) {
-  if (short_name == 0) return std::string("--") + long_name;
-  return std::string("-") + short_name + " (--" + long_name + ")";
-}
-
-[[noreturn]] void bad_value(const std::string& label, std::string_view value,
-                            std::string_view accepted) {
-  throw UsageError{"bad value '" + std::string(value) + "' for " + label +
-                   "; accepted: " + std::string(accepted)};
-}
-
-std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
-  std::uint64_t v = 0;
-  if (s.empty()) return std::nullopt;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
 std::size_t parse_size(const std::string& label, std::string_view s) {
-  constexpr const char* kAccepted = "a positive number of bytes with an optional K, M or G suffix";
-  std::uint64_t mult = 1;
-  std::string_view digits = s;
-  if (!s.empty()) {
-    switch (s.back()) {
-      case 'k':
-      case 'K':
-        mult = std::uint64_t{1} << 10;
-        break;
-      case 'm':
-      case 'M':
-        mult = std::uint64_t{1} << 20;
-        break;
-      case 'g':
-      case 'G':
-        mult = std::uint64_t{1} << 30;
-        break;
-      default:
-        break;
-    }
-    if (mult != 1) digits.remove_suffix(1);
-  }
-  const auto v = parse_unsigned(digits);
-  if (!v || *v == 0 || *v > std::numeric_limits<std::uint64_t>::max() / mult) {
-    bad_value(label, s, kAccepted);
-  }
-  return static_cast<std::size_t>(*v * mult);
+  const auto v = cli::parse_scaled(s, std::numeric_limits<std::uint64_t>::max());
+  if (!v) bad_value(label, s, "a positive number of bytes with an optional K, M or G suffix");
+  return static_cast<std::size_t>(*v);
 }
-
-int parse_int(const std::string& label, std::string_view s, int lo, int hi,
-              std::string_view accepted) {
-  const auto v = parse_unsigned(s);
-  if (!v || *v < static_cast<std::uint64_t>(lo) || *v > static_cast<std::uint64_t>(hi)) {
-    bad_value(label, s, accepted);
-  }
-  return static_cast<int>(*v);
-}
-
-struct OptionSpec {
-  char short_name;
-  const char* long_name;
-  bool takes_value;
-};
 
 constexpr OptionSpec kOptionSpecs[] = {
     {'b', "minbytes", true}, {'e', "maxbytes", true}, {'f', "stepfactor", true},
@@ -236,8 +180,8 @@ constexpr OptionSpec kOptionSpecs[] = {
     {'c', "check", true},    {0, "json", false},      {'h', "help", false},
 };
 
-void apply_option(Options& o, const OptionSpec& spec, std::string_view v) {
-  const std::string label = option_label(spec.short_name, spec.long_name);
+void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
+                  std::string_view v) {
   const std::string_view name = spec.long_name;
   if (name == "minbytes") {
     o.min_bytes = parse_size(label, v);
@@ -301,44 +245,10 @@ void apply_option(Options& o, const OptionSpec& spec, std::string_view v) {
 // Parses argv the same way on every rank; throws UsageError.
 Options parse_options(int argc, char** argv, int nranks) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const OptionSpec* spec = nullptr;
-    std::optional<std::string_view> value;
-    if (arg.size() > 2 && arg.starts_with("--")) {
-      std::string_view name = arg.substr(2);
-      const std::size_t eq = name.find('=');
-      if (eq != std::string_view::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      }
-      for (const OptionSpec& s : kOptionSpecs) {
-        if (name == s.long_name) spec = &s;
-      }
-    } else if (arg.size() >= 2 && arg[0] == '-' && arg[1] != '-') {
-      for (const OptionSpec& s : kOptionSpecs) {
-        if (s.short_name == arg[1]) spec = &s;
-      }
-      if (spec != nullptr && arg.size() > 2) {
-        // "-b1K" carries its value; "-hx" is not an option we know.
-        if (spec->takes_value) {
-          value = arg.substr(2);
-        } else {
-          spec = nullptr;
-        }
-      }
-    } else {
-      throw UsageError{"unexpected argument '" + std::string(arg) + "'"};
-    }
-    if (spec == nullptr) throw UsageError{"unknown option '" + std::string(arg) + "'"};
-    const std::string label = option_label(spec->short_name, spec->long_name);
-    if (spec->takes_value && !value) {
-      if (i + 1 >= argc) throw UsageError{"option " + label + " needs a value"};
-      value = argv[++i];
-    }
-    if (!spec->takes_value && value) throw UsageError{"option " + label + " takes no value"};
-    apply_option(o, *spec, value.value_or(""));
-  }
+  cli::for_each_option(argc, argv, kOptionSpecs,
+                       [&](const OptionSpec& spec, const std::string& label, std::string_view v) {
+                         apply_option(o, spec, label, v);
+                       });
   if (o.help) return o;
 
   if (o.max_bytes < o.min_bytes) {

@@ -40,6 +40,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
@@ -48,6 +49,12 @@
 #include "shardopt/types.hpp"
 
 namespace {
+
+using cli::bad_value;
+using cli::OptionSpec;
+using cli::parse_int;
+using cli::split;
+using cli::UsageError;
 
 using shardopt::DType;
 namespace functional = shardopt::functional;
@@ -551,10 +558,6 @@ struct Options {
   bool help = false;
 };
 
-struct UsageError {
-  std::string message;
-};
-
 std::string usage() {
   std::string names;
   for (const auto& o : optimizers()) names += std::string(names.empty() ? "" : " ") + o.name;
@@ -631,65 +634,10 @@ std::string usage() {
          "threads, bytes_per_param, time_us, gbps, limit_gbps, stream_gbps, ratio.\n";
 }
 
-[[noreturn]] void bad_value(const std::string& label, std::string_view value,
-                            std::string_view accepted) {
-  throw UsageError{"bad value '" + std::string(value) + "' for " + label +
-                   "; accepted: " + std::string(accepted)};
-}
-
-std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
-  std::uint64_t v = 0;
-  if (s.empty()) return std::nullopt;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
+// A count of elements or bytes with an optional K, M or G suffix, at most 2^40
+// (far past any memory, and no overflow in bytes).
 std::optional<std::size_t> parse_count(std::string_view s) {
-  std::uint64_t mult = 1;
-  if (!s.empty()) {
-    switch (s.back()) {
-      case 'k':
-      case 'K':
-        mult = std::uint64_t{1} << 10;
-        break;
-      case 'm':
-      case 'M':
-        mult = std::uint64_t{1} << 20;
-        break;
-      case 'g':
-      case 'G':
-        mult = std::uint64_t{1} << 30;
-        break;
-      default:
-        break;
-    }
-    if (mult != 1) s.remove_suffix(1);
-  }
-  const auto v = parse_unsigned(s);
-  // At most 2^40: far past any memory, and no overflow in bytes.
-  if (!v || *v == 0 || *v > (std::uint64_t{1} << 40) / mult) return std::nullopt;
-  return static_cast<std::size_t>(*v * mult);
-}
-
-std::vector<std::string_view> split(std::string_view s) {
-  std::vector<std::string_view> items;
-  while (true) {
-    const std::size_t comma = s.find(',');
-    items.push_back(s.substr(0, comma));
-    if (comma == std::string_view::npos) break;
-    s.remove_prefix(comma + 1);
-  }
-  return items;
-}
-
-int parse_int(const std::string& label, std::string_view s, int lo, int hi,
-              std::string_view accepted) {
-  const auto v = parse_unsigned(s);
-  if (!v || *v < static_cast<std::uint64_t>(lo) || *v > static_cast<std::uint64_t>(hi)) {
-    bad_value(label, s, accepted);
-  }
-  return static_cast<int>(*v);
+  return cli::parse_scaled(s, std::uint64_t{1} << 40);
 }
 
 Options parse_options(int argc, char** argv) {
@@ -699,128 +647,91 @@ Options parse_options(int argc, char** argv) {
   for (const auto& e : optimizers()) o.optimizers.push_back(&e);
   for (int i = 0; i < kDefaultPrecisions; ++i) o.precisions.push_back(&kPrecisions[i]);
 
-  struct Spec {
-    char short_name;
-    const char* long_name;
-    bool takes_value;
-  };
-  static constexpr Spec kSpecs[] = {
+  static constexpr OptionSpec kSpecs[] = {
       {'s', "sizes", true},      {'t', "threads", true}, {'o', "optimizers", true},
       {'p', "precisions", true}, {'n', "reps", true},    {'w', "warmup", true},
       {'M', "max-memory", true}, {0, "json", false},     {'h', "help", false},
   };
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const Spec* spec = nullptr;
-    std::optional<std::string_view> value;
-    if (arg.size() > 2 && arg.starts_with("--")) {
-      std::string_view name = arg.substr(2);
-      const std::size_t eq = name.find('=');
-      if (eq != std::string_view::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      }
-      for (const Spec& s : kSpecs) {
-        if (name == s.long_name) spec = &s;
-      }
-    } else if (arg.size() >= 2 && arg[0] == '-' && arg[1] != '-') {
-      for (const Spec& s : kSpecs) {
-        if (s.short_name == arg[1]) spec = &s;
-      }
-      if (spec != nullptr && arg.size() > 2) {
-        if (spec->takes_value) {
-          value = arg.substr(2);
-        } else {
-          spec = nullptr;
-        }
-      }
-    } else {
-      throw UsageError{"unexpected argument '" + std::string(arg) + "'"};
-    }
-    if (spec == nullptr) throw UsageError{"unknown option '" + std::string(arg) + "'"};
-    const std::string label =
-        spec->short_name != 0 ? std::string("-") + spec->short_name + " (--" + spec->long_name + ")"
-                              : std::string("--") + spec->long_name;
-    if (spec->takes_value && !value) {
-      if (i + 1 >= argc) throw UsageError{"option " + label + " needs a value"};
-      value = argv[++i];
-    }
-    if (!spec->takes_value && value) throw UsageError{"option " + label + " takes no value"};
-    const std::string_view v = value.value_or("");
-    const std::string_view name = spec->long_name;
+  cli::for_each_option(
+      argc, argv, kSpecs,
+      [&](const OptionSpec& spec, const std::string& label, std::string_view v) {
+        const std::string_view name = spec.long_name;
 
-    if (name == "sizes") {
-      o.sizes.clear();
-      for (std::string_view item : split(v)) {
-        const auto n = parse_count(item);
-        if (!n)
-          bad_value(label, v, "positive counts with an optional K, M or G suffix, e.g. 1M,16M");
-        o.sizes.push_back(*n);
-      }
-    } else if (name == "threads") {
-      constexpr const char* kAccepted = "thread counts >= 1, comma-separated, or a range A-B";
-      o.threads.clear();
-      for (std::string_view item : split(v)) {
-        const std::size_t dash = item.find('-');
-        if (dash == std::string_view::npos) {
-          o.threads.push_back(parse_int(label, item, 1, 4096, kAccepted));
-        } else {
-          const int lo = parse_int(label, item.substr(0, dash), 1, 4096, kAccepted);
-          const int hi = parse_int(label, item.substr(dash + 1), 1, 4096, kAccepted);
-          if (hi < lo) bad_value(label, v, kAccepted);
-          for (int t = lo; t <= hi; ++t) o.threads.push_back(t);
-        }
-      }
-    } else if (name == "optimizers") {
-      std::string accepted = "all";
-      for (const auto& e : optimizers()) accepted += std::string(" ") + e.name;
-      std::vector<const OptimizerEntry*> chosen;
-      for (std::string_view item : split(v)) {
-        bool found = item == "all";
-        for (const auto& e : optimizers()) {
-          if (item == "all" || item == e.name) {
-            chosen.push_back(&e);
-            found = true;
+        if (name == "sizes") {
+          o.sizes.clear();
+          for (std::string_view item : split(v)) {
+            const auto n = parse_count(item);
+            if (!n)
+              bad_value(label, v, "positive counts with an optional K, M or G suffix, e.g. 1M,16M");
+            o.sizes.push_back(*n);
           }
-        }
-        if (!found) bad_value(label, item, accepted);
-      }
-      o.optimizers.clear();
-      for (const auto& e : optimizers()) {  // each once, in table order
-        if (std::find(chosen.begin(), chosen.end(), &e) != chosen.end()) o.optimizers.push_back(&e);
-      }
-    } else if (name == "precisions") {
-      std::string accepted = "all";
-      for (const auto& p : kPrecisions) accepted += std::string(" ") + p.name;
-      std::vector<const Precision*> chosen;
-      for (std::string_view item : split(v)) {
-        bool found = item == "all";
-        for (const auto& p : kPrecisions) {
-          if (item == "all" || item == p.name) {
-            chosen.push_back(&p);
-            found = true;
+        } else if (name == "threads") {
+          constexpr const char* kAccepted = "thread counts >= 1, comma-separated, or a range A-B";
+          o.threads.clear();
+          for (std::string_view item : split(v)) {
+            const std::size_t dash = item.find('-');
+            if (dash == std::string_view::npos) {
+              o.threads.push_back(parse_int(label, item, 1, 4096, kAccepted));
+            } else {
+              const int lo = parse_int(label, item.substr(0, dash), 1, 4096, kAccepted);
+              const int hi = parse_int(label, item.substr(dash + 1), 1, 4096, kAccepted);
+              if (hi < lo) bad_value(label, v, kAccepted);
+              for (int t = lo; t <= hi; ++t) o.threads.push_back(t);
+            }
           }
+        } else if (name == "optimizers") {
+          std::string accepted = "all";
+          for (const auto& e : optimizers()) accepted += std::string(" ") + e.name;
+          std::vector<const OptimizerEntry*> chosen;
+          for (std::string_view item : split(v)) {
+            bool found = item == "all";
+            for (const auto& e : optimizers()) {
+              if (item == "all" || item == e.name) {
+                chosen.push_back(&e);
+                found = true;
+              }
+            }
+            if (!found) bad_value(label, item, accepted);
+          }
+          o.optimizers.clear();
+          for (const auto& e : optimizers()) {  // each once, in table order
+            if (std::find(chosen.begin(), chosen.end(), &e) != chosen.end())
+              o.optimizers.push_back(&e);
+          }
+        } else if (name == "precisions") {
+          std::string accepted = "all";
+          for (const auto& p : kPrecisions) accepted += std::string(" ") + p.name;
+          std::vector<const Precision*> chosen;
+          for (std::string_view item : split(v)) {
+            bool found = item == "all";
+            for (const auto& p : kPrecisions) {
+              if (item == "all" || item == p.name) {
+                chosen.push_back(&p);
+                found = true;
+              }
+            }
+            if (!found) bad_value(label, item, accepted);
+          }
+          o.precisions.clear();
+          for (const auto& p : kPrecisions) {
+            if (std::find(chosen.begin(), chosen.end(), &p) != chosen.end())
+              o.precisions.push_back(&p);
+          }
+        } else if (name == "reps") {
+          o.reps = parse_int(label, v, 1, kMaxReps, "an integer, 1 to 2000");
+        } else if (name == "warmup") {
+          o.warmup = parse_int(label, v, 0, 1000, "an integer, 0 to 1000");
+        } else if (name == "max-memory") {
+          const auto n = parse_count(v);
+          if (!n)
+            bad_value(label, v, "a positive number of bytes with an optional K, M or G suffix");
+          o.max_memory = *n;
+        } else if (name == "json") {
+          o.json = true;
+        } else if (name == "help") {
+          o.help = true;
         }
-        if (!found) bad_value(label, item, accepted);
-      }
-      o.precisions.clear();
-      for (const auto& p : kPrecisions) {
-        if (std::find(chosen.begin(), chosen.end(), &p) != chosen.end()) o.precisions.push_back(&p);
-      }
-    } else if (name == "reps") {
-      o.reps = parse_int(label, v, 1, kMaxReps, "an integer, 1 to 2000");
-    } else if (name == "warmup") {
-      o.warmup = parse_int(label, v, 0, 1000, "an integer, 0 to 1000");
-    } else if (name == "max-memory") {
-      const auto n = parse_count(v);
-      if (!n) bad_value(label, v, "a positive number of bytes with an optional K, M or G suffix");
-      o.max_memory = *n;
-    } else if (name == "json") {
-      o.json = true;
-    } else if (name == "help") {
-      o.help = true;
-    }
-  }
+      });
   std::sort(o.sizes.begin(), o.sizes.end());
   o.sizes.erase(std::unique(o.sizes.begin(), o.sizes.end()), o.sizes.end());
   std::sort(o.threads.begin(), o.threads.end());
@@ -858,7 +769,7 @@ std::string cpu_model() {
 int launched_processes() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
     if (const char* v = std::getenv(var)) {
-      const auto n = parse_unsigned(v);
+      const auto n = cli::parse_unsigned(v);
       if (n && *n > 1) return static_cast<int>(std::min<std::uint64_t>(*n, 1 << 20));
     }
   }

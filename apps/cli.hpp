@@ -1,0 +1,143 @@
+// shardopt apps: the command-line parsing the programs under apps/ share:
+// short and long options (-b 1K, -b1K, --minbytes 1K, --minbytes=1K),
+// sizes with K, M or G suffixes, and errors that name the option and the
+// values it accepts.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace cli {
+
+// A bad command line; the program prints the message and exits with 2.
+struct UsageError {
+  std::string message;
+};
+
+struct OptionSpec {
+  char short_name;  // 0: long form only
+  const char* long_name;
+  bool takes_value;
+};
+
+// "-b (--minbytes)" or "--json", for messages.
+inline std::string option_label(const OptionSpec& spec) {
+  if (spec.short_name == 0) return std::string("--") + spec.long_name;
+  return std::string("-") + spec.short_name + " (--" + spec.long_name + ")";
+}
+
+[[noreturn]] inline void bad_value(const std::string& label, std::string_view value,
+                                   std::string_view accepted) {
+  throw UsageError{"bad value '" + std::string(value) + "' for " + label +
+                   "; accepted: " + std::string(accepted)};
+}
+
+// A decimal number without sign or junk.
+inline std::optional<std::uint64_t> parse_unsigned(std::string_view s) {
+  std::uint64_t v = 0;
+  if (s.empty()) return std::nullopt;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// A positive number with an optional K, M or G suffix (powers of 1024), at
+// most `max`; nullopt otherwise.
+inline std::optional<std::uint64_t> parse_scaled(std::string_view s, std::uint64_t max) {
+  std::uint64_t mult = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'k':
+      case 'K':
+        mult = std::uint64_t{1} << 10;
+        break;
+      case 'm':
+      case 'M':
+        mult = std::uint64_t{1} << 20;
+        break;
+      case 'g':
+      case 'G':
+        mult = std::uint64_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) s.remove_suffix(1);
+  }
+  const auto v = parse_unsigned(s);
+  if (!v || *v == 0 || *v > max / mult) return std::nullopt;
+  return *v * mult;
+}
+
+inline int parse_int(const std::string& label, std::string_view s, int lo, int hi,
+                     std::string_view accepted) {
+  const auto v = parse_unsigned(s);
+  if (!v || *v < static_cast<std::uint64_t>(lo) || *v > static_cast<std::uint64_t>(hi)) {
+    bad_value(label, s, accepted);
+  }
+  return static_cast<int>(*v);
+}
+
+// "a,b,c" -> {"a", "b", "c"}.
+inline std::vector<std::string_view> split(std::string_view s) {
+  std::vector<std::string_view> items;
+  while (true) {
+    const std::size_t comma = s.find(',');
+    items.push_back(s.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
+// Calls apply(spec, label, value) for each option of argv, in order ("" as
+// the value of a flag); throws UsageError for anything else.
+template <class Apply>
+void for_each_option(int argc, char** argv, std::span<const OptionSpec> specs, Apply&& apply) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const OptionSpec* spec = nullptr;
+    std::optional<std::string_view> value;
+    if (arg.size() > 2 && arg.starts_with("--")) {
+      std::string_view name = arg.substr(2);
+      const std::size_t eq = name.find('=');
+      if (eq != std::string_view::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      }
+      for (const OptionSpec& s : specs) {
+        if (name == s.long_name) spec = &s;
+      }
+    } else if (arg.size() >= 2 && arg[0] == '-' && arg[1] != '-') {
+      for (const OptionSpec& s : specs) {
+        if (s.short_name == arg[1]) spec = &s;
+      }
+      if (spec != nullptr && arg.size() > 2) {
+        // "-b1K" carries its value; "-hx" is not an option we know.
+        if (spec->takes_value) {
+          value = arg.substr(2);
+        } else {
+          spec = nullptr;
+        }
+      }
+    } else {
+      throw UsageError{"unexpected argument '" + std::string(arg) + "'"};
+    }
+    if (spec == nullptr) throw UsageError{"unknown option '" + std::string(arg) + "'"};
+    const std::string label = option_label(*spec);
+    if (spec->takes_value && !value) {
+      if (i + 1 >= argc) throw UsageError{"option " + label + " needs a value"};
+      value = argv[++i];
+    }
+    if (!spec->takes_value && value) throw UsageError{"option " + label + " takes no value"};
+    apply(*spec, label, value.value_or(""));
+  }
+}
+
+}  // namespace cli
