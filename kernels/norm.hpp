@@ -42,6 +42,19 @@ SHARDOPT_HOST_DEVICE inline double block_sum_squares(const T* x, std::size_t n, 
   return lane[0];
 }
 
+// Calls f(typed pointer) for x of type t (f32, bf16 or f16).
+template <class F>
+SHARDOPT_HOST_DEVICE inline double with_norm_type(const void* x, DType t, F&& f) {
+  switch (t) {
+    case DType::bf16:
+      return f(static_cast<const bfloat16*>(x));
+    case DType::f16:
+      return f(static_cast<const float16*>(x));
+    default:
+      return f(static_cast<const float*>(x));
+  }
+}
+
 namespace reference {
 double sum_squares(const void* x, DType type, std::size_t n);
 }

@@ -76,14 +76,7 @@ double run(const T* x, std::size_t n, cudaStream_t stream) {
 
 double sum_squares(const void* x, DType type, std::size_t n, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DType::bf16:
-      return run(static_cast<const bfloat16*>(x), n, s);
-    case DType::f16:
-      return run(static_cast<const float16*>(x), n, s);
-    default:
-      return run(static_cast<const float*>(x), n, s);
-  }
+  return with_norm_type(x, type, [&](const auto* p) { return run(p, n, s); });
 }
 
 }  // namespace shardopt::kernels::cuda

@@ -13,14 +13,7 @@ double run(const T* x, std::size_t n) {
 }  // namespace
 
 double sum_squares(const void* x, DType type, std::size_t n) {
-  switch (type) {
-    case DType::bf16:
-      return run(static_cast<const bfloat16*>(x), n);
-    case DType::f16:
-      return run(static_cast<const float16*>(x), n);
-    default:
-      return run(static_cast<const float*>(x), n);
-  }
+  return with_norm_type(x, type, [&](const auto* p) { return run(p, n); });
 }
 
 }  // namespace shardopt::kernels::reference
