@@ -104,6 +104,16 @@ struct MasterParams {
   }
 };
 
+// MasterParams<float> that also writes each new value to `copy` as fp32:
+// the CPU kernels stage a 16-bit copy this way, a block at a time, and
+// convert the block with the vector unit's conversions (kernels/cpu/runner.hpp).
+struct StagedCopyParams : MasterParams<float> {
+  static void store(float* p, float* copy, std::uint16_t*, std::size_t i, float x) {
+    p[i] = x;
+    copy[i] = x;
+  }
+};
+
 // RemainderParams: bf16 parameters in `copy`, read and written, with their
 // remainders in `rem`; no fp32 buffer (`p` is null). The element function
 // sees the decoded fp32 master, so the trajectory is the fp32 one bitwise.
@@ -129,5 +139,23 @@ struct RemainderParams {
     encode_remainder(x, copy[i], rem[i]);
   }
 };
+
+// The view of elements [begin, begin + count) of a step's buffers: every
+// pointer that B::each_buffer lists (null ones stay null) advanced by begin
+// elements, n = count.
+template <class B>
+B subrange(const B& b, std::size_t begin, std::size_t count) {
+  B out = b;
+  out.each_buffer([begin](auto*& ptr, std::size_t bytes) {
+    using Byte = std::conditional_t<
+        std::is_const_v<std::remove_pointer_t<std::remove_reference_t<decltype(ptr)>>>,
+        const unsigned char, unsigned char>;
+    if (ptr != nullptr)
+      ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(reinterpret_cast<Byte*>(ptr) +
+                                                                     begin * bytes);
+  });
+  out.n = count;
+  return out;
+}
 
 }  // namespace shardopt::kernels

@@ -110,6 +110,19 @@ struct LambBuffers {
   std::size_t n = 0;
   const bfloat16* param_bf16 = nullptr;
   const std::uint16_t* remainder = nullptr;
+
+  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
+  // subrange).
+  template <class F>
+  void each_buffer(F&& f) {
+    f(param, 4);
+    f(grad, dtype_size(grad_type));
+    f(exp_avg, 4);
+    f(exp_avg_sq, 4);
+    f(update, 4);
+    f(param_bf16, 2);
+    f(remainder, 2);
+  }
 };
 
 // What the direction pass returns: the squared norms of the range.
@@ -131,6 +144,16 @@ struct LambApplyBuffers {
   DType param_out_type = DType::bf16;
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
+
+  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
+  // subrange).
+  template <class F>
+  void each_buffer(F&& f) {
+    f(param, 4);
+    f(update, 4);
+    f(param_out, 2);
+    f(remainder, 2);
+  }
 };
 
 SHARDOPT_HOST_DEVICE inline void lamb_apply_element(float& p, float r, float neg_step) {

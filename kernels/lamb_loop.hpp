@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/lamb.hpp"
@@ -17,8 +18,25 @@ struct LambWork {
   double* sums = nullptr;
 };
 
+// The view of elements [begin, begin + count) of the direction pass, begin a
+// multiple of kLambNormBlock: its buffers and its blocks' sums.
+inline LambWork subrange(const LambWork& w, std::size_t begin, std::size_t count) {
+  return {kernels::subrange(w.b, begin, count), w.sums + 2 * (begin / kLambNormBlock)};
+}
+
+// The direction pass's buffers (kernels/cpu/runner.hpp: buffers_of).
+inline LambBuffers& buffers_of(LambWork& w) { return w.b; }
+
 template <class G, class P>
 struct LambDirectionLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = LambDirectionLoop<G2, P2>;
+  // Staged blocks hold whole norm blocks, whose sums one range computes.
+  static constexpr std::size_t stage_block = kLambNormBlock;
   // Computes [begin, end), begin a multiple of kLambNormBlock, and the sums
   // of its blocks; returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const LambWork& w, const LambScalars& s,
@@ -52,6 +70,12 @@ struct LambDirectionLoop {
 
 template <class P>
 struct LambApplyLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = float;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = LambApplyLoop<P2>;
   [[gnu::always_inline]] static inline bool range(const LambApplyBuffers& b, const float& neg_step,
                                                   std::size_t begin, std::size_t end) {
     float* __restrict p = b.param;
@@ -90,7 +114,9 @@ inline LambNorms lamb_sum_blocks(const double* sums, std::size_t n, bool finite)
 template <class F>
 bool dispatch_lamb_direction(const LambBuffers& b, F&& f) {
   return dispatch_types(b.grad_type, nullptr, DType::f32, b.remainder, [&]<class G, class P>() {
-    return f.template operator()<LambDirectionLoop<G, P>>();
+    // The pass writes no copy: P is MasterParams<float> or RemainderParams.
+    using Q = std::conditional_t<std::is_same_v<P, RemainderParams>, P, MasterParams<float>>;
+    return f.template operator()<LambDirectionLoop<G, Q>>();
   });
 }
 

@@ -99,6 +99,19 @@ struct RmspropBuffers {
   DType param_out_type = DType::bf16;
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
+
+  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
+  // subrange).
+  template <class F>
+  void each_buffer(F&& f) {
+    f(param, 4);
+    f(grad, dtype_size(grad_type));
+    f(square_avg, 4);
+    f(grad_avg, 4);
+    f(momentum_buffer, 4);
+    f(param_out, 2);
+    f(remainder, 2);
+  }
 };
 
 // Each returns true if every gradient was finite (after grad_mul); the

@@ -12,6 +12,12 @@ namespace shardopt::kernels::detail {
 
 template <class G, class P, bool Wd, bool Mom>
 struct SgdLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = SgdLoop<G2, P2, Wd, Mom>;
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const SgdBuffers& b, const SgdScalars& s,
                                                   std::size_t begin, std::size_t end) {

@@ -15,12 +15,17 @@ namespace shardopt {
 
 enum class LogLevel : int { none = 0, warn = 1, info = 2, trace = 3 };
 
+// The widest vector unit the CPU kernels may use; each kernel uses the widest
+// one the CPU has up to this cap.
+enum class CpuIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
+
 struct Settings {
   LogLevel debug = LogLevel::warn;          // SHARDOPT_DEBUG
   std::string debug_file;                   // SHARDOPT_DEBUG_FILE ("" = stderr)
   bool huge_pages = true;                   // SHARDOPT_HUGE_PAGES
   std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
   bool check_args = false;                  // SHARDOPT_CHECK_ARGS
+  CpuIsa cpu_isa = CpuIsa::avx512;          // SHARDOPT_CPU_ISA (avx512: no cap)
 };
 
 // The settings of this process, read from the environment at the first call.

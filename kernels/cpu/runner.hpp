@@ -2,17 +2,29 @@
 // and the run-time choice of the vector unit (AVX-512, AVX2 or the x86-64
 // baseline: one binary for every node type), shared by the optimizers'
 // CPU kernels. Each runs Loop::range(b, s, begin, end), an always-inline
-// loop that is compiled once per vector unit. Included by .cpp files only.
+// loop that is compiled once per vector unit. Loops over 16-bit gradients or
+// with a 16-bit parameter copy run in blocks staged through fp32 (see
+// range_staged). Included by .cpp files only.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
+
+#include "kernels/element.hpp"
+#include "shardopt/config.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace shardopt::kernels::cpu::detail {
 
 enum class Isa { baseline, avx2, avx512 };
+static_assert(static_cast<int>(Isa::avx512) == static_cast<int>(CpuIsa::avx512) &&
+              static_cast<int>(Isa::avx2) == static_cast<int>(CpuIsa::avx2));
 
 inline Isa detect_isa() {
   __builtin_cpu_init();
@@ -27,8 +39,13 @@ inline Isa detect_isa() {
   return Isa::baseline;
 }
 
+// The vector unit the kernels use: the widest the CPU has, capped by
+// SHARDOPT_CPU_ISA. Read once.
 inline Isa current_isa() {
-  static const Isa isa = detect_isa();
+  static const Isa isa = [] {
+    const Isa cap = static_cast<Isa>(static_cast<int>(settings().cpu_isa));
+    return std::min(detect_isa(), cap);
+  }();
   return isa;
 }
 
@@ -41,19 +58,135 @@ inline Isa current_isa() {
 #define SHARDOPT_CPU_TARGET_AVX2
 #endif
 
+// The elements of one staged block: small, so that the conversions and the
+// loop take turns often and every array streams steadily (a conversion of a
+// whole page at once stalls on memory with the hardware prefetcher idle).
+// A loop whose ranges must start on a coarser grid says so in
+// Loop::stage_block (LAMB's direction pass: whole norm blocks).
+inline constexpr std::size_t kStageBlock = 256;
+template <class Loop>
+constexpr std::size_t stage_block() {
+  if constexpr (requires { Loop::stage_block; })
+    return Loop::stage_block;
+  else
+    return kStageBlock;
+}
+
+// Conversions of a staged block, 16-bit <-> fp32, with exactly the results of
+// load_grad and store_param (kernels/element.hpp): bf16 by shifts (the
+// compiler vectorizes them), f16 by the F16C instructions where the vector
+// unit has them (the software conversions branch per element).
+template <class T>
+[[gnu::always_inline]] inline void widen_plain(const T* in, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = load_grad(in, i);
+}
+template <class T>
+[[gnu::always_inline]] inline void narrow_plain(const float* in, T* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) store_param(out, i, in[i]);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) inline void widen_f16c(const float16* in, float* out,
+                                                           std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = load_grad(in, i);
+}
+__attribute__((target("avx,f16c"))) inline void narrow_f16c(const float* in, float16* out,
+                                                            std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(out + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) store_param(out, i, in[i]);
+}
+#endif
+template <Isa I, class T>
+[[gnu::always_inline]] inline void widen(const T* in, float* out, std::size_t n) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float16> && I != Isa::baseline) return widen_f16c(in, out, n);
+#endif
+  widen_plain(in, out, n);
+}
+template <Isa I, class T>
+[[gnu::always_inline]] inline void narrow(const float* in, T* out, std::size_t n) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float16> && I != Isa::baseline) return narrow_f16c(in, out, n);
+#endif
+  narrow_plain(in, out, n);
+}
+
+// The buffers of a loop's first argument: itself, or what it wraps
+// (an overload beside such a wrapper, found by argument-dependent lookup).
+template <class B>
+B& buffers_of(B& b) {
+  return b;
+}
+
+// Whether Loop reads 16-bit gradients or writes a 16-bit parameter copy
+// (not parameter remainders: their bf16 halves are read and written as they are).
+template <class Loop>
+inline constexpr bool stage_grad = !std::is_same_v<typename Loop::Grad, float>;
+template <class Loop>
+inline constexpr bool stage_copy = std::is_same_v<typename Loop::Storage, MasterParams<bfloat16>> ||
+                                   std::is_same_v<typename Loop::Storage, MasterParams<float16>>;
+
+// Runs Loop over [begin, end) in blocks of kStageBlock: 16-bit gradients are
+// converted into an fp32 block first, the new parameters' 16-bit copy is
+// written to an fp32 block and converted after, and between the two the
+// loop runs over fp32 alone, which vectorizes as the fp32 step does. The
+// element function sees the same values, so the results are bitwise those
+// of Loop::range.
+template <class Loop, Isa I, class B, class S>
+[[gnu::always_inline]] inline bool range_staged(const B& b, const S& s, std::size_t begin,
+                                                std::size_t end) {
+  using Copy = typename Loop::Storage::Copy;
+  using Inner = typename Loop::template Rebind<
+      float, std::conditional_t<stage_copy<Loop>, StagedCopyParams, typename Loop::Storage>>;
+  constexpr std::size_t block = stage_block<Loop>();
+  alignas(64) float grad[block];
+  alignas(64) float copy[block];
+  bool finite = true;
+  for (std::size_t k = begin; k < end; k += block) {
+    const std::size_t count = std::min(block, end - k);
+    B part = subrange(b, k, count);
+    auto& buffers = buffers_of(part);
+    if constexpr (stage_grad<Loop>) {
+      widen<I>(static_cast<const typename Loop::Grad*>(buffers.grad), grad, count);
+      buffers.grad = grad;
+    }
+    if constexpr (stage_copy<Loop>) buffers.param_out = copy;
+    finite = Inner::range(part, s, 0, count) && finite;
+    if constexpr (stage_copy<Loop>)
+      narrow<I>(copy, static_cast<Copy*>(buffers_of(b).param_out) + k, count);
+  }
+  return finite;
+}
+
+template <class Loop, Isa I, class B, class S>
+[[gnu::always_inline]] inline bool range_isa(const B& b, const S& s, std::size_t begin,
+                                             std::size_t end) {
+  if constexpr (stage_grad<Loop> || stage_copy<Loop>)
+    return range_staged<Loop, I>(b, s, begin, end);
+  else
+    return Loop::range(b, s, begin, end);
+}
+
 template <class Loop, class B, class S>
 SHARDOPT_CPU_TARGET_AVX512 bool range_avx512(const B& b, const S& s, std::size_t begin,
                                              std::size_t end) {
-  return Loop::range(b, s, begin, end);
+  return range_isa<Loop, Isa::avx512>(b, s, begin, end);
 }
 template <class Loop, class B, class S>
 SHARDOPT_CPU_TARGET_AVX2 bool range_avx2(const B& b, const S& s, std::size_t begin,
                                          std::size_t end) {
-  return Loop::range(b, s, begin, end);
+  return range_isa<Loop, Isa::avx2>(b, s, begin, end);
 }
 template <class Loop, class B, class S>
 bool range_baseline(const B& b, const S& s, std::size_t begin, std::size_t end) {
-  return Loop::range(b, s, begin, end);
+  return range_isa<Loop, Isa::baseline>(b, s, begin, end);
 }
 
 template <class Loop, class B, class S>

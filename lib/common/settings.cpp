@@ -104,6 +104,23 @@ const VarSpec kVars[] = {
        s.check_args = *b;
        return true;
      }},
+    {"SHARDOPT_CPU_ISA", "auto", "auto, avx512, avx2, baseline (any case)",
+     "The widest vector unit the CPU optimizer kernels may use: auto (or avx512) the widest "
+     "the CPU has, avx2 at most AVX2 with FMA and F16C, baseline the x86-64 baseline (SSE2). A "
+     "cap: a CPU without the named unit uses the widest it has. For comparing nodes of "
+     "different types, or ruling the vector code out while debugging.",
+     [](Settings& s, const std::string& v) {
+       const std::string u = upper(v);
+       if (u == "AUTO" || u == "AVX512")
+         s.cpu_isa = CpuIsa::avx512;
+       else if (u == "AVX2")
+         s.cpu_isa = CpuIsa::avx2;
+       else if (u == "BASELINE")
+         s.cpu_isa = CpuIsa::baseline;
+       else
+         return false;
+       return true;
+     }},
 };
 
 }  // namespace
