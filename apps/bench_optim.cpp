@@ -266,6 +266,7 @@ template <class G, int K, bool Copy>
   // Every load before every store, as the optimizer loops do: the arrays are
   // 2 MiB aligned, so a store to p[i] and a later load of s0[i] share their
   // low address bits and the load would wait on the store (4K aliasing).
+#pragma omp simd
   for (std::size_t i = begin; i < end; ++i) {
     const float t = grad_value(g[i]) * zero;
     const float pn = p[i] + t;
@@ -293,6 +294,7 @@ template <class G, int K>
   float* __restrict s1 = s.state[1];
   float* __restrict s2 = s.state[2];
   float* __restrict u = s.scratch;
+#pragma omp simd
   for (std::size_t i = begin; i < end; ++i) {  // loads first, as in touch_body
     const float t = grad_value(g[i]) * zero;
     const float ui = p[i] + t;
@@ -313,6 +315,7 @@ template <bool Copy>
   float* __restrict p = s.param;
   const float* __restrict u = s.scratch;
   std::uint16_t* __restrict c = static_cast<std::uint16_t*>(s.copy);
+#pragma omp simd
   for (std::size_t i = begin; i < end; ++i) {
     const float pn = p[i] + u[i] * zero;
     p[i] = pn;
