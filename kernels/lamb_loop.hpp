@@ -46,12 +46,16 @@ struct LambDirectionLoop {
     float* __restrict m = w.b.exp_avg;
     float* __restrict v = w.b.exp_avg_sq;
     float* __restrict r = w.b.update;
-    const bool all_finite = for_range<force_simd<G, P>>(
-        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
-          return lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
-        });
+    // A norm block at a time, so that its sums read p and r from cache.
+    bool all_finite = true;
     for (std::size_t k = begin; k < end; k += kLambNormBlock) {
       const std::size_t count = end - k < kLambNormBlock ? end - k : kLambNormBlock;
+      all_finite = for_range<force_simd<G, P>>(
+                       k, k + count,
+                       [&](std::size_t i) __attribute__((always_inline)) {
+                         return lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
+                       }) &&
+                   all_finite;
       w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p, k, count);
       w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r, k, count);
     }
