@@ -14,13 +14,13 @@
 //
 // It runs as one process (the functional API needs no MPI_Init); it also
 // runs under `mpirun -n 1`. Uses only the public API of shardopt, OpenMP and
-// the standard library.
+// the standard library. The optimizer calls, the byte counts and the random
+// values are shared with shardopt-bench-optim-gpu (optim_steps.hpp).
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <charconv>
 #include <chrono>
@@ -34,13 +34,13 @@
 #include <limits>
 #include <optional>
 #include <random>
-#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <vector>
 
 #include "cli.hpp"
+#include "optim_steps.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
@@ -56,8 +56,15 @@ using cli::parse_int;
 using cli::split;
 using cli::UsageError;
 
+using bench::bytes_formula;
+using bench::bytes_per_param;
+using bench::mix64;
+using bench::OptimizerEntry;
+using bench::optimizers;
+using bench::Precision;
+using bench::Streams;
+using bench::uniform;
 using shardopt::DType;
-namespace functional = shardopt::functional;
 
 constexpr const char* kProgram = "shardopt-bench-optim";
 
@@ -72,141 +79,17 @@ constexpr int kMaxReps = 2000;
 constexpr std::uint64_t kSeed = 0x243f6a8885a308d3ULL;
 
 // ---------------------------------------------------------------------------
-// The arrays of one step
-
-// The most fp32 state arrays (besides the parameters) an optimizer keeps.
-constexpr int kMaxStates = 3;
-
-// One step's arrays over n parameters, as the optimizer entries see them.
-struct Streams {
-  std::size_t n = 0;
-  float* param = nullptr;                  // fp32 (master) parameters: read, written
-  std::array<float*, kMaxStates> state{};  // fp32 optimizer state: read, written
-  const void* grad = nullptr;              // gradients of grad_type: read
-  DType grad_type = DType::f32;
-  void* copy = nullptr;  // low-precision copy of the new params: written
-  DType copy_type = DType::bf16;
-  float* scratch = nullptr;  // two-pass steps: the direction, written then read
-
-  std::span<float> params() const { return {param, n}; }
-  std::span<float> state_span(int i) const { return {state[static_cast<std::size_t>(i)], n}; }
-  std::span<float> scratch_span() const { return {scratch, n}; }
-  functional::GradView grads() const { return {grad, n, grad_type}; }
-  functional::StepOptions step_options() const {
-    functional::StepOptions o;
-    o.param_out = copy;
-    o.param_out_dtype = copy_type;
-    return o;
-  }
-};
-
-// ---------------------------------------------------------------------------
-// The optimizers: one entry each.
-//
-// `states` names the fp32 arrays the step reads and writes besides the
-// parameters (one element per parameter each); with the precision it gives
-// the bytes per parameter and the streams of the memory-only limit kernel.
-// `step` runs one step with torch's default hyper-parameters (plus the
-// options that make the state exist, e.g. momentum); `t` counts steps from 1.
-// A step with a `scratch` array runs in two passes: the first reads p, g and
-// the states and writes the states and the scratch direction; the second
-// reads p and the direction and writes p (and the copy).
-
-struct OptimizerEntry {
-  const char* name;
-  std::vector<const char*> states;
-  void (*step)(const Streams& s, std::int64_t t);
-  const char* scratch = nullptr;
-};
-
-const std::vector<OptimizerEntry>& optimizers() {
-  static const std::vector<OptimizerEntry> entries = {
-      {"adam",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adam(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
-                          shardopt::Adam{}, s.step_options());
-       }},
-      {"adamw",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adamw(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
-                           shardopt::AdamW{}, s.step_options());
-       }},
-      {"sgd",
-       {"buf"},  // with momentum: without it there is no state
-       [](const Streams& s, std::int64_t t) {
-         shardopt::SGD o;
-         o.momentum = 0.9;
-         functional::sgd(s.params(), s.grads(), s.state_span(0), t, o, s.step_options());
-       }},
-      {"adagrad",
-       {"sum"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adagrad(s.params(), s.grads(), s.state_span(0), t, shardopt::Adagrad{},
-                             s.step_options());
-       }},
-      {"rmsprop",
-       {"sq"},  // no momentum, not centered
-       [](const Streams& s, std::int64_t) {
-         functional::rmsprop(s.params(), s.grads(), s.state_span(0), {}, {}, shardopt::RMSprop{},
-                             s.step_options());
-       }},
-      {"lion",
-       {"m"},
-       [](const Streams& s, std::int64_t) {
-         functional::lion(s.params(), s.grads(), s.state_span(0), shardopt::Lion{},
-                          s.step_options());
-       }},
-      {"lamb",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::lamb(s.params(), s.grads(), s.state_span(0), s.state_span(1), s.scratch_span(),
-                          t, shardopt::Lamb{}, s.step_options());
-       },
-       "u"},
-  };
-  return entries;
-}
-
-// ---------------------------------------------------------------------------
-// Precisions
-
-struct Precision {
-  const char* name;
-  DType grad;
-  bool copy;  // writes a low-precision copy of the new parameters
-  DType copy_type;
-  const char* description;
-};
+// Precisions (bytes per parameter: bench::bytes_per_param)
 
 constexpr Precision kPrecisions[] = {
-    {"fp32", DType::f32, false, DType::bf16, "f32 grads, no copy"},
-    {"bf16", DType::bf16, true, DType::bf16, "bf16 grads, fp32 master + states, bf16 copy out"},
-    {"f16", DType::f16, true, DType::f16, "f16 grads, fp32 master + states, f16 copy out"},
-    {"fp32-bf16", DType::f32, true, DType::bf16, "f32 grads, fp32 master + states, bf16 copy out"},
+    {"fp32", DType::f32, false, DType::bf16, false, "f32 grads, no copy"},
+    {"bf16", DType::bf16, true, DType::bf16, false,
+     "bf16 grads, fp32 master + states, bf16 copy out"},
+    {"f16", DType::f16, true, DType::f16, false, "f16 grads, fp32 master + states, f16 copy out"},
+    {"fp32-bf16", DType::f32, true, DType::bf16, false,
+     "f32 grads, fp32 master + states, bf16 copy out"},
 };
 constexpr int kDefaultPrecisions = 3;  // fp32 bf16 f16
-
-// Bytes moved per parameter, every read and write counted once (per pass).
-std::size_t bytes_per_param(const OptimizerEntry& o, const Precision& p) {
-  const std::size_t g = shardopt::dtype_size(p.grad);
-  const std::size_t c = p.copy ? shardopt::dtype_size(p.copy_type) : 0;
-  const std::size_t k = o.states.size();
-  if (o.scratch != nullptr) return (4 + g + 4 * k) + (4 * k + 4) + (4 + 4) + (4 + c);
-  return 4 * 2 * (1 + k) + g + c;
-}
-
-// "r p4 g2 m4 v4 + w p4 m4 v4 c2 = 28"; two passes separated by ';'.
-std::string bytes_formula(const OptimizerEntry& o, const Precision& p) {
-  std::string f = "r p4 g" + std::to_string(shardopt::dtype_size(p.grad));
-  for (const char* s : o.states) f += std::string(" ") + s + "4";
-  f += o.scratch != nullptr ? " + w" : " + w p4";
-  for (const char* s : o.states) f += std::string(" ") + s + "4";
-  if (o.scratch != nullptr) f += std::string(" ") + o.scratch + "4; r p4 " + o.scratch + "4 + w p4";
-  if (p.copy) f += " c" + std::to_string(shardopt::dtype_size(p.copy_type));
-  return f + " = " + std::to_string(bytes_per_param(o, p));
-}
 
 // ---------------------------------------------------------------------------
 // Memory-only kernels: the limit and STREAM triad.
@@ -508,20 +391,6 @@ void triad(float* a, const float* b, const float* c, std::size_t n) {
 // ---------------------------------------------------------------------------
 // Random data
 
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [lo, hi), a function of (key, i).
-inline float uniform(std::uint64_t key, std::size_t i, float lo, float hi) {
-  const std::uint64_t h = mix64(key ^ mix64(i));
-  const float u = static_cast<float>(h >> 40) * 0x1p-24f;
-  return lo + (hi - lo) * u;
-}
-
 template <class T, class F>
 void fill(T* x, std::size_t n, const F& value) {
 #pragma omp parallel for schedule(static)
@@ -683,43 +552,9 @@ Options parse_options(int argc, char** argv) {
             }
           }
         } else if (name == "optimizers") {
-          std::string accepted = "all";
-          for (const auto& e : optimizers()) accepted += std::string(" ") + e.name;
-          std::vector<const OptimizerEntry*> chosen;
-          for (std::string_view item : split(v)) {
-            bool found = item == "all";
-            for (const auto& e : optimizers()) {
-              if (item == "all" || item == e.name) {
-                chosen.push_back(&e);
-                found = true;
-              }
-            }
-            if (!found) bad_value(label, item, accepted);
-          }
-          o.optimizers.clear();
-          for (const auto& e : optimizers()) {  // each once, in table order
-            if (std::find(chosen.begin(), chosen.end(), &e) != chosen.end())
-              o.optimizers.push_back(&e);
-          }
+          o.optimizers = bench::choose(label, v, optimizers());
         } else if (name == "precisions") {
-          std::string accepted = "all";
-          for (const auto& p : kPrecisions) accepted += std::string(" ") + p.name;
-          std::vector<const Precision*> chosen;
-          for (std::string_view item : split(v)) {
-            bool found = item == "all";
-            for (const auto& p : kPrecisions) {
-              if (item == "all" || item == p.name) {
-                chosen.push_back(&p);
-                found = true;
-              }
-            }
-            if (!found) bad_value(label, item, accepted);
-          }
-          o.precisions.clear();
-          for (const auto& p : kPrecisions) {
-            if (std::find(chosen.begin(), chosen.end(), &p) != chosen.end())
-              o.precisions.push_back(&p);
-          }
+          o.precisions = bench::choose(label, v, kPrecisions);
         } else if (name == "reps") {
           o.reps = parse_int(label, v, 1, kMaxReps, "an integer, 1 to 2000");
         } else if (name == "warmup") {
