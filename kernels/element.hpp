@@ -69,10 +69,10 @@ template <bool Simd, class F>
 SHARDOPT_HOST_DEVICE inline float decode_remainder(bfloat16 hi, std::uint16_t rem) {
   const std::uint32_t low = static_cast<std::uint32_t>(
       static_cast<std::int32_t>(static_cast<std::int16_t>(rem)));  // sign-extended
-  return detail::bits_float((static_cast<std::uint32_t>(hi.bits) << 16) + low);
+  return shardopt::detail::bits_float((static_cast<std::uint32_t>(hi.bits) << 16) + low);
 }
 SHARDOPT_HOST_DEVICE inline void encode_remainder(float p, bfloat16& hi, std::uint16_t& rem) {
-  const std::uint32_t u = detail::float_bits(p);
+  const std::uint32_t u = shardopt::detail::float_bits(p);
   hi.bits = static_cast<std::uint16_t>((u + 0x8000u) >> 16);
   rem = static_cast<std::uint16_t>(u - (static_cast<std::uint32_t>(hi.bits) << 16));
 }

@@ -4,8 +4,11 @@
 // bits as torch.bfloat16 / torch.float16, __nv_bfloat16 / __half). Arithmetic
 // is done in float: convert with to_float() and from_float(). from_float()
 // rounds to nearest, ties to even, keeps NaN a NaN and overflows to inf,
-// exactly as a hardware conversion does. The functions are usable in CUDA
-// device code.
+// exactly as a hardware conversion does. to_float(float16) turns a signaling
+// NaN into a quiet one with the same payload, as x86's F16C conversion does
+// (vcvtph2ps), so that the CPU kernels may use either bitwise; bfloat16 is
+// the high half of a float and converts by a shift, NaNs unchanged. The
+// functions are usable in CUDA device code.
 #pragma once
 
 #include <cstdint>
@@ -59,8 +62,9 @@ SHARDOPT_HOST_DEVICE inline float to_float(float16 h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
   const std::uint32_t exp = (h.bits >> 10) & 0x1fu;
   std::uint32_t mant = h.bits & 0x3ffu;
-  if (exp == 0x1fu) {  // inf or NaN
-    return detail::bits_float(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0x1fu) {  // inf, or NaN made quiet (the payload kept)
+    const std::uint32_t quiet = mant != 0 ? 0x00400000u : 0u;
+    return detail::bits_float(sign | 0x7f800000u | quiet | (mant << 13));
   }
   if (exp != 0) {  // normal
     return detail::bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
@@ -75,7 +79,7 @@ SHARDOPT_HOST_DEVICE inline float16 f16_from_float(float f) {
   const std::uint32_t u = detail::float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) {  // NaN: quiet, keep the top mantissa bits
+  if (abs > 0x7f800000u) {  // NaN: quiet, the payload truncated (as vcvtps2ph)
     return float16{static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu))};
   }
   if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to inf

@@ -184,14 +184,35 @@ struct StepOptions {
   // For device buffers: the cudaStream_t to run on (null: the default
   // stream). The call returns when the step is done.
   void* stream = nullptr;
+  // Skip the step when a gradient is not finite (a loss scaler's overflow
+  // step): the gradients are checked first (each times grad_mul, in float,
+  // as the step would use it; grads_finite() below) and, if any is inf or
+  // nan, the step returns {grads_finite = false, applied = false} without
+  // writing a byte of params, states, param_out or remainders. Costs one
+  // extra read of the gradients. Off: the step is always applied.
+  bool skip_nonfinite = false;
 };
 
 struct StepResult {
-  // False if any gradient (after grad_mul) was inf or nan. The step was
-  // applied regardless: callers that skip such steps check grads_finite()
-  // first, or keep a copy.
+  // False if any gradient (after grad_mul) was inf or nan.
   bool grads_finite = true;
+  // Whether the update was applied: false only when the step was skipped
+  // (StepOptions::skip_nonfinite with a non-finite gradient). Without
+  // skip_nonfinite the update is applied even when grads_finite is false.
+  bool applied = true;
 };
+
+// True if every gradient times grad_mul (in float, as a step with
+// StepOptions::grad_mul computes it) is finite; true for no gradients. For
+// a sharded caller, the check of its own shard: run it on each rank's
+// gradient shard and agree on the flag across ranks (a logical and), so
+// that every rank steps or every rank skips (as the ZeRO engine is to do).
+// Host or device memory (then on `stream`, a cudaStream_t; returns when
+// done). Reads grads only. Local; not collective.
+// Errors: Unsupported for gradients that are not f32, bf16 or f16;
+// InvalidArgument for null gradients with a size, or a grad_mul that is not
+// finite; NotCompiledError for device gradients in a build without CUDA.
+SHARDOPT_API bool grads_finite(GradView grads, double grad_mul = 1.0, void* stream = nullptr);
 
 // Every step takes its parameters as a ParamView: fp32, or bf16 with
 // remainders (then the remainders are read and written with them). Errors

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "shardopt/build_info.hpp"
+#include "shardopt/cast.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"

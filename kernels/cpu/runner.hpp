@@ -1,10 +1,11 @@
 // shardopt CPU kernels (internal): the split of a range across OpenMP threads
 // and the run-time choice of the vector unit (AVX-512, AVX2 or the x86-64
-// baseline: one binary for every node type), shared by the optimizers'
-// CPU kernels. Each runs Loop::range(b, s, begin, end), an always-inline
-// loop that is compiled once per vector unit. Loops over 16-bit gradients or
-// with a 16-bit parameter copy run in blocks staged through fp32 (see
-// range_staged). Included by .cpp files only.
+// baseline: one binary for every node type), shared by the CPU kernels.
+// The optimizers' kernels run Loop::range(b, s, begin, end), an
+// always-inline loop compiled once per vector unit; loops over 16-bit
+// gradients or with a 16-bit parameter copy run in blocks staged through
+// fp32 (see range_staged). The other kernels split the range with
+// for_slices. Included by .cpp files only.
 #pragma once
 
 #include <omp.h>
@@ -13,50 +14,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "kernels/cpu/float_vectors.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "kernels/element.hpp"
-#include "shardopt/config.hpp"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace shardopt::kernels::cpu::detail {
-
-enum class Isa { baseline, avx2, avx512 };
-static_assert(static_cast<int>(Isa::avx512) == static_cast<int>(CpuIsa::avx512) &&
-              static_cast<int>(Isa::avx2) == static_cast<int>(CpuIsa::avx2));
-
-inline Isa detect_isa() {
-  __builtin_cpu_init();
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return Isa::avx2;
-#endif
-  return Isa::baseline;
-}
-
-// The vector unit the kernels use: the widest the CPU has, capped by
-// SHARDOPT_CPU_ISA. Read once.
-inline Isa current_isa() {
-  static const Isa isa = [] {
-    const Isa cap = static_cast<Isa>(static_cast<int>(settings().cpu_isa));
-    return std::min(detect_isa(), cap);
-  }();
-  return isa;
-}
-
-#if defined(__x86_64__)
-#define SHARDOPT_CPU_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define SHARDOPT_CPU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define SHARDOPT_CPU_TARGET_AVX512
-#define SHARDOPT_CPU_TARGET_AVX2
-#endif
 
 // The elements of one staged block: small, so that the conversions and the
 // loop take turns often and every array streams steadily (a conversion of a
@@ -72,50 +34,17 @@ constexpr std::size_t stage_block() {
     return kStageBlock;
 }
 
-// Conversions of a staged block, 16-bit <-> fp32, with exactly the results of
-// load_grad and store_param (kernels/element.hpp): bf16 by shifts (the
-// compiler vectorizes them), f16 by the F16C instructions where the vector
-// unit has them (the software conversions branch per element).
-template <class T>
-[[gnu::always_inline]] inline void widen_plain(const T* in, float* out, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = load_grad(in, i);
-}
-template <class T>
-[[gnu::always_inline]] inline void narrow_plain(const float* in, T* out, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) store_param(out, i, in[i]);
-}
-#if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) inline void widen_f16c(const float16* in, float* out,
-                                                           std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-  for (; i < n; ++i) out[i] = load_grad(in, i);
-}
-__attribute__((target("avx,f16c"))) inline void narrow_f16c(const float* in, float16* out,
-                                                            std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(out + i),
-        _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  for (; i < n; ++i) store_param(out, i, in[i]);
-}
-#endif
-template <Isa I, class T>
-[[gnu::always_inline]] inline void widen(const T* in, float* out, std::size_t n) {
-#if defined(__x86_64__)
-  if constexpr (std::is_same_v<T, float16> && I != Isa::baseline) return widen_f16c(in, out, n);
-#endif
-  widen_plain(in, out, n);
-}
-template <Isa I, class T>
-[[gnu::always_inline]] inline void narrow(const float* in, T* out, std::size_t n) {
-#if defined(__x86_64__)
-  if constexpr (std::is_same_v<T, float16> && I != Isa::baseline) return narrow_f16c(in, out, n);
-#endif
-  narrow_plain(in, out, n);
+// Conversions of a staged block, 16-bit <-> fp32, by the vector unit's
+// conversions (kernels/cpu/float_vectors.hpp: F16C for f16), with exactly the
+// results of load_grad and store_param (kernels/element.hpp).
+template <Isa I, class Dst, class Src>
+[[gnu::always_inline]] inline void convert_block(const Src* in, Dst* out, std::size_t n) {
+  if constexpr (I == Isa::avx512)
+    convert_avx512(in, out, 0, n);
+  else if constexpr (I == Isa::avx2)
+    convert_avx2(in, out, 0, n);
+  else
+    convert_scalar(in, out, 0, n);
 }
 
 // The buffers of a loop's first argument: itself, or what it wraps
@@ -154,13 +83,13 @@ template <class Loop, Isa I, class B, class S>
     B part = subrange(b, k, count);
     auto& buffers = buffers_of(part);
     if constexpr (stage_grad<Loop>) {
-      widen<I>(static_cast<const typename Loop::Grad*>(buffers.grad), grad, count);
+      convert_block<I>(static_cast<const typename Loop::Grad*>(buffers.grad), grad, count);
       buffers.grad = grad;
     }
     if constexpr (stage_copy<Loop>) buffers.param_out = copy;
     finite = Inner::range(part, s, 0, count) && finite;
     if constexpr (stage_copy<Loop>)
-      narrow<I>(copy, static_cast<Copy*>(buffers_of(b).param_out) + k, count);
+      convert_block<I>(copy, static_cast<Copy*>(buffers_of(b).param_out) + k, count);
   }
   return finite;
 }
@@ -201,15 +130,15 @@ bool range_best(const B& b, const S& s, std::size_t begin, std::size_t end) {
   }
 }
 
-// Runs Loop over [0, n), each thread on one slice whose start is a multiple
-// of `align` elements (16: whole cache lines of fp32). Returns the logical
-// and of the slices' results.
-template <class Loop, class B, class S>
-bool run(const B& b, const S& s, std::size_t n, std::size_t align = 16) {
+// Calls f(begin, end) on slices of [0, n), one per OpenMP thread, each
+// starting at a multiple of `align` elements; small ranges in one call on
+// this thread. Returns the logical and of the calls' results.
+template <class F>
+bool for_slices(std::size_t n, std::size_t align, F&& f) {
   // Below a few pages the threads cost more than they save.
-  if (n < (std::size_t{1} << 15) || omp_get_max_threads() == 1) return range_best<Loop>(b, s, 0, n);
-  bool all_finite = true;
-#pragma omp parallel reduction(&& : all_finite)
+  if (n < (std::size_t{1} << 15) || omp_get_max_threads() == 1) return f(std::size_t{0}, n);
+  bool all = true;
+#pragma omp parallel reduction(&& : all)
   {
     const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
     const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
@@ -217,9 +146,19 @@ bool run(const B& b, const S& s, std::size_t n, std::size_t align = 16) {
     const std::size_t per = (share + align - 1) / align * align;
     const std::size_t begin = std::min(n, t * per);
     const std::size_t end = std::min(n, begin + per);
-    all_finite = range_best<Loop>(b, s, begin, end);
+    all = f(begin, end);
   }
-  return all_finite;
+  return all;
+}
+
+// Runs Loop over [0, n), each thread on one slice whose start is a multiple
+// of `align` elements (16: whole cache lines of fp32). Returns the logical
+// and of the slices' results.
+template <class Loop, class B, class S>
+bool run(const B& b, const S& s, std::size_t n, std::size_t align = 16) {
+  return for_slices(n, align, [&](std::size_t begin, std::size_t end) {
+    return range_best<Loop>(b, s, begin, end);
+  });
 }
 
 }  // namespace shardopt::kernels::cpu::detail

@@ -1,7 +1,8 @@
 // shardopt CUDA kernels (internal): the launch of an element-wise optimizer
 // kernel over one contiguous range (grid-stride, 256 threads a block, at
 // most 8 blocks per SM) with its non-finite-gradient flag, shared by the
-// optimizers' CUDA kernels. Included by .cu files only.
+// optimizers' CUDA kernels and the finiteness check; the grid size and the
+// error check also serve the cast. Included by .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,17 @@ inline void check(cudaError_t rc, const char* kernel, const char* what) {
     throw std::runtime_error(std::string("CUDA ") + kernel + " kernel: " + what + ": " +
                              cudaGetErrorString(rc));
   }
+}
+
+// The blocks of a grid-stride launch over n > 0 elements with `threads` a
+// block: enough for one element a thread, at most 8 blocks per SM.
+inline int grid_blocks(std::size_t n, int threads, const char* kernel) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), kernel, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kernel,
+        "querying the SM count");
+  const std::size_t needed = (n + threads - 1) / threads;
+  return static_cast<int>(std::min<std::size_t>(needed, std::size_t{8} * sms));
 }
 
 // Grid-stride loop over [0, n) calling Elem::apply(b, s, i), which updates
@@ -42,13 +54,8 @@ bool run(const char* kernel, const B& b, const S& s, std::size_t n, cudaStream_t
         "allocating the non-finite flag");
   check(cudaMemsetAsync(flag, 0, sizeof(unsigned), stream), kernel, "clearing the non-finite flag");
   if (n > 0) {
-    int device = 0, sms = 0;
-    check(cudaGetDevice(&device), kernel, "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kernel,
-          "querying the SM count");
     const int threads = 256;
-    const std::size_t needed = (n + threads - 1) / threads;
-    const int blocks = static_cast<int>(std::min<std::size_t>(needed, std::size_t{8} * sms));
+    const int blocks = grid_blocks(n, threads, kernel);
     elementwise_kernel<Elem><<<blocks, threads, 0, stream>>>(b, s, n, flag);
     check(cudaGetLastError(), kernel, "launching");
   }

@@ -62,8 +62,8 @@ StepResult adam_like(const char* opt, bool decoupled, ParamView params, GradView
                                     {"max_exp_avg_sq", b.max_exp_avg_sq},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where, [&] { return kernels::cpu::adam(b, s); },
+  return detail::run_step(
+      opt, where, grads, extra, [&] { return kernels::cpu::adam(b, s); },
       [&] { return kernels::cuda::adam(b, s, extra.stream); });
 }
 

@@ -48,8 +48,8 @@ StepResult lion(ParamView params, GradView grads, std::span<float> exp_avg, cons
                                     {"exp_avg", b.exp_avg},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where, [&] { return kernels::cpu::lion(b, s); },
+  return detail::run_step(
+      opt, where, grads, extra, [&] { return kernels::cpu::lion(b, s); },
       [&] { return kernels::cuda::lion(b, s, extra.stream); });
 }
 
@@ -101,8 +101,8 @@ StepResult lamb(ParamView params, GradView grads, std::span<float> exp_avg,
                                     {"update", b.update},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where,
+  return detail::run_step(
+      opt, where, grads, extra,
       [&] {
         const kernels::LambNorms norms = kernels::cpu::lamb_direction(b, s);
         kernels::cpu::lamb_apply(a, neg_step(norms));

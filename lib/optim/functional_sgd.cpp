@@ -50,8 +50,8 @@ StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffe
                                     {"momentum_buffer", b.momentum_buffer},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where, [&] { return kernels::cpu::sgd(b, s); },
+  return detail::run_step(
+      opt, where, grads, extra, [&] { return kernels::cpu::sgd(b, s); },
       [&] { return kernels::cuda::sgd(b, s, extra.stream); });
 }
 
@@ -87,8 +87,8 @@ StepResult adagrad(ParamView params, GradView grads, std::span<float> state_sum,
                                     {"state_sum", b.sum},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where, [&] { return kernels::cpu::adagrad(b, s); },
+  return detail::run_step(
+      opt, where, grads, extra, [&] { return kernels::cpu::adagrad(b, s); },
       [&] { return kernels::cuda::adagrad(b, s, extra.stream); });
 }
 
@@ -130,8 +130,8 @@ StepResult rmsprop(ParamView params, GradView grads, std::span<float> square_avg
                                     {"momentum_buffer", b.momentum_buffer},
                                     {"remainders", params.remainders},
                                     {"param_out", extra.param_out}});
-  return detail::run_where(
-      opt, where, [&] { return kernels::cpu::rmsprop(b, s); },
+  return detail::run_step(
+      opt, where, grads, extra, [&] { return kernels::cpu::rmsprop(b, s); },
       [&] { return kernels::cuda::rmsprop(b, s, extra.stream); });
 }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "kernels/finite.hpp"
+
 namespace shardopt::detail {
 
 namespace {
@@ -108,20 +110,37 @@ void check_params(const char* opt, const functional::ParamView& params,
 
 }  // namespace
 
-void check_step_buffers(const char* opt, const functional::ParamView& params,
-                        const functional::GradView& grads, const functional::StepOptions& extra) {
-  if (!(std::isfinite(extra.grad_mul))) {
-    bad_buffer(opt, "StepOptions::grad_mul is " + num(extra.grad_mul),
+void check_grad_mul(const char* opt, const char* name, double grad_mul) {
+  if (!(std::isfinite(grad_mul))) {
+    bad_buffer(opt, std::string(name) + " is " + num(grad_mul),
                "pass a finite multiplier (1 / loss_scale times the clip coefficient)");
   }
+}
+
+void check_grad_type(const char* opt, DType type) {
+  if (type != DType::f32 && type != DType::bf16 && type != DType::f16) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) + ": gradients of type " + dtype_name(type) + " are not supported",
+                "pass f32, bf16 or f16 gradients", __FILE__, __LINE__);
+  }
+}
+
+bool grads_finite_at(const char* opt, const MemoryLocation& where,
+                     const functional::GradView& grads, double grad_mul, void* stream) {
+  // The steps' scalars round grad_mul to float the same way (make_adam_scalars, ...).
+  const float mul = static_cast<float>(grad_mul);
+  return run_at(
+      opt, where,
+      [&] { return kernels::cpu::all_finite(grads.data, grads.dtype, grads.size, mul); },
+      [&] { return kernels::cuda::all_finite(grads.data, grads.dtype, grads.size, mul, stream); });
+}
+
+void check_step_buffers(const char* opt, const functional::ParamView& params,
+                        const functional::GradView& grads, const functional::StepOptions& extra) {
+  check_grad_mul(opt, "StepOptions::grad_mul", extra.grad_mul);
   check_params(opt, params, extra);
   const std::size_t n = params.size;
-  if (grads.dtype != DType::f32 && grads.dtype != DType::bf16 && grads.dtype != DType::f16) {
-    throw_error(
-        ErrorCode::unsupported,
-        std::string(opt) + ": gradients of type " + dtype_name(grads.dtype) + " are not supported",
-        "pass f32, bf16 or f16 gradients", __FILE__, __LINE__);
-  }
+  check_grad_type(opt, grads.dtype);
   check_size(opt, "grads", grads.size, n, grads.data);
   if (extra.param_out != nullptr && extra.param_out_dtype != DType::bf16 &&
       extra.param_out_dtype != DType::f16) {
@@ -133,7 +152,8 @@ void check_step_buffers(const char* opt, const functional::ParamView& params,
 }
 
 MemoryLocation common_location(const char* opt,
-                               std::initializer_list<std::pair<const char*, const void*>> buffers) {
+                               std::initializer_list<std::pair<const char*, const void*>> buffers,
+                               const char* hint) {
   MemoryLocation first{};
   const char* first_name = nullptr;
   for (const auto& [name, ptr] : buffers) {
@@ -148,15 +168,12 @@ MemoryLocation common_location(const char* opt,
                                  ? first.kind == MemoryKind::host
                                  : first.kind != MemoryKind::host && here.device == first.device;
     if (!same_device) {
-      throw_error(
-          ErrorCode::wrong_device,
-          std::string(opt) + ": " + name + " is in " + memory_kind_name(here.kind) +
-              (here.device >= 0 ? " (device " + std::to_string(here.device) + ")" : "") + " but " +
-              first_name + " is in " + memory_kind_name(first.kind) +
-              (first.device >= 0 ? " (device " + std::to_string(first.device) + ")" : ""),
-          "keep a step's parameters, gradients and states in the same memory (all host, or all "
-          "on one GPU)",
-          __FILE__, __LINE__);
+      throw_error(ErrorCode::wrong_device,
+                  std::string(opt) + ": " + name + " is in " + memory_kind_name(here.kind) +
+                      (here.device >= 0 ? " (device " + std::to_string(here.device) + ")" : "") +
+                      " but " + first_name + " is in " + memory_kind_name(first.kind) +
+                      (first.device >= 0 ? " (device " + std::to_string(first.device) + ")" : ""),
+                  hint, __FILE__, __LINE__);
     }
   }
   return first;

@@ -1,7 +1,7 @@
 // shardopt internal: the checks every functional optimizer step makes (its
 // hyper-parameters, the sizes and types of its buffers, the memory they live
 // in), with torch.optim's wording, and the run of its kernel where the
-// buffers live.
+// buffers live, skipped on non-finite gradients when the caller asks.
 #pragma once
 
 #include <cstddef>
@@ -62,33 +62,70 @@ void set_params(Buffers& b, const functional::ParamView& params,
   }
 }
 
-// Where the step runs: every non-null buffer must be in the same memory
-// (host, or one CUDA device), else a WrongDevice error naming two of them.
-MemoryLocation common_location(const char* opt,
-                               std::initializer_list<std::pair<const char*, const void*>> buffers);
+// The hint of common_location's error for a step's buffers.
+inline constexpr const char* kSameMemoryHint =
+    "keep a step's parameters, gradients and states in the same memory (all host, or all on one "
+    "GPU)";
 
-// Runs host() for host memory, device() (which may throw std::runtime_error
-// on a CUDA error) for device memory; a device location in a build without
-// CUDA is a NotCompiled error.
+// Where the step runs: every non-null buffer must be in the same memory
+// (host, or one CUDA device), else a WrongDevice error naming two of them,
+// with `hint`.
+MemoryLocation common_location(const char* opt,
+                               std::initializer_list<std::pair<const char*, const void*>> buffers,
+                               const char* hint = kSameMemoryHint);
+
+// Runs host() for host memory or device() for device memory and returns its
+// result; a std::runtime_error from device() (a failed CUDA call) becomes a
+// CUDA error naming `what`, and a device location in a build without CUDA is
+// a NotCompiled error.
 template <class Host, class Device>
-functional::StepResult run_where(const char* opt, const MemoryLocation& where, Host&& host,
-                                 [[maybe_unused]] Device&& device) {
-  if (where.kind == MemoryKind::host) return {host()};
+auto run_at(const char* what, const MemoryLocation& where, Host&& host,
+            [[maybe_unused]] Device&& device) -> decltype(host()) {
+  if (where.kind == MemoryKind::host) return host();
 #if SHARDOPT_HAVE_CUDA
   try {
-    return {device()};
+    return device();
   } catch (const std::runtime_error& e) {
-    throw_error(ErrorCode::cuda, std::string(opt) + ": " + e.what(),
+    throw_error(ErrorCode::cuda, std::string(what) + ": " + e.what(),
                 "check the GPU's health (nvidia-smi) and that the buffers are valid", __FILE__,
                 __LINE__);
   }
 #else
   throw_error(ErrorCode::not_compiled,
-              std::string(opt) +
+              std::string(what) +
                   ": the buffers are in CUDA memory but this shardopt was built without CUDA",
               "rebuild shardopt with -Dcuda=enabled on a machine with the CUDA toolkit", __FILE__,
               __LINE__);
 #endif
+}
+
+// A gradient multiplier (`name`: StepOptions::grad_mul, or grads_finite()'s
+// grad_mul) must be finite.
+void check_grad_mul(const char* opt, const char* name, double grad_mul);
+
+// Gradients are f32, bf16 or f16 (Unsupported otherwise).
+void check_grad_type(const char* opt, DType type);
+
+// Whether every gradient times grad_mul (rounded to float, as the steps'
+// scalars round it) is finite, by the kernel of kernels/finite.hpp where the
+// checked gradients live (`where`).
+bool grads_finite_at(const char* opt, const MemoryLocation& where,
+                     const functional::GradView& grads, double grad_mul, void* stream);
+
+// Runs a checked step where its buffers live: host() or device(), each
+// returning whether every gradient was finite. Every functional step goes
+// through here, so the skip is decided in this one place: with
+// StepOptions::skip_nonfinite the gradients are checked first and, if any is
+// not finite, the step returns {false, false} without running a kernel (no
+// buffer is written).
+template <class Host, class Device>
+functional::StepResult run_step(const char* opt, const MemoryLocation& where,
+                                const functional::GradView& grads,
+                                const functional::StepOptions& extra, Host&& host,
+                                Device&& device) {
+  if (extra.skip_nonfinite && !grads_finite_at(opt, where, grads, extra.grad_mul, extra.stream))
+    return {.grads_finite = false, .applied = false};
+  return {.grads_finite = run_at(opt, where, host, device), .applied = true};
 }
 
 }  // namespace shardopt::detail

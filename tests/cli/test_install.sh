@@ -19,7 +19,7 @@ pc=$(find "$work/root" -name shardopt.pc | head -n 1)
 [ -n "$pc" ] || fail "no shardopt.pc installed"
 header=$(find "$work/root" -path '*/include/shardopt/shardopt.hpp' | head -n 1)
 [ -n "$header" ] || fail "headers not installed under include/shardopt/"
-for h in communicator.hpp error.hpp status.h version.hpp; do
+for h in cast.hpp communicator.hpp error.hpp status.h version.hpp; do
   [ -f "$(dirname "$header")/$h" ] || fail "include/shardopt/$h not installed"
 done
 
