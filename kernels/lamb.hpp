@@ -10,7 +10,8 @@
 //                   the whole tensor.
 //
 // The squared norms are summed in double over fixed blocks of kLambNormBlock
-// elements (8 interleaved partial sums per block, then the blocks in order),
+// elements (each block in the lanes of kernels/norm.hpp: lane_sum_squares,
+// then the blocks in order),
 // so they are bitwise the same for any thread count and on the GPU.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/element.hpp"
+#include "kernels/norm.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -66,29 +68,6 @@ SHARDOPT_HOST_DEVICE inline bool lamb_direction_element(float p, float g, float&
   const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
   r = fmaf(s.weight_decay, p, (m / s.bias_correction1) / denom);  // m_hat / denom + wd * p
   return finite;
-}
-
-// The sum of x[begin..begin + count)^2 in double (count <= kLambNormBlock):
-// element j goes to partial sum j % 8, the partial sums are added pairwise.
-// Squares of floats are exact in double, so only the additions round, in
-// this order. X is a float pointer or anything indexable that yields floats
-// (RemainderParams::Decoded).
-template <class X>
-SHARDOPT_HOST_DEVICE inline double lamb_block_sq_sum(const X& x, std::size_t begin,
-                                                     std::size_t count) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::size_t j = 0;
-  for (; j + 8 <= count; j += 8) {
-    for (int l = 0; l < 8; ++l) {
-      const double v = x[begin + j + l];
-      acc[l] = acc[l] + v * v;
-    }
-  }
-  for (int l = 0; j < count; ++j, ++l) {
-    const double v = x[begin + j];
-    acc[l] = acc[l] + v * v;
-  }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 // The buffers of one LAMB direction pass over n elements.

@@ -56,8 +56,8 @@ struct LambDirectionLoop {
                          return lamb_direction_element(p[i], load_grad(g, i), m[i], v[i], r[i], s);
                        }) &&
                    all_finite;
-      w.sums[2 * (k / kLambNormBlock)] = lamb_block_sq_sum(p, k, count);
-      w.sums[2 * (k / kLambNormBlock) + 1] = lamb_block_sq_sum(r, k, count);
+      lane_sum_squares2(p, r, k, count, w.sums[2 * (k / kLambNormBlock)],
+                        w.sums[2 * (k / kLambNormBlock) + 1]);
     }
     return all_finite;
   }

@@ -56,3 +56,34 @@ TEST_CASE("sum of squares: non-finite values propagate", "[kernels][norm]") {
   CHECK(std::isnan(kernels::cpu::sum_squares(x.data(), DType::f32, x.size())));
   CHECK(std::isnan(kernels::reference::sum_squares(x.data(), DType::f32, x.size())));
 }
+
+TEST_CASE("two sums of squares in one pass equal two single sums bitwise", "[kernels][norm]") {
+  // lane_sum_squares2 keeps float arrays' lanes in vector registers; any
+  // other indexable type takes the element loop. Both must give the lane
+  // order of lane_sum_squares (which the CUDA LAMB kernel uses).
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  struct Indexed {  // not a pointer: the element loop
+    const float* p;
+    float operator[](std::size_t i) const { return p[i]; }
+  };
+  for (std::size_t count : {0, 1, 15, 16, 17, 33, 255, 2048, 2047}) {
+    std::vector<float> x(count + 3), y(count + 3);
+    for (auto& v : x) v = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    for (auto& v : y) v = u(rng);
+    for (std::size_t begin : {0, 3}) {
+      if (begin + count > x.size()) continue;
+      const double want_x = kernels::lane_sum_squares(x.data(), begin, count);
+      const double want_y = kernels::lane_sum_squares(y.data(), begin, count);
+      double sx = -1, sy = -1;
+      kernels::lane_sum_squares2(static_cast<const float*>(x.data()), y.data(), begin, count, sx,
+                                 sy);
+      INFO("count " << count << " begin " << begin);
+      CHECK(std::memcmp(&sx, &want_x, sizeof sx) == 0);
+      CHECK(std::memcmp(&sy, &want_y, sizeof sy) == 0);
+      kernels::lane_sum_squares2(Indexed{x.data()}, Indexed{y.data()}, begin, count, sx, sy);
+      CHECK(std::memcmp(&sx, &want_x, sizeof sx) == 0);
+      CHECK(std::memcmp(&sy, &want_y, sizeof sy) == 0);
+    }
+  }
+}

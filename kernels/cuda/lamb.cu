@@ -1,7 +1,7 @@
 // The CUDA LAMB kernels: the direction and apply passes are grid-stride
 // launches calling the same element functions as the CPU kernels
 // (--fmad=false); the norms' block sums are computed one block per thread
-// with lamb_block_sq_sum and added in block order on the host, so they equal
+// with lane_sum_squares and added in block order on the host, so they equal
 // the reference's bitwise.
 #include <vector>
 
@@ -19,8 +19,8 @@ __global__ void block_sums_kernel(LambBuffers b, double* sums) {
   const std::size_t begin = k * kLambNormBlock;
   if (begin >= b.n) return;
   const std::size_t count = b.n - begin < kLambNormBlock ? b.n - begin : kLambNormBlock;
-  sums[2 * k] = lamb_block_sq_sum(Loop::values(b), begin, count);
-  sums[2 * k + 1] = lamb_block_sq_sum(b.update, begin, count);
+  sums[2 * k] = lane_sum_squares(Loop::values(b), begin, count);
+  sums[2 * k + 1] = lane_sum_squares(b.update, begin, count);
 }
 
 // The squared sums of p and r per norm block, into sums (2 per block).
