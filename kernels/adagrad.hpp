@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/element.hpp"
 #include "shardopt/types.hpp"
@@ -76,15 +77,15 @@ struct AdagradBuffers {
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(grad, dtype_size(grad_type));
-    f(sum, 4);
-    f(param_out, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    f(param, 4, Access::read_write);
+    f(grad, grad_bytes(grad_type), Access::read);
+    f(sum, 4, Access::read_write);
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
   }
 };
 
@@ -101,6 +102,12 @@ namespace cuda {
 // Device buffers; `stream` is a cudaStream_t (null: the default stream).
 // Synchronous. Throws NotCompiledError in a build without CUDA.
 bool adagrad(const AdagradBuffers& b, const AdagradScalars& s, void* stream);
+// The same step on a list of tensors, one AdagradBuffers each (device buffers,
+// not overlapping), with the same scalars: one launch per group of tensors
+// of the same types and modes, or a few for long lists
+// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
+// finite.
+bool adagrad(std::span<const AdagradBuffers> tensors, const AdagradScalars& s, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

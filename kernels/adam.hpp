@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/element.hpp"
 #include "shardopt/types.hpp"
@@ -112,17 +113,17 @@ struct AdamBuffers {
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(grad, dtype_size(grad_type));
-    f(exp_avg, 4);
-    f(exp_avg_sq, 4);
-    f(max_exp_avg_sq, 4);
-    f(param_out, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    f(param, 4, Access::read_write);
+    f(grad, grad_bytes(grad_type), Access::read);
+    f(exp_avg, 4, Access::read_write);
+    f(exp_avg_sq, 4, Access::read_write);
+    f(max_exp_avg_sq, 4, Access::read_write);
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
   }
 };
 
@@ -140,6 +141,12 @@ namespace cuda {
 // Synchronous: returns when the step is done. Throws NotCompiledError in a
 // build without CUDA.
 bool adam(const AdamBuffers& b, const AdamScalars& s, void* stream);
+// The same step on a list of tensors, one AdamBuffers each (device buffers,
+// not overlapping), with the same scalars: one launch per group of tensors
+// of the same types and modes, or a few for long lists
+// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
+// finite.
+bool adam(std::span<const AdamBuffers> tensors, const AdamScalars& s, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "shardopt/half.hpp"
+#include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
 
@@ -19,6 +20,15 @@ SHARDOPT_HOST_DEVICE inline bool is_finite_bits(float x) {
   std::memcpy(&u, &x, sizeof u);
   return (u & 0x7f800000u) != 0x7f800000u;
 }
+
+// How a step uses one of its buffers, as each Buffers struct's each_buffer
+// reports it: only read, only written (its contents on entry do not matter,
+// and every element is written), or read and written.
+enum class Access : unsigned char { read, write, read_write };
+
+// Bytes per gradient element. Gradients are f32, bf16 or f16; unlike
+// dtype_size, usable in device code.
+SHARDOPT_HOST_DEVICE constexpr std::size_t grad_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 // Converts a stored gradient to float.
 SHARDOPT_HOST_DEVICE inline float load_grad(const float* g, std::size_t i) { return g[i]; }
@@ -142,11 +152,11 @@ struct RemainderParams {
 
 // The view of elements [begin, begin + count) of a step's buffers: every
 // pointer that B::each_buffer lists (null ones stay null) advanced by begin
-// elements, n = count.
+// elements, n = count. Host and device code, as each_buffer.
 template <class B>
-B subrange(const B& b, std::size_t begin, std::size_t count) {
+SHARDOPT_HOST_DEVICE B subrange(const B& b, std::size_t begin, std::size_t count) {
   B out = b;
-  out.each_buffer([begin](auto*& ptr, std::size_t bytes) {
+  out.each_buffer([begin](auto*& ptr, std::size_t bytes, Access) {
     using Byte = std::conditional_t<
         std::is_const_v<std::remove_pointer_t<std::remove_reference_t<decltype(ptr)>>>,
         const unsigned char, unsigned char>;
@@ -156,6 +166,16 @@ B subrange(const B& b, std::size_t begin, std::size_t count) {
   });
   out.n = count;
   return out;
+}
+
+// The number of buffers B::each_buffer lists (a constant: the CUDA kernels
+// size their per-thread copies of the buffers with it).
+template <class B>
+SHARDOPT_HOST_DEVICE constexpr int buffer_count() {
+  B b{};
+  int count = 0;
+  b.each_buffer([&count](auto*&, std::size_t, Access) { ++count; });
+  return count;
 }
 
 }  // namespace shardopt::kernels

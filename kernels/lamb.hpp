@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/element.hpp"
 #include "kernels/norm.hpp"
@@ -90,17 +91,17 @@ struct LambBuffers {
   const bfloat16* param_bf16 = nullptr;
   const std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(grad, dtype_size(grad_type));
-    f(exp_avg, 4);
-    f(exp_avg_sq, 4);
-    f(update, 4);
-    f(param_bf16, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    f(param, 4, Access::read);
+    f(grad, grad_bytes(grad_type), Access::read);
+    f(exp_avg, 4, Access::read_write);
+    f(exp_avg_sq, 4, Access::read_write);
+    f(update, 4, Access::write);
+    f(param_bf16, 2, Access::read);
+    f(remainder, 2, Access::read);
   }
 };
 
@@ -124,19 +125,28 @@ struct LambApplyBuffers {
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(update, 4);
-    f(param_out, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    f(param, 4, Access::read_write);
+    f(update, 4, Access::read);
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
   }
 };
 
 SHARDOPT_HOST_DEVICE inline void lamb_apply_element(float& p, float r, float neg_step) {
   p = fmaf(neg_step, r, p);
+}
+
+// The apply pass's neg_step from the norms of a whole tensor: -(lr * trust)
+// rounded to float, trust = ||p|| / ||r|| (1 when either is 0), in double.
+inline float lamb_neg_step(const LambNorms& norms, double lr) {
+  const double trust = norms.param_sq > 0.0 && norms.update_sq > 0.0
+                           ? std::sqrt(norms.param_sq) / std::sqrt(norms.update_sq)
+                           : 1.0;
+  return static_cast<float>(-(lr * trust));
 }
 
 namespace reference {
@@ -153,6 +163,16 @@ namespace cuda {
 // Synchronous. Throws NotCompiledError in a build without CUDA.
 LambNorms lamb_direction(const LambBuffers& b, const LambScalars& s, void* stream);
 void lamb_apply(const LambApplyBuffers& b, float neg_step, void* stream);
+// The two passes on a list of tensors (device buffers, not overlapping), each
+// in one launch per group of tensors of the same types, or a few for long
+// lists (kernels/cuda/multi_tensor.cuh). lamb_direction writes each tensor's
+// norms to norms[i] (as many as tensors; grads_finite is the whole list's)
+// and returns whether every gradient was finite; lamb_apply takes each
+// tensor's neg_step.
+bool lamb_direction(std::span<const LambBuffers> tensors, const LambScalars& s,
+                    std::span<LambNorms> norms, void* stream);
+void lamb_apply(std::span<const LambApplyBuffers> tensors, std::span<const float> neg_steps,
+                void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -37,9 +37,13 @@ SHARDOPT_HOST_DEVICE inline double lane_sum_squares(const X& x, std::size_t begi
       lane[l] += v * v;
     }
   }
-  for (int l = 0; j < count; ++j, ++l) {
-    const double v = static_cast<double>(to_float(x[begin + j]));
-    lane[l] += v * v;
+  // The last count - j < kNormLanes elements, element j + l to lane l:
+  // constant lane indices, so that on the device the lanes stay in registers.
+  for (int l = 0; l < kNormLanes; ++l) {
+    if (j + static_cast<std::size_t>(l) < count) {
+      const double v = static_cast<double>(to_float(x[begin + j + static_cast<std::size_t>(l)]));
+      lane[l] += v * v;
+    }
   }
   for (int width = kNormLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) lane[l] += lane[l + width];
@@ -96,11 +100,13 @@ SHARDOPT_HOST_DEVICE inline void lane_sum_squares2(const X& x, const Y& y, std::
       }
     }
   }
-  for (int l = 0; j < count; ++j, ++l) {
-    const double u = static_cast<double>(to_float(x[begin + j]));
-    const double v = static_cast<double>(to_float(y[begin + j]));
-    lx[l] += u * u;
-    ly[l] += v * v;
+  for (int l = 0; l < kNormLanes; ++l) {  // the tail, as in lane_sum_squares
+    if (j + static_cast<std::size_t>(l) < count) {
+      const double u = static_cast<double>(to_float(x[begin + j + static_cast<std::size_t>(l)]));
+      const double v = static_cast<double>(to_float(y[begin + j + static_cast<std::size_t>(l)]));
+      lx[l] += u * u;
+      ly[l] += v * v;
+    }
   }
   for (int width = kNormLanes / 2; width > 0; width /= 2) {
     for (int l = 0; l < width; ++l) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/element.hpp"
 #include "shardopt/types.hpp"
@@ -100,17 +101,17 @@ struct RmspropBuffers {
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(grad, dtype_size(grad_type));
-    f(square_avg, 4);
-    f(grad_avg, 4);
-    f(momentum_buffer, 4);
-    f(param_out, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    f(param, 4, Access::read_write);
+    f(grad, grad_bytes(grad_type), Access::read);
+    f(square_avg, 4, Access::read_write);
+    f(grad_avg, 4, Access::read_write);
+    f(momentum_buffer, 4, Access::read_write);
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
   }
 };
 
@@ -127,6 +128,12 @@ namespace cuda {
 // Device buffers; `stream` is a cudaStream_t (null: the default stream).
 // Synchronous. Throws NotCompiledError in a build without CUDA.
 bool rmsprop(const RmspropBuffers& b, const RmspropScalars& s, void* stream);
+// The same step on a list of tensors, one RmspropBuffers each (device buffers,
+// not overlapping), with the same scalars: one launch per group of tensors
+// of the same types and modes, or a few for long lists
+// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
+// finite.
+bool rmsprop(std::span<const RmspropBuffers> tensors, const RmspropScalars& s, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/element.hpp"
 #include "shardopt/types.hpp"
@@ -71,7 +72,7 @@ SHARDOPT_HOST_DEVICE inline bool sgd_element(float& p, float g, float* buf, cons
 // The buffers of one SGD step over n elements.
 //   param:           fp32 parameters (the master copy in mixed precision), read and written
 //   grad:            gradients of grad_type (f32, bf16 or f16), read
-//   momentum_buffer: read and written when momentum != 0 (only written on the first step)
+//   momentum_buffer: read and written when momentum != 0; only written on the first step
 //   param_out:       optional low-precision copy of the new parameters, of
 //                    param_out_type (bf16 or f16), written; null for none
 //   remainder:       optional 16-bit remainders (parameter remainders): when set,
@@ -88,15 +89,17 @@ struct SgdBuffers {
   std::size_t n = 0;
   std::uint16_t* remainder = nullptr;
 
-  // Calls f(pointer, bytes per element) on every buffer (kernels/element.hpp:
-  // subrange).
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
+  // The momentum buffer is only written on a step with momentum's first step
+  // (SgdLoop::each_buffer passes `momentum` = Access::write then).
   template <class F>
-  void each_buffer(F&& f) {
-    f(param, 4);
-    f(grad, dtype_size(grad_type));
-    f(momentum_buffer, 4);
-    f(param_out, 2);
-    f(remainder, 2);
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f, Access momentum = Access::read_write) {
+    f(param, 4, Access::read_write);
+    f(grad, grad_bytes(grad_type), Access::read);
+    f(momentum_buffer, 4, momentum);
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
   }
 };
 
@@ -113,6 +116,12 @@ namespace cuda {
 // Device buffers; `stream` is a cudaStream_t (null: the default stream).
 // Synchronous. Throws NotCompiledError in a build without CUDA.
 bool sgd(const SgdBuffers& b, const SgdScalars& s, void* stream);
+// The same step on a list of tensors, one SgdBuffers each (device buffers,
+// not overlapping), with the same scalars: one launch per group of tensors
+// of the same types and modes, or a few for long lists
+// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
+// finite.
+bool sgd(std::span<const SgdBuffers> tensors, const SgdScalars& s, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -37,12 +37,19 @@ struct SgdLoop {
   SHARDOPT_HOST_DEVICE static bool apply(const SgdBuffers& b, const SgdScalars& s, std::size_t i) {
     typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
     float p = P::load(b.param, copy, b.remainder, i);
-    float buf = Mom ? b.momentum_buffer[i] : 0.0f;
+    // The first step writes the buffer without reading it (torch's clone of d_p).
+    float buf = Mom && !s.first_step ? b.momentum_buffer[i] : 0.0f;
     const bool finite =
         sgd_element<Wd, Mom>(p, load_grad(static_cast<const G*>(b.grad), i), &buf, s);
     P::store(b.param, copy, b.remainder, i, p);
     if constexpr (Mom) b.momentum_buffer[i] = buf;
     return finite;
+  }
+  // The buffers and how this loop uses them (the CUDA kernels' vector loads):
+  // with momentum, the first step only writes the momentum buffer.
+  template <class F>
+  SHARDOPT_HOST_DEVICE static void each_buffer(SgdBuffers& b, const SgdScalars& s, F&& f) {
+    b.each_buffer(f, Mom && s.first_step ? Access::write : Access::read_write);
   }
 };
 

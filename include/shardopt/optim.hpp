@@ -293,5 +293,92 @@ SHARDOPT_API StepResult lamb(ParamView params, GradView grads, std::span<float> 
                              std::span<float> exp_avg_sq, std::span<float> update,
                              std::int64_t step, const Lamb& options, const StepOptions& extra = {});
 
+// ---------------------------------------------------------------------------
+// Lists of tensors (torch's foreach / multi-tensor optimizers).
+//
+// Each list form takes one entry per tensor in every list and does exactly
+// what calling the single-tensor step above on each tensor in turn does, with
+// the same hyper-parameters, step count and StepOptions: bitwise the same
+// parameters and states, and grads_finite is false if any tensor's gradients
+// were not finite (the update is applied regardless). Device buffers run in
+// one CUDA launch per group of tensors stored alike, or a few for long lists
+// (docs/optimizers.md, "The CUDA kernels"); host buffers run the CPU kernel
+// tensor by tensor.
+//
+// The tensors of a list may differ in size (empty ones included), in
+// gradient type and in storage (fp32, with or without a copy, or bf16 with
+// remainders); they must not overlap. A state list that the options do not
+// use (max_exp_avg_sqs without amsgrad, momentum_buffers without momentum,
+// grad_avgs when not centered) may be empty, or hold one empty span per
+// tensor. params_out holds each tensor's low-precision copy of the new
+// parameters (StepOptions::param_out of a single step), of type
+// StepOptions::param_out_dtype: empty for no copies, else one entry per
+// tensor, null for a tensor without one; StepOptions::param_out itself must
+// be null in a list call.
+//
+// Errors, before any buffer is touched: those of the single-tensor step,
+// checked on every tensor, the message naming the tensor ("Adam: tensor 3:
+// exp_avg has 5 elements, params have 7"); InvalidArgument for lists of
+// different lengths or StepOptions::param_out set; WrongDevice for tensors in
+// different memories (all on the host, or all on one CUDA device), naming
+// the two tensors; NotCompiledError for device buffers in a build without
+// CUDA. Local; not collective.
+
+// Adam on a list of tensors: reads grads; reads and writes params, exp_avgs,
+// exp_avg_sqs and, with amsgrad, max_exp_avg_sqs.
+SHARDOPT_API StepResult adam(std::span<const ParamView> params, std::span<const GradView> grads,
+                             std::span<const std::span<float>> exp_avgs,
+                             std::span<const std::span<float>> exp_avg_sqs,
+                             std::span<const std::span<float>> max_exp_avg_sqs, std::int64_t step,
+                             const Adam& options, const StepOptions& extra = {},
+                             std::span<void* const> params_out = {});
+
+// AdamW on a list of tensors; buffers as the list adam().
+SHARDOPT_API StepResult adamw(std::span<const ParamView> params, std::span<const GradView> grads,
+                              std::span<const std::span<float>> exp_avgs,
+                              std::span<const std::span<float>> exp_avg_sqs,
+                              std::span<const std::span<float>> max_exp_avg_sqs, std::int64_t step,
+                              const AdamW& options, const StepOptions& extra = {},
+                              std::span<void* const> params_out = {});
+
+// SGD on a list of tensors: reads grads; reads and writes params and, with
+// momentum, momentum_buffers (only written on step 1).
+SHARDOPT_API StepResult sgd(std::span<const ParamView> params, std::span<const GradView> grads,
+                            std::span<const std::span<float>> momentum_buffers, std::int64_t step,
+                            const SGD& options, const StepOptions& extra = {},
+                            std::span<void* const> params_out = {});
+
+// Adagrad on a list of tensors: reads grads; reads and writes params and
+// state_sums.
+SHARDOPT_API StepResult adagrad(std::span<const ParamView> params, std::span<const GradView> grads,
+                                std::span<const std::span<float>> state_sums, std::int64_t step,
+                                const Adagrad& options, const StepOptions& extra = {},
+                                std::span<void* const> params_out = {});
+
+// RMSprop on a list of tensors: reads grads; reads and writes params,
+// square_avgs, and grad_avgs when centered, momentum_buffers with momentum.
+SHARDOPT_API StepResult rmsprop(std::span<const ParamView> params, std::span<const GradView> grads,
+                                std::span<const std::span<float>> square_avgs,
+                                std::span<const std::span<float>> grad_avgs,
+                                std::span<const std::span<float>> momentum_buffers,
+                                const RMSprop& options, const StepOptions& extra = {},
+                                std::span<void* const> params_out = {});
+
+// Lion on a list of tensors: reads grads; reads and writes params and
+// exp_avgs.
+SHARDOPT_API StepResult lion(std::span<const ParamView> params, std::span<const GradView> grads,
+                             std::span<const std::span<float>> exp_avgs, const Lion& options,
+                             const StepOptions& extra = {}, std::span<void* const> params_out = {});
+
+// LAMB on a list of tensors: each tensor's trust ratio from its own norms,
+// as the single-tensor lamb(). Reads grads; reads and writes params,
+// exp_avgs and exp_avg_sqs; writes updates (scratch, one per tensor).
+SHARDOPT_API StepResult lamb(std::span<const ParamView> params, std::span<const GradView> grads,
+                             std::span<const std::span<float>> exp_avgs,
+                             std::span<const std::span<float>> exp_avg_sqs,
+                             std::span<const std::span<float>> updates, std::int64_t step,
+                             const Lamb& options, const StepOptions& extra = {},
+                             std::span<void* const> params_out = {});
+
 }  // namespace functional
 }  // namespace shardopt

@@ -34,8 +34,7 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, std::size_
         detail::check(cudaMemcpyAsync(to, from, n * sizeof(Dst), cudaMemcpyDeviceToDevice, s),
                       kernel, "copying");
     } else {
-      const int threads = 256;
-      cast_kernel<<<detail::grid_blocks(n, threads, kernel), threads, 0, s>>>(from, to, n);
+      cast_kernel<<<detail::grid_for(n, kernel), detail::kThreads, 0, s>>>(from, to, n);
       detail::check(cudaGetLastError(), kernel, "launching");
     }
   });

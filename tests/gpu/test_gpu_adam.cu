@@ -1,6 +1,9 @@
 // gpu suite: the CUDA Adam kernel equals the reference kernel bitwise, for
-// every gradient type, output copy, weight-decay mode and amsgrad, through
-// the functional API on device buffers. Skips (exit 77) without a device.
+// every gradient type, output copy, weight-decay mode and amsgrad, with the
+// buffers aligned (the vector path), all one element in (the vector path
+// from element 3) and the gradients alone one element in (the scalar path),
+// and through the functional API on device buffers. Skips (exit 77) without
+// a device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -25,12 +28,21 @@ void check(bool ok, const char* what) {
   if (!ok) std::printf("FAILED: %s\n", what);
 }
 
+std::vector<void*> g_allocations;
+
+// A device copy of h, `shift` elements into its allocation (freed by free_all).
 template <class T>
-T* to_device(const std::vector<T>& h) {
+T* to_device(const std::vector<T>& h, std::size_t shift = 0) {
   T* d = nullptr;
-  cudaMalloc(&d, h.size() * sizeof(T) + 1);
-  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
+  cudaMalloc(&d, (h.size() + 4) * sizeof(T));
+  g_allocations.push_back(d);
+  cudaMemcpy(d + shift, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d + shift;
+}
+
+void free_all() {
+  for (void* d : g_allocations) cudaFree(d);
+  g_allocations.clear();
 }
 
 template <class T>
@@ -72,7 +84,12 @@ int main() {
       const void* host_grad = gt == DType::f32 ? static_cast<const void*>(g.data()) : g16.data();
       for (int mode = 0; mode < 3; ++mode) {
         for (bool ams : {false, true}) {
-          for (int out = 0; out < 3; ++out) {
+          for (int cfg = 0; cfg < 9; ++cfg) {
+            const int out = cfg % 3;
+            // Layout 0: every buffer aligned; 1: every buffer one element in;
+            // 2: the gradients alone one element in.
+            const int layout = cfg / 3;
+            const std::size_t shift = layout == 1 ? 1 : 0, grad_shift = layout == 0 ? 0 : 1;
             const DType ot = out == 2 ? DType::f16 : DType::bf16;
             // Reference on host copies.
             std::vector<float> rp = p, rm = m, rv = v, rvmax = vmax;
@@ -91,10 +108,11 @@ int main() {
                                                       mode == 2, ams, out == 1, 4, 0.5);
             kernels::reference::adam(hb, s);
             // The same step on the device.
-            float *dp = to_device(p), *dm = to_device(m), *dv = to_device(v),
-                  *dvmax = to_device(vmax);
-            void* dg = gt == DType::f32 ? static_cast<void*>(to_device(g)) : to_device(g16);
-            std::uint16_t* dout = to_device(std::vector<std::uint16_t>(n, 0));
+            float *dp = to_device(p, shift), *dm = to_device(m, shift), *dv = to_device(v, shift),
+                  *dvmax = to_device(vmax, shift);
+            void* dg = gt == DType::f32 ? static_cast<void*>(to_device(g, grad_shift))
+                                        : to_device(g16, grad_shift);
+            std::uint16_t* dout = to_device(std::vector<std::uint16_t>(n, 0), shift);
             kernels::AdamBuffers db = hb;
             db.param = dp;
             db.grad = dg;
@@ -108,10 +126,7 @@ int main() {
             check(same_bits(to_host(dv, n).data(), rv.data(), n * 4), "exp_avg_sq equal bitwise");
             if (ams) check(same_bits(to_host(dvmax, n).data(), rvmax.data(), n * 4), "max equal");
             if (out) check(to_host(dout, n) == rout, "low-precision copy equal bitwise");
-            for (void* ptr :
-                 {static_cast<void*>(dp), static_cast<void*>(dm), static_cast<void*>(dv),
-                  static_cast<void*>(dvmax), dg, static_cast<void*>(dout)})
-              cudaFree(ptr);
+            free_all();
           }
         }
       }
@@ -127,6 +142,7 @@ int main() {
   functional::adam(hp, g, hm, hv, {}, 1, Adam{.lr = 0.1});
   check(r.grads_finite, "functional adam on device reports finite grads");
   check(to_host(dp, n) == hp, "functional adam on device equals the host step");
+  free_all();
   std::printf("gpu adam: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

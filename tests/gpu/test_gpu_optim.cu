@@ -1,7 +1,9 @@
 // gpu suite: the CUDA SGD, Adagrad, RMSprop, Lion and LAMB kernels equal the reference
-// kernels bitwise, for every gradient type, output copy and mode, and device
-// buffers run on the device through the functional API. Skips (exit 77)
-// without a device.
+// kernels bitwise, for every gradient type, output copy and mode, with the
+// buffers aligned (the vector path), all one element in (the vector path
+// from element 3) and the gradients alone one element in (the scalar path),
+// and device buffers run on the device through the functional API. Skips
+// (exit 77) without a device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -32,16 +34,21 @@ void check(bool ok, const std::string& what) {
   if (!ok) std::printf("FAILED: %s\n", what.c_str());
 }
 
-// A host buffer and its device copy.
+// Where device copies start in their allocations, in elements: 0 aligned.
+std::size_t g_shift = 0;
+
+// A host buffer and its device copy, `shift` elements into its allocation.
 template <class T>
 struct Mirror {
   std::vector<T> host;
+  T* base = nullptr;
   T* dev = nullptr;
-  explicit Mirror(std::vector<T> h) : host(std::move(h)) {
-    cudaMalloc(&dev, host.size() * sizeof(T) + 1);
+  explicit Mirror(std::vector<T> h, std::size_t shift = g_shift) : host(std::move(h)) {
+    cudaMalloc(&base, (host.size() + 4) * sizeof(T));
+    dev = base + shift;
     cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
-  ~Mirror() { cudaFree(dev); }
+  ~Mirror() { cudaFree(base); }
   Mirror(const Mirror&) = delete;
   Mirror& operator=(const Mirror&) = delete;
   // The device copy equals the host copy bitwise.
@@ -79,134 +86,141 @@ int main() {
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537},
                         (std::size_t{1} << 22) + 5}) {
     const std::vector<float> g = uniform(n, rng, -1, 1);
-    for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
-      Mirror<float> g32(g);
-      Mirror<std::uint16_t> g16(grads16(g, gt));
-      const void* hg = gt == DType::f32 ? static_cast<const void*>(g32.host.data())
-                                        : static_cast<const void*>(g16.host.data());
-      const void* dg =
-          gt == DType::f32 ? static_cast<const void*>(g32.dev) : static_cast<const void*>(g16.dev);
-      for (int out = 0; out < 3; ++out) {
-        const DType ot = out == 2 ? DType::f16 : DType::bf16;
-        const double grad_mul = out == 1 ? 0.5 : 1.0;
-        for (int mode = 0; mode < 8; ++mode) {
-          const std::string where = "n " + std::to_string(n) + " grad " + dtype_name(gt) + " out " +
-                                    std::to_string(out) + " mode " + std::to_string(mode);
-          const bool maximize = (mode + out) % 2 == 1;
-          {  // SGD, steps 1 and 2
-            Mirror<float> p(uniform(n, rng, -1, 1)), buf(uniform(n, rng, -0.1f, 0.1f));
-            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
-            const bool mom = mode & 1;
-            for (std::int64_t step : {1, 2}) {
-              const auto s =
-                  kernels::make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
-                                            mom && (mode & 4), maximize, step, grad_mul);
-              kernels::SgdBuffers b{p.host.data(),
-                                    hg,
-                                    gt,
-                                    mom ? buf.host.data() : nullptr,
-                                    out ? o.host.data() : nullptr,
-                                    ot,
-                                    n};
-              kernels::reference::sgd(b, s);
-              b.param = p.dev;
-              b.grad = dg;
-              b.momentum_buffer = mom ? buf.dev : nullptr;
-              b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::sgd(b, s, nullptr);
-            }
-            check(p.same() && buf.same() && o.same(), "SGD " + where);
-          }
-          if (mode < 2) {  // Adagrad
-            Mirror<float> p(uniform(n, rng, -1, 1)), sum(uniform(n, rng, 0, 0.1f));
-            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
-            const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
-                                                         maximize, 3, grad_mul);
-            kernels::AdagradBuffers b{
-                p.host.data(), hg, gt, sum.host.data(), out ? o.host.data() : nullptr, ot, n};
-            kernels::reference::adagrad(b, s);
-            b.param = p.dev;
-            b.grad = dg;
-            b.sum = sum.dev;
-            b.param_out = out ? o.dev : nullptr;
-            kernels::cuda::adagrad(b, s, nullptr);
-            check(p.same() && sum.same() && o.same(), "Adagrad " + where);
-          }
-          if (mode < 2) {  // Lion
-            Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f));
-            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
-            const auto s =
-                kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
-            kernels::LionBuffers b{
-                p.host.data(), hg, gt, m.host.data(), out ? o.host.data() : nullptr, ot, n};
-            kernels::reference::lion(b, s);
-            b.param = p.dev;
-            b.grad = dg;
-            b.exp_avg = m.dev;
-            b.param_out = out ? o.dev : nullptr;
-            kernels::cuda::lion(b, s, nullptr);
-            check(p.same() && m.same() && o.same(), "Lion " + where);
-          }
-          if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
-            Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f)),
-                v(uniform(n, rng, 0, 0.01f)), r(std::vector<float>(n, 0.0f));
-            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
-            const auto s = kernels::make_lamb_scalars(0.9, 0.999, 1e-6, mode ? 0.01 : 0.0, maximize,
-                                                      3, grad_mul);
-            kernels::LambBuffers b{p.host.data(), hg, gt, m.host.data(), v.host.data(),
-                                   r.host.data(), n};
-            const auto hn = kernels::reference::lamb_direction(b, s);
-            b.param = p.dev;
-            b.grad = dg;
-            b.exp_avg = m.dev;
-            b.exp_avg_sq = v.dev;
-            b.update = r.dev;
-            const auto dn = kernels::cuda::lamb_direction(b, s, nullptr);
-            check(hn.param_sq == dn.param_sq && hn.update_sq == dn.update_sq &&
-                      hn.grads_finite == dn.grads_finite,
-                  "LAMB norms " + where);
-            kernels::LambApplyBuffers a{p.host.data(), r.host.data(), out ? o.host.data() : nullptr,
-                                        ot, n};
-            kernels::reference::lamb_apply(a, -0.0123f);
-            a.param = p.dev;
-            a.update = r.dev;
-            a.param_out = out ? o.dev : nullptr;
-            kernels::cuda::lamb_apply(a, -0.0123f, nullptr);
-            check(p.same() && m.same() && v.same() && r.same() && o.same(), "LAMB " + where);
-          }
-          {  // RMSprop
-            Mirror<float> p(uniform(n, rng, -1, 1)), sq(uniform(n, rng, 0.5f, 1)),
-                ga(uniform(n, rng, -0.1f, 0.1f)), buf(uniform(n, rng, -0.1f, 0.1f));
-            Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
-            const bool centered = mode & 1, mom = mode & 2;
-            const auto s =
-                kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
-                                              mom ? 0.9 : 0.0, centered, maximize, grad_mul);
-            kernels::RmspropBuffers b{p.host.data(),
+    // Layout 0: every buffer aligned; 1: every buffer one element in; 2: the
+    // gradients alone one element in.
+    for (int layout = 0; layout < 3; ++layout)
+      for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+        g_shift = layout == 1 ? 1 : 0;
+        Mirror<float> g32(g, layout == 0 ? 0 : 1);
+        Mirror<std::uint16_t> g16(grads16(g, gt), layout == 0 ? 0 : 1);
+        const void* hg = gt == DType::f32 ? static_cast<const void*>(g32.host.data())
+                                          : static_cast<const void*>(g16.host.data());
+        const void* dg = gt == DType::f32 ? static_cast<const void*>(g32.dev)
+                                          : static_cast<const void*>(g16.dev);
+        for (int out = 0; out < 3; ++out) {
+          const DType ot = out == 2 ? DType::f16 : DType::bf16;
+          const double grad_mul = out == 1 ? 0.5 : 1.0;
+          for (int mode = 0; mode < 8; ++mode) {
+            const std::string where = "n " + std::to_string(n) + " layout " +
+                                      std::to_string(layout) + " grad " + dtype_name(gt) + " out " +
+                                      std::to_string(out) + " mode " + std::to_string(mode);
+            const bool maximize = (mode + out) % 2 == 1;
+            {  // SGD, steps 1 and 2
+              Mirror<float> p(uniform(n, rng, -1, 1)), buf(uniform(n, rng, -0.1f, 0.1f));
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              const bool mom = mode & 1;
+              for (std::int64_t step : {1, 2}) {
+                const auto s =
+                    kernels::make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
+                                              mom && (mode & 4), maximize, step, grad_mul);
+                kernels::SgdBuffers b{p.host.data(),
                                       hg,
                                       gt,
-                                      sq.host.data(),
-                                      centered ? ga.host.data() : nullptr,
                                       mom ? buf.host.data() : nullptr,
                                       out ? o.host.data() : nullptr,
                                       ot,
                                       n};
-            kernels::reference::rmsprop(b, s);
-            b.param = p.dev;
-            b.grad = dg;
-            b.square_avg = sq.dev;
-            b.grad_avg = centered ? ga.dev : nullptr;
-            b.momentum_buffer = mom ? buf.dev : nullptr;
-            b.param_out = out ? o.dev : nullptr;
-            kernels::cuda::rmsprop(b, s, nullptr);
-            check(p.same() && sq.same() && ga.same() && buf.same() && o.same(), "RMSprop " + where);
+                kernels::reference::sgd(b, s);
+                b.param = p.dev;
+                b.grad = dg;
+                b.momentum_buffer = mom ? buf.dev : nullptr;
+                b.param_out = out ? o.dev : nullptr;
+                kernels::cuda::sgd(b, s, nullptr);
+              }
+              check(p.same() && buf.same() && o.same(), "SGD " + where);
+            }
+            if (mode < 2) {  // Adagrad
+              Mirror<float> p(uniform(n, rng, -1, 1)), sum(uniform(n, rng, 0, 0.1f));
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
+                                                           maximize, 3, grad_mul);
+              kernels::AdagradBuffers b{
+                  p.host.data(), hg, gt, sum.host.data(), out ? o.host.data() : nullptr, ot, n};
+              kernels::reference::adagrad(b, s);
+              b.param = p.dev;
+              b.grad = dg;
+              b.sum = sum.dev;
+              b.param_out = out ? o.dev : nullptr;
+              kernels::cuda::adagrad(b, s, nullptr);
+              check(p.same() && sum.same() && o.same(), "Adagrad " + where);
+            }
+            if (mode < 2) {  // Lion
+              Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f));
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              const auto s =
+                  kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
+              kernels::LionBuffers b{
+                  p.host.data(), hg, gt, m.host.data(), out ? o.host.data() : nullptr, ot, n};
+              kernels::reference::lion(b, s);
+              b.param = p.dev;
+              b.grad = dg;
+              b.exp_avg = m.dev;
+              b.param_out = out ? o.dev : nullptr;
+              kernels::cuda::lion(b, s, nullptr);
+              check(p.same() && m.same() && o.same(), "Lion " + where);
+            }
+            if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
+              Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f)),
+                  v(uniform(n, rng, 0, 0.01f)), r(std::vector<float>(n, 0.0f));
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              const auto s = kernels::make_lamb_scalars(0.9, 0.999, 1e-6, mode ? 0.01 : 0.0,
+                                                        maximize, 3, grad_mul);
+              kernels::LambBuffers b{p.host.data(), hg, gt, m.host.data(), v.host.data(),
+                                     r.host.data(), n};
+              const auto hn = kernels::reference::lamb_direction(b, s);
+              b.param = p.dev;
+              b.grad = dg;
+              b.exp_avg = m.dev;
+              b.exp_avg_sq = v.dev;
+              b.update = r.dev;
+              const auto dn = kernels::cuda::lamb_direction(b, s, nullptr);
+              check(hn.param_sq == dn.param_sq && hn.update_sq == dn.update_sq &&
+                        hn.grads_finite == dn.grads_finite,
+                    "LAMB norms " + where);
+              kernels::LambApplyBuffers a{p.host.data(), r.host.data(),
+                                          out ? o.host.data() : nullptr, ot, n};
+              kernels::reference::lamb_apply(a, -0.0123f);
+              a.param = p.dev;
+              a.update = r.dev;
+              a.param_out = out ? o.dev : nullptr;
+              kernels::cuda::lamb_apply(a, -0.0123f, nullptr);
+              check(p.same() && m.same() && v.same() && r.same() && o.same(), "LAMB " + where);
+            }
+            {  // RMSprop
+              Mirror<float> p(uniform(n, rng, -1, 1)), sq(uniform(n, rng, 0.5f, 1)),
+                  ga(uniform(n, rng, -0.1f, 0.1f)), buf(uniform(n, rng, -0.1f, 0.1f));
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              const bool centered = mode & 1, mom = mode & 2;
+              const auto s =
+                  kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
+                                                mom ? 0.9 : 0.0, centered, maximize, grad_mul);
+              kernels::RmspropBuffers b{p.host.data(),
+                                        hg,
+                                        gt,
+                                        sq.host.data(),
+                                        centered ? ga.host.data() : nullptr,
+                                        mom ? buf.host.data() : nullptr,
+                                        out ? o.host.data() : nullptr,
+                                        ot,
+                                        n};
+              kernels::reference::rmsprop(b, s);
+              b.param = p.dev;
+              b.grad = dg;
+              b.square_avg = sq.dev;
+              b.grad_avg = centered ? ga.dev : nullptr;
+              b.momentum_buffer = mom ? buf.dev : nullptr;
+              b.param_out = out ? o.dev : nullptr;
+              kernels::cuda::rmsprop(b, s, nullptr);
+              check(p.same() && sq.same() && ga.same() && buf.same() && o.same(),
+                    "RMSprop " + where);
+            }
           }
         }
       }
-    }
   }
   // Through the functional API: device buffers run on the device, and agree
   // with the host step.
+  g_shift = 0;
   const std::size_t n = 4097;
   std::mt19937 rng2(5);
   const std::vector<float> g = uniform(n, rng2, -1, 1);
