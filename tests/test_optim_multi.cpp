@@ -285,6 +285,41 @@ TEST_CASE("List steps report non-finite gradients of any tensor and step all the
   }
 }
 
+TEST_CASE("List steps with skip_nonfinite skip the whole list on one non-finite gradient",
+          "[optim][multi]") {
+  const std::vector<Spec> specs = {{7, Storage::fp32, DType::f32},
+                                   {1000, Storage::fp32_copy, DType::bf16},
+                                   {5, Storage::remainders, DType::f16}};
+  StepOptions skip;
+  skip.skip_nonfinite = true;
+  for (const Case& c : cases()) {
+    INFO(c.name);
+    for (std::size_t bad = 0; bad < specs.size(); ++bad) {
+      std::vector<Tensor> ts = make(specs, c.state_init), before = make(specs, c.state_init);
+      for (std::vector<Tensor>* x : {&ts, &before}) {
+        Tensor& t = (*x)[bad];
+        t.g.f32.back() = std::numeric_limits<float>::quiet_NaN();
+        t.g.bf16.back() = bf16_from_float(std::numeric_limits<float>::quiet_NaN());
+        t.g.f16.back() = f16_from_float(-std::numeric_limits<float>::infinity());
+      }
+      ListArgs args(ts, c.states, true, false);
+      const StepResult r = c.list(args.params, args.grads, args.states, 1, skip, args.outs);
+      INFO("non-finite gradient in tensor " << bad);
+      CHECK_FALSE(r.grads_finite);
+      CHECK_FALSE(r.applied);
+      for (std::size_t i = 0; i < specs.size(); ++i) CHECK(ts[i].same(before[i]));
+    }
+    // Finite gradients: the step is applied, bitwise as without the option.
+    std::vector<Tensor> with = make(specs, c.state_init), without = make(specs, c.state_init);
+    ListArgs a(with, c.states, true, false), b(without, c.states, true, false);
+    const StepResult r = c.list(a.params, a.grads, a.states, 1, skip, a.outs);
+    CHECK(r.applied);
+    CHECK(r.grads_finite);
+    c.list(b.params, b.grads, b.states, 1, StepOptions{}, b.outs);
+    for (std::size_t i = 0; i < specs.size(); ++i) CHECK(with[i].same(without[i]));
+  }
+}
+
 TEST_CASE("List steps: every error names the tensor and changes nothing", "[optim][multi]") {
   const std::vector<Spec> specs = {{7, Storage::fp32, DType::f32},
                                    {5, Storage::fp32_copy, DType::bf16},

@@ -143,15 +143,16 @@ void launch(const char* kernel, const B& b, const S& s, std::size_t n, unsigned*
   if (n == 0) return;
   // Elements over plain pointers (the finiteness check) have no buffer list:
   // the scalar kernel.
-  int head = -1;
-  if constexpr (requires(B & x) { x.each_buffer([](auto&&...) {}); })
-    head = kernels::detail::vector_head<Loop>(b, s);
-  if (head >= 0 && n >= static_cast<std::size_t>(head) + 4) {
-    const std::size_t groups = (n - static_cast<std::size_t>(head)) / 4;
-    vector_kernel<Loop><<<grid_for(groups, kernel), kThreads, 0, stream>>>(b, s, n, head, flag);
-  } else {
-    elementwise_kernel<Loop><<<grid_for(n, kernel), kThreads, 0, stream>>>(b, s, n, flag);
+  if constexpr (requires(B & x) { x.each_buffer([](auto&&...) {}); }) {
+    const int head = kernels::detail::vector_head<Loop>(b, s);
+    if (head >= 0 && n >= static_cast<std::size_t>(head) + 4) {
+      const std::size_t groups = (n - static_cast<std::size_t>(head)) / 4;
+      vector_kernel<Loop><<<grid_for(groups, kernel), kThreads, 0, stream>>>(b, s, n, head, flag);
+      check(cudaGetLastError(), kernel, "launching");
+      return;
+    }
   }
+  elementwise_kernel<Loop><<<grid_for(n, kernel), kThreads, 0, stream>>>(b, s, n, flag);
   check(cudaGetLastError(), kernel, "launching");
 }
 

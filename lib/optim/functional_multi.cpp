@@ -33,6 +33,22 @@ void check_like_single(const StepOptions& extra, Single&& single) {
   single(none);
 }
 
+// Runs a list step where its buffers live, through the skip rule of the
+// single steps: with StepOptions::skip_nonfinite every tensor's gradients
+// are checked first, and one non-finite gradient anywhere skips the whole
+// list, writing nothing.
+template <class Host, class Device>
+StepResult run_list(const char* opt, const detail::MemoryLocation& where,
+                    std::span<const GradView> grads, const StepOptions& extra, Host&& host,
+                    Device&& device) {
+  if (extra.skip_nonfinite) {
+    for (const GradView& g : grads)
+      if (!detail::grads_finite_at(opt, where, g, extra.grad_mul, extra.stream))
+        return {.grads_finite = false, .applied = false};
+  }
+  return {.grads_finite = detail::run_at(opt, where, host, device), .applied = true};
+}
+
 // The lists' lengths, each tensor's name in messages and its StepOptions.
 class TensorList {
  public:
@@ -188,8 +204,8 @@ StepResult adam_list(const char* opt, bool decoupled, std::span<const ParamView>
   const kernels::AdamScalars s =
       kernels::make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay,
                                  decoupled, o.amsgrad, o.maximize, step, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] { return each_tensor(buffers, [&](const auto& b) { return kernels::cpu::adam(b, s); }); },
       [&] {
         return kernels::cuda::adam(std::span<const kernels::AdamBuffers>(buffers), s, extra.stream);
@@ -248,8 +264,8 @@ StepResult sgd(std::span<const ParamView> params, std::span<const GradView> grad
   }
   const kernels::SgdScalars s = kernels::make_sgd_scalars(
       o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize, step, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] { return each_tensor(buffers, [&](const auto& b) { return kernels::cpu::sgd(b, s); }); },
       [&] {
         return kernels::cuda::sgd(std::span<const kernels::SgdBuffers>(buffers), s, extra.stream);
@@ -288,8 +304,8 @@ StepResult adagrad(std::span<const ParamView> params, std::span<const GradView> 
   }
   const kernels::AdagradScalars s = kernels::make_adagrad_scalars(
       o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize, step, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] {
         return each_tensor(buffers, [&](const auto& b) { return kernels::cpu::adagrad(b, s); });
       },
@@ -342,8 +358,8 @@ StepResult rmsprop(std::span<const ParamView> params, std::span<const GradView> 
   }
   const kernels::RmspropScalars s = kernels::make_rmsprop_scalars(
       o.lr, o.alpha, o.eps, o.weight_decay, o.momentum, o.centered, o.maximize, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] {
         return each_tensor(buffers, [&](const auto& b) { return kernels::cpu::rmsprop(b, s); });
       },
@@ -384,8 +400,8 @@ StepResult lion(std::span<const ParamView> params, std::span<const GradView> gra
   }
   const kernels::LionScalars s = kernels::make_lion_scalars(
       o.lr, o.betas.first, o.betas.second, o.weight_decay, o.maximize, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] { return each_tensor(buffers, [&](const auto& b) { return kernels::cpu::lion(b, s); }); },
       [&] {
         return kernels::cuda::lion(std::span<const kernels::LionBuffers>(buffers), s, extra.stream);
@@ -440,8 +456,8 @@ StepResult lamb(std::span<const ParamView> params, std::span<const GradView> gra
   }
   const kernels::LambScalars s = kernels::make_lamb_scalars(
       o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step, extra.grad_mul);
-  return detail::run_where(
-      opt, location.where(),
+  return run_list(
+      opt, location.where(), grads, extra,
       [&] {
         bool finite = true;
         for (std::size_t i = 0; i < list.size(); ++i) {
