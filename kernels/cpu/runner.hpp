@@ -2,10 +2,10 @@
 // and the run-time choice of the vector unit (AVX-512, AVX2 or the x86-64
 // baseline: one binary for every node type), shared by the CPU kernels.
 // The optimizers' kernels run Loop::range(b, s, begin, end), an
-// always-inline loop compiled once per vector unit; loops over 16-bit
-// gradients or with a 16-bit parameter copy run in blocks staged through
-// fp32 (see range_staged). The other kernels split the range with
-// for_slices. Included by .cpp files only.
+// always-inline loop compiled once per vector unit; loops over f16
+// gradients or with an f16 parameter copy (and bf16 where a loop does not
+// vectorize it) run in blocks staged through fp32 (see range_staged). The other kernels split the
+// range with for_slices. Included by .cpp files only.
 #pragma once
 
 #include <omp.h>
@@ -25,7 +25,7 @@ namespace shardopt::kernels::cpu::detail {
 // whole page at once stalls on memory with the hardware prefetcher idle).
 // A loop whose ranges must start on a coarser grid says so in
 // Loop::stage_block (LAMB's direction pass: whole norm blocks).
-inline constexpr std::size_t kStageBlock = 256;
+inline constexpr std::size_t kStageBlock = 128;
 template <class Loop>
 constexpr std::size_t stage_block() {
   if constexpr (requires { Loop::stage_block; })
@@ -56,16 +56,29 @@ B& buffers_of(B& b) {
 
 // Whether Loop reads 16-bit gradients or writes a 16-bit parameter copy
 // (not parameter remainders: their bf16 halves are read and written as they are).
+// Whether Loop's own loop vectorizes bf16 gradients and copies (a shift in,
+// integer rounding out): then bf16 is not staged, which would only add the
+// block's extra passes. Loops say otherwise in Loop::direct_bf16.
 template <class Loop>
-inline constexpr bool stage_grad = !std::is_same_v<typename Loop::Grad, float>;
+constexpr bool direct_bf16() {
+  if constexpr (requires { Loop::direct_bf16; })
+    return Loop::direct_bf16;
+  else
+    return true;
+}
 template <class Loop>
-inline constexpr bool stage_copy = std::is_same_v<typename Loop::Storage, MasterParams<bfloat16>> ||
-                                   std::is_same_v<typename Loop::Storage, MasterParams<float16>>;
+inline constexpr bool stage_grad = std::is_same_v<typename Loop::Grad, float16> ||
+                                   (std::is_same_v<typename Loop::Grad, bfloat16> &&
+                                    !direct_bf16<Loop>());
+template <class Loop>
+inline constexpr bool stage_copy =
+    std::is_same_v<typename Loop::Storage, MasterParams<float16>> ||
+    (std::is_same_v<typename Loop::Storage, MasterParams<bfloat16>> && !direct_bf16<Loop>());
 
-// Runs Loop over [begin, end) in blocks of kStageBlock: 16-bit gradients are
-// converted into an fp32 block first, the new parameters' 16-bit copy is
-// written to an fp32 block and converted after, and between the two the
-// loop runs over fp32 alone, which vectorizes as the fp32 step does. The
+// Runs Loop over [begin, end) in blocks of kStageBlock: staged 16-bit
+// gradients are converted into an fp32 block first, a staged 16-bit copy of
+// the new parameters is written to an fp32 block and converted after, and
+// between the two the loop vectorizes as the fp32 step does. The
 // element function sees the same values, so the results are bitwise those
 // of Loop::range.
 template <class Loop, Isa I, class B, class S>
@@ -73,7 +86,8 @@ template <class Loop, Isa I, class B, class S>
                                                 std::size_t end) {
   using Copy = typename Loop::Storage::Copy;
   using Inner = typename Loop::template Rebind<
-      float, std::conditional_t<stage_copy<Loop>, StagedCopyParams, typename Loop::Storage>>;
+      std::conditional_t<stage_grad<Loop>, float, typename Loop::Grad>,
+      std::conditional_t<stage_copy<Loop>, StagedCopyParams, typename Loop::Storage>>;
   constexpr std::size_t block = stage_block<Loop>();
   alignas(64) float grad[block];
   alignas(64) float copy[block];
