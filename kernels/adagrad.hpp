@@ -57,35 +57,17 @@ SHARDOPT_HOST_DEVICE inline bool adagrad_element(float& p, float g, float& sum,
   return finite;
 }
 
-// The buffers of one Adagrad step over n elements.
-//   param:     fp32 parameters (the master copy in mixed precision), read and written
-//   grad:      gradients of grad_type (f32, bf16 or f16), read
+// The buffers of one Adagrad step over n elements: StepBuffers'
+// (kernels/element.hpp) and
 //   sum:       the sum of squared gradients, read and written
-//   param_out: optional low-precision copy of the new parameters, of
-//              param_out_type (bf16 or f16), written; null for none
-//   remainder: optional 16-bit remainders (parameter remainders): when set,
-//              param is null and param_out holds the bf16 parameters themselves,
-//              read and written; the pair decodes to the fp32 master
-//              (decode_remainder, kernels/element.hpp)
-struct AdagradBuffers {
-  float* param = nullptr;
-  const void* grad = nullptr;
-  DType grad_type = DType::f32;
+struct AdagradBuffers : StepBuffers {
   float* sum = nullptr;
-  void* param_out = nullptr;
-  DType param_out_type = DType::bf16;
-  std::size_t n = 0;
-  std::uint16_t* remainder = nullptr;
 
   // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
+  // included: StepBuffers' and the states.
   template <class F>
   SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
-    f(param, 4, Access::read_write);
-    f(grad, grad_bytes(grad_type), Access::read);
-    f(sum, 4, Access::read_write);
-    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
-    f(remainder, 2, Access::read_write);
+    each_step_buffer(f, [&] { f(sum, 4, Access::read_write); });
   }
 };
 

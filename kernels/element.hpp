@@ -30,6 +30,39 @@ enum class Access : unsigned char { read, write, read_write };
 // dtype_size, usable in device code.
 SHARDOPT_HOST_DEVICE constexpr std::size_t grad_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
+// The buffers every element-wise step has; each optimizer's Buffers struct
+// (kernels/<name>.hpp) adds its states.
+//   param:      fp32 parameters (the master copy in mixed precision), read and written
+//   grad:       gradients of grad_type (f32, bf16 or f16), read
+//   param_out:  optional low-precision copy of the new parameters, of
+//               param_out_type (bf16 or f16), written; null for none
+//   remainder:  optional 16-bit remainders (parameter remainders): when set,
+//               param is null and param_out holds the bf16 parameters themselves,
+//               read and written; the pair decodes to the fp32 master
+//               (decode_remainder, below)
+struct StepBuffers {
+  float* param = nullptr;
+  const void* grad = nullptr;
+  DType grad_type = DType::f32;
+  void* param_out = nullptr;
+  DType param_out_type = DType::bf16;
+  std::size_t n = 0;
+  std::uint16_t* remainder = nullptr;
+
+  // Calls f(pointer, bytes per element, access) on these buffers, null ones
+  // included, with states() (a step's own buffers) between grad and
+  // param_out: the body of each step's each_buffer (kernels/element.hpp:
+  // subrange; the CUDA kernels' vector loads).
+  template <class F, class States>
+  SHARDOPT_HOST_DEVICE constexpr void each_step_buffer(F&& f, States&& states) {
+    f(param, 4, Access::read_write);
+    f(grad, grad_bytes(grad_type), Access::read);
+    states();
+    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
+    f(remainder, 2, Access::read_write);
+  }
+};
+
 // Converts a stored gradient to float.
 SHARDOPT_HOST_DEVICE inline float load_grad(const float* g, std::size_t i) { return g[i]; }
 SHARDOPT_HOST_DEVICE inline float load_grad(const bfloat16* g, std::size_t i) {

@@ -69,37 +69,19 @@ SHARDOPT_HOST_DEVICE inline bool sgd_element(float& p, float g, float* buf, cons
   return finite;
 }
 
-// The buffers of one SGD step over n elements.
-//   param:           fp32 parameters (the master copy in mixed precision), read and written
-//   grad:            gradients of grad_type (f32, bf16 or f16), read
+// The buffers of one SGD step over n elements: StepBuffers'
+// (kernels/element.hpp) and
 //   momentum_buffer: read and written when momentum != 0; only written on the first step
-//   param_out:       optional low-precision copy of the new parameters, of
-//                    param_out_type (bf16 or f16), written; null for none
-//   remainder:       optional 16-bit remainders (parameter remainders): when set,
-//                    param is null and param_out holds the bf16 parameters themselves,
-//                    read and written; the pair decodes to the fp32 master
-//                    (decode_remainder, kernels/element.hpp)
-struct SgdBuffers {
-  float* param = nullptr;
-  const void* grad = nullptr;
-  DType grad_type = DType::f32;
+struct SgdBuffers : StepBuffers {
   float* momentum_buffer = nullptr;
-  void* param_out = nullptr;
-  DType param_out_type = DType::bf16;
-  std::size_t n = 0;
-  std::uint16_t* remainder = nullptr;
 
   // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included (kernels/element.hpp: subrange; the CUDA kernels' vector loads).
+  // included: StepBuffers' and the states.
   // The momentum buffer is only written on a step with momentum's first step
   // (SgdLoop::each_buffer passes `momentum` = Access::write then).
   template <class F>
   SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f, Access momentum = Access::read_write) {
-    f(param, 4, Access::read_write);
-    f(grad, grad_bytes(grad_type), Access::read);
-    f(momentum_buffer, 4, momentum);
-    f(param_out, 2, remainder != nullptr ? Access::read_write : Access::write);
-    f(remainder, 2, Access::read_write);
+    each_step_buffer(f, [&] { f(momentum_buffer, 4, momentum); });
   }
 };
 
