@@ -113,13 +113,8 @@ int main() {
                 const auto s =
                     kernels::make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
                                               mom && (mode & 4), maximize, step, grad_mul);
-                kernels::SgdBuffers b{p.host.data(),
-                                      hg,
-                                      gt,
-                                      mom ? buf.host.data() : nullptr,
-                                      out ? o.host.data() : nullptr,
-                                      ot,
-                                      n};
+                kernels::SgdBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
+                                      mom ? buf.host.data() : nullptr};
                 kernels::reference::sgd(b, s);
                 b.param = p.dev;
                 b.grad = dg;
@@ -135,7 +130,7 @@ int main() {
               const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
                                                            maximize, 3, grad_mul);
               kernels::AdagradBuffers b{
-                  p.host.data(), hg, gt, sum.host.data(), out ? o.host.data() : nullptr, ot, n};
+                  {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n}, sum.host.data()};
               kernels::reference::adagrad(b, s);
               b.param = p.dev;
               b.grad = dg;
@@ -149,8 +144,8 @@ int main() {
               Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
               const auto s =
                   kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
-              kernels::LionBuffers b{
-                  p.host.data(), hg, gt, m.host.data(), out ? o.host.data() : nullptr, ot, n};
+              kernels::LionBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
+                                     m.host.data()};
               kernels::reference::lion(b, s);
               b.param = p.dev;
               b.grad = dg;
@@ -194,15 +189,11 @@ int main() {
               const auto s =
                   kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
                                                 mom ? 0.9 : 0.0, centered, maximize, grad_mul);
-              kernels::RmspropBuffers b{p.host.data(),
-                                        hg,
-                                        gt,
-                                        sq.host.data(),
-                                        centered ? ga.host.data() : nullptr,
-                                        mom ? buf.host.data() : nullptr,
-                                        out ? o.host.data() : nullptr,
-                                        ot,
-                                        n};
+              kernels::RmspropBuffers b{
+                  {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
+                  sq.host.data(),
+                  centered ? ga.host.data() : nullptr,
+                  mom ? buf.host.data() : nullptr};
               kernels::reference::rmsprop(b, s);
               b.param = p.dev;
               b.grad = dg;
