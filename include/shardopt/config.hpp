@@ -26,6 +26,7 @@ struct Settings {
   std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
   bool check_args = false;                  // SHARDOPT_CHECK_ARGS
   CpuIsa cpu_isa = CpuIsa::avx512;          // SHARDOPT_CPU_ISA (avx512: no cap)
+  double bucket_mb = 25.0;                  // SHARDOPT_BUCKET_MB
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -12,3 +12,4 @@
 #include "shardopt/optim.hpp"
 #include "shardopt/types.hpp"
 #include "shardopt/version.hpp"
+#include "shardopt/zero.hpp"

@@ -121,6 +121,19 @@ const VarSpec kVars[] = {
          return false;
        return true;
      }},
+    {"SHARDOPT_BUCKET_MB", "25", "a number of MiB > 0 and <= 65536, e.g. 25 or 0.5",
+     "The size of the ZeRO engine's gradient buckets (of reduced gradients) when "
+     "ZeroOptions::bucket_mb is 0: larger buckets mean fewer, larger messages; smaller ones "
+     "start the reduction sooner in the backward pass and need less scratch memory.",
+     [](Settings& s, const std::string& v) {
+       char* end = nullptr;
+       errno = 0;
+       const double mb = std::strtod(v.c_str(), &end);
+       if (errno != 0 || end == v.c_str() || *end != '\0' || !(mb > 0.0) || mb > 65536.0)
+         return false;
+       s.bucket_mb = mb;
+       return true;
+     }},
 };
 
 }  // namespace

@@ -1,0 +1,303 @@
+// shardopt: the ZeRO engine. A distributed optimizer over the user's own
+// parameter and gradient buffers that keeps every rank's parameters
+// identical while the optimizer state (stage 1) and the gradients (stage 2)
+// are sharded across the ranks of a Communicator.
+//
+//   stage 0 (DistributedOptimizer): gradients allreduced in buckets, every
+//           rank holds the whole optimizer state and updates everything.
+//   stage 1: gradients allreduced as in stage 0; each rank holds the fp32
+//           master weights and optimizer state of its shard only, updates
+//           its shard, and the new parameters are allgathered.
+//   stage 2: gradients reduce-scattered in buckets as they become ready, so
+//           each rank keeps only its shard of them (an fp32 accumulator);
+//           update and allgather as in stage 1.
+//
+// The three stages reduce with the same operations (a reduce-scatter per
+// bucket; stages 0 and 1 then allgather the reduced gradients), so at the
+// same rank count they give bitwise the same parameters. docs/zero.md
+// describes the layout, the memory per rank, and when to pick which.
+//
+// Host memory. Every member function documents whether it is collective
+// (every rank of the communicator calls it, in the same order) or local.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/export.h"
+#include "shardopt/optim.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+
+// One parameter, registered from the user's buffers. The optimizer reads
+// `data` at construction (the initial values of the master weights) and
+// writes it in every step; it never frees either buffer, which must stay
+// valid for the optimizer's lifetime.
+struct Param {
+  std::string name;          // unique among the parameters
+  void* data = nullptr;      // numel elements of dtype
+  std::size_t numel = 0;     // 0 is allowed (the parameter takes no room)
+  DType dtype = DType::f32;  // f32, bf16 or f16; the same for every parameter
+  // The gradient: numel elements of dtype, written by the user's backward
+  // pass. Null: the optimizer allocates it (see grad()), as one flat
+  // buffer laid out by buckets, so no gradient is ever packed.
+  void* grad = nullptr;
+  int group = 0;  // index into the optimizer's parameter groups
+};
+
+// What a custom element-wise optimizer receives: a run of consecutive
+// elements of one parameter, all of one group.
+struct CustomStep {
+  std::span<float> params;             // fp32 values to update (the master weights)
+  std::span<const float> grads;        // reduced, averaged, unscaled and clipped
+  std::span<std::span<float>> states;  // one per state slot, zero before step 1
+  std::int64_t step = 0;               // steps applied so far, this one included
+  int group = 0;
+};
+
+// A user-supplied element-wise optimizer: `update` must compute each
+// element from that element alone (params, grads and its state slots),
+// since shards cut through parameters.
+struct CustomOptimizer {
+  std::string name = "custom";           // part of the layout fingerprint
+  std::vector<std::string> state_names;  // one fp32 state per element each
+  double lr = 1e-3;                      // passed through set_lr(); read it in update
+  std::function<void(const CustomStep&, double lr)> update;
+};
+
+// The optimizer of a parameter group, with its hyper-parameters.
+using OptimizerConfig =
+    std::variant<SGD, Adam, AdamW, Adagrad, RMSprop, Lion, Lamb, CustomOptimizer>;
+
+// How gradients are combined across ranks.
+enum class GradReduction : int {
+  avg = 0,  // the mean over ranks, as DistributedDataParallel
+  sum = 1,  // the sum
+};
+
+// Dynamic loss scaling for fp16 (and bf16) training. Multiply the loss by
+// loss_scale() before the backward pass; step() unscales the gradients in
+// the fused update, skips the step on every rank when any rank saw an inf
+// or nan (the master weights and optimizer state stay untouched), and
+// adapts the scale: after `hysteresis` consecutive overflowing steps it is
+// multiplied by backoff_factor; after growth_interval steps in a row without
+// overflow, by growth_factor. Defaults of torch.amp.GradScaler.
+struct LossScaler {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int growth_interval = 2000;
+  int hysteresis = 1;
+  double min_scale = 1.0;  // the scale never backs off below this
+};
+
+struct ZeroOptions {
+  int stage = 1;  // 0, 1 or 2
+  // Gradient bucket size in MiB (of reduced gradients). 0 takes
+  // SHARDOPT_BUCKET_MB (default 25).
+  double bucket_mb = 0.0;
+  GradReduction reduction = GradReduction::avg;
+  // Gradients are multiplied by 1 / predivide_factor before the reduction
+  // (and the average finished after it), against fp16 overflow in the sum.
+  double predivide_factor = 1.0;
+  // Reduce 16-bit gradients in fp32 (twice the traffic, no rounding per
+  // combination).
+  bool reduce_in_fp32 = false;
+  // bf16 parameters: keep the fp32 master as a 16-bit remainder beside the
+  // bf16 parameters instead of a separate fp32 copy (docs/optimizers.md).
+  bool param_remainders = false;
+  std::optional<LossScaler> loss_scaler = std::nullopt;
+};
+
+// What step() did.
+struct StepInfo {
+  bool applied = true;       // false: skipped (non-finite gradients with a loss scaler)
+  bool grads_finite = true;  // agreed across ranks (checked with a loss scaler only)
+  double grad_norm = -1.0;   // the norm clip_grad_norm() returned this step; -1 if not called
+  double loss_scale = 1.0;   // the scale of this step's gradients (1 without a scaler)
+  std::int64_t step = 0;     // steps applied so far
+  // Wall seconds of this call's phases on this rank: finishing the gradient
+  // reduction (waits included), the update (norm, checks, fused kernels),
+  // and the allgather of the parameters (stages 1 and 2).
+  double reduce_seconds = 0.0;
+  double update_seconds = 0.0;
+  double gather_seconds = 0.0;
+};
+
+// Bytes this rank allocated, by category, and the user's buffers the
+// optimizer works on (not allocated by shardopt), for comparison with the
+// ZeRO formula (docs/zero.md).
+struct MemoryReport {
+  std::size_t master_params = 0;    // fp32 master weights (or remainders)
+  std::size_t optimizer_state = 0;  // moments, momentum buffers, ...
+  std::size_t grad_shard = 0;       // stage 2: the fp32 gradient shard
+  std::size_t reduced_grads = 0;    // full fp32 gradients (reduce_in_fp32, 16-bit, stages 0/1)
+  std::size_t owned_grads = 0;      // gradient buffers the optimizer owns (Param::grad null)
+  std::size_t buckets = 0;          // communication buckets and scratch
+  std::size_t user_params = 0;      // the registered parameter buffers
+  std::size_t user_grads = 0;       // registered gradient buffers (not owned ones)
+  // Everything shardopt allocated.
+  std::size_t allocated() const noexcept {
+    return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets;
+  }
+};
+
+// The memory per rank of the ZeRO paper for psi parameters of `dtype` on
+// `ranks` ranks with state_bytes optimizer-state bytes per parameter (Adam:
+// 8): model parameters and gradients (dtype), fp32 master weights for 16-bit
+// dtypes, the state, and in stage 2 shardopt's fp32 gradient shard (the
+// paper counts a 16-bit one). Mixed-precision Adam: stage 0: 16 psi,
+// stage 1: 4 psi + 12 psi / N, stage 2: 2 psi + 16 psi / N. Buckets are not
+// included. Local.
+SHARDOPT_API double zero_memory_formula(int stage, double psi, int ranks, DType dtype,
+                                        double state_bytes);
+
+// One run of consecutive elements of one parameter that this rank owns.
+struct ShardRange {
+  std::size_t param = 0;   // index of the parameter
+  std::size_t offset = 0;  // first element within the parameter
+  std::size_t count = 0;
+  std::size_t shard_offset = 0;  // position in this rank's state buffers
+};
+
+namespace detail {
+class ZeroEngine;
+}
+
+class SHARDOPT_API ZeroRedundancyOptimizer {
+ public:
+  // Collective over comm. Registers the parameters (in this order, the same
+  // on every rank), allocates every buffer once, and agrees on the layout
+  // across ranks: every rank must pass the same parameters (names, sizes,
+  // dtypes, groups), the same optimizer kind and hyper-parameters, and the
+  // same options. On any difference, or a bad argument on any rank, every
+  // rank throws the same error naming the first difference (a
+  // LayoutMismatch error, ErrorCode::layout_mismatch) or the bad argument.
+  // `groups[g]` is the optimizer of parameter group g; every group uses the
+  // same kind of optimizer. The communicator must outlive the optimizer.
+  ZeroRedundancyOptimizer(Communicator& comm, std::vector<Param> params,
+                          std::vector<OptimizerConfig> groups, ZeroOptions options = {});
+  // One group.
+  ZeroRedundancyOptimizer(Communicator& comm, std::vector<Param> params, OptimizerConfig optimizer,
+                          ZeroOptions options = {});
+  ZeroRedundancyOptimizer(ZeroRedundancyOptimizer&&) noexcept;
+  ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer&&) noexcept;
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+  // Waits for any communication still in flight. Never throws.
+  virtual ~ZeroRedundancyOptimizer();
+
+  // Local (waits for reductions in flight): zeroes every gradient buffer
+  // (registered or owned) and discards what was marked ready or reduced
+  // since the last step, micro-batches reduced into the stage-2 shard
+  // included.
+  void zero_grad();
+
+  // Local (communication may start): parameter i's gradient is complete
+  // for this micro-batch. In stage 2 its bucket is reduce-scattered,
+  // without blocking, as soon as the bucket is full; buckets start in
+  // descending order (the order of a backward pass over parameters
+  // registered in forward order), so a bucket waits for those after it.
+  // Until step() or reduce_gradients() returns, the gradient buffer must
+  // not change. Marking no parameter ready is fine: step() then reduces
+  // everything at once. Marking some but not all is an error, on every
+  // rank, at the next reduce_gradients(), clip_grad_norm() or step(), which
+  // lists the parameters never marked. Stages 0 and 1 reduce once per step:
+  // marking gradients after their reduction is an error.
+  void grad_ready(std::size_t i);
+  // As grad_ready(i), with the gradient in `grad` (numel elements of the
+  // parameter's dtype): it is copied into the parameter's gradient buffer
+  // (grad(i)) before the call returns, so the caller may reuse `grad`.
+  void grad_ready(std::size_t i, const void* grad);
+
+  // Collective: ends a micro-batch. Stage 2: reduces every gradient not
+  // reduced yet into the fp32 gradient shard, which sums the micro-batches,
+  // and zeroes the gradient buffers for the next micro-batch; call it after
+  // each micro-batch but the last, whose gradients step() (or
+  // clip_grad_norm()) reduces. Stages 0 and 1 reduce once per step, in
+  // place: accumulate micro-batches in the gradient buffers instead and let
+  // step() reduce them (calling this once before step() is allowed).
+  void reduce_gradients();
+
+  // Collective: finishes the reduction (as reduce_gradients() when a
+  // micro-batch is pending), computes the global L2 norm of the reduced,
+  // averaged, unscaled gradients from the shards (one small collective),
+  // and sets the clip coefficient max_norm / (norm + 1e-6) (at most 1) that
+  // the next step() applies inside its fused update. Returns the norm, as
+  // torch.nn.utils.clip_grad_norm_ does (inf or nan if a gradient is).
+  double clip_grad_norm(double max_norm);
+
+  // Collective: one optimizer step. Finishes the reduction, checks the
+  // gradients (with a loss scaler), runs the fused update on this rank's
+  // shard (stage 0: on everything) and allgathers the new parameters into
+  // every rank's parameter buffers. Afterwards every rank's parameters are
+  // identical. Gradient buffers: in stages 0 and 1 they hold the sums over
+  // ranks afterwards (of the predivided gradients; not averaged, not
+  // unscaled), except with reduce_in_fp32; otherwise they are as the user
+  // left them.
+  StepInfo step();
+
+  // The loss scale to multiply the loss by (1 without a loss scaler). Local.
+  double loss_scale() const;
+  // Steps applied so far. Local.
+  std::int64_t steps() const;
+  int stage() const;
+  std::size_t num_params() const;
+  const Param& param(std::size_t i) const;
+  // Parameter i's gradient buffer (the registered or the owned one). Local.
+  void* grad(std::size_t i);
+
+  // The hyper-parameters of group g; change them between steps (learning
+  // rate schedules), keeping the kind of optimizer and the same values on
+  // every rank. Local.
+  OptimizerConfig& param_group(int g);
+  int num_groups() const;
+  // Sets the learning rate of every group (or of group g). Local.
+  void set_lr(double lr, int group = -1);
+
+  // Inspection. The names of the fp32 state kept per element: "master"
+  // (the fp32 master weights; the parameters themselves for fp32), then the
+  // optimizer's ("exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+  // "momentum_buffer", "sum", "square_avg", "grad_avg", or a custom
+  // optimizer's state_names). Local.
+  std::vector<std::string> state_names() const;
+  // The runs of parameters whose state this rank holds (stage 0: all).
+  // Local.
+  std::span<const ShardRange> owned_ranges() const;
+  // Collective: the whole of state `name` of parameter i, gathered from the
+  // shards onto every rank. Throws InvalidArgument for an unknown name.
+  std::vector<float> gather_state(std::string_view name, std::size_t i) const;
+  // Collective: every state of parameter i by name, each gathered as by
+  // gather_state() (torch's optimizer.state[p]; the step count is steps()).
+  std::map<std::string, std::vector<float>> state(std::size_t i) const;
+
+  // Bytes allocated by category. Local.
+  MemoryReport memory_report() const;
+
+ protected:
+  std::unique_ptr<detail::ZeroEngine> engine_;
+};
+
+// Stage 0 under the name torch.distributed.optim users know: gradients
+// allreduced in buckets, the whole update on every rank. options.stage is
+// ignored (always 0).
+class SHARDOPT_API DistributedOptimizer : public ZeroRedundancyOptimizer {
+ public:
+  DistributedOptimizer(Communicator& comm, std::vector<Param> params,
+                       std::vector<OptimizerConfig> groups, ZeroOptions options = {});
+  DistributedOptimizer(Communicator& comm, std::vector<Param> params, OptimizerConfig optimizer,
+                       ZeroOptions options = {});
+};
+
+}  // namespace shardopt

@@ -1,0 +1,152 @@
+// shardopt: agreement across ranks for the ZeRO engine.
+#include "zero/agree.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/check.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+// Strings travel as fixed-size records of 32-bit words.
+constexpr std::size_t kRecordBytes = 4096;
+
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    if (k > 0) s += ", ";
+    s += std::to_string(ranks[k]);
+  }
+  return s;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> allgather_strings(Communicator& comm, const std::string& s) {
+  const std::size_t n = static_cast<std::size_t>(comm.size());
+  std::vector<std::int32_t> mine(kRecordBytes / 4, 0);
+  std::memcpy(mine.data(), s.data(), std::min(s.size(), kRecordBytes - 1));
+  std::vector<std::int32_t> all(n * mine.size());
+  comm.allgather(mine.data(), all.data(), mine.size(), DType::i32);
+  std::vector<std::string> out(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const char* c = reinterpret_cast<const char*>(all.data() + r * mine.size());
+    out[r] = std::string(c, strnlen(c, kRecordBytes));
+  }
+  return out;
+}
+
+void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCode code,
+                    const char* hint) {
+  std::int64_t failed = local_error.empty() ? 0 : 1;
+  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
+  if (failed == 0) return;
+  const std::string record = local_error.empty()
+                                 ? std::string()
+                                 : std::to_string(static_cast<int>(code)) + ":" + local_error;
+  const std::vector<std::string> all = allgather_strings(comm, record);
+  std::vector<std::pair<std::string, std::vector<int>>> distinct;
+  ErrorCode first_code = code;
+  bool have_code = false;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    const std::size_t colon = all[r].find(':');
+    if (!have_code) {
+      first_code = static_cast<ErrorCode>(std::stoi(all[r].substr(0, colon)));
+      have_code = true;
+    }
+    const std::string msg = all[r].substr(colon + 1);
+    auto it = std::find_if(distinct.begin(), distinct.end(),
+                           [&](const auto& d) { return d.first == msg; });
+    if (it == distinct.end())
+      distinct.push_back({msg, {static_cast<int>(r)}});
+    else
+      it->second.push_back(static_cast<int>(r));
+  }
+  std::string message;
+  for (const auto& [msg, ranks] : distinct) {
+    if (!message.empty()) message += "; ";
+    message += "on " + ranks_list(ranks) + ": " + msg;
+  }
+  throw_error(first_code, message, hint, __FILE__, __LINE__);
+}
+
+std::int64_t fingerprint(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h);
+}
+
+bool all_equal(Communicator& comm, const std::vector<std::int64_t>& values) {
+  return first_unequal(comm, values) < 0;
+}
+
+std::int64_t min_over_ranks(Communicator& comm, std::int64_t value) {
+  comm.allreduce(&value, &value, 1, DType::i64, ReduceOp::min);
+  return value;
+}
+
+std::int64_t first_unequal(Communicator& comm, const std::vector<std::int64_t>& values) {
+  std::vector<std::int64_t> lo(values), hi(values);
+  comm.allreduce(lo.data(), lo.data(), lo.size(), DType::i64, ReduceOp::min);
+  comm.allreduce(hi.data(), hi.data(), hi.size(), DType::i64, ReduceOp::max);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (lo[i] != hi[i]) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+std::string first_difference(Communicator& comm, const std::string& desc, const char* noun) {
+  const std::vector<std::string> all = allgather_strings(comm, desc);
+  std::vector<std::vector<std::string>> split;
+  std::size_t longest = 0;
+  for (const auto& a : all) {
+    split.push_back(lines(a));
+    longest = std::max(longest, split.back().size());
+  }
+  for (std::size_t k = 0; k < longest; ++k) {
+    // Values of line k per rank, grouped.
+    std::vector<std::pair<std::string, std::vector<int>>> values;
+    std::string key;
+    for (std::size_t r = 0; r < split.size(); ++r) {
+      const std::string line = k < split[r].size() ? split[r][k] : "(missing)";
+      const std::size_t eq = line.find('=');
+      if (key.empty() && eq != std::string::npos) key = line.substr(0, eq);
+      const std::string value = eq == std::string::npos ? line : line.substr(eq + 1);
+      auto it = std::find_if(values.begin(), values.end(),
+                             [&](const auto& v) { return v.first == value; });
+      if (it == values.end())
+        values.push_back({value, {static_cast<int>(r)}});
+      else
+        it->second.push_back(static_cast<int>(r));
+    }
+    if (values.size() < 2) continue;
+    std::string s = std::string(noun) + " " + key + " is ";
+    for (std::size_t v = 0; v < values.size(); ++v) {
+      if (v > 0) s += " but ";
+      s += "'" + values[v].first + "' on " + ranks_list(values[v].second);
+    }
+    return s;
+  }
+  return "the descriptions differ beyond what can be shown";
+}
+
+std::string gather_first_nonempty(Communicator& comm, const std::string& s) {
+  for (const std::string& a : allgather_strings(comm, s))
+    if (!a.empty()) return a;
+  return {};
+}
+
+}  // namespace shardopt::detail

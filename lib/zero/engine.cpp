@@ -1,0 +1,375 @@
+// shardopt: the ZeRO engine's gradient reduction and parameter allgather.
+//
+// Every collective on comm_ is started in the same order on every rank:
+// reduce-scatters in descending bucket order (as buckets fill, or all at the
+// end), then the allgathers in ascending order. Decisions that could differ
+// between ranks (which gradients were marked ready) are agreed on ctl_, a
+// duplicate communicator, so they never interleave with the data traffic.
+#include "zero/engine.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.hpp"
+#include "zero/agree.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+// dst[k] = src[k] * mul, converting between f32, bf16 and f16.
+void convert(const std::byte* src, DType st, std::byte* dst, DType dt, std::size_t n, float mul) {
+  if (n == 0) return;
+  if (st == dt && mul == 1.0f) {
+    std::memcpy(dst, src, n * dtype_size(st));
+    return;
+  }
+  const auto load = [&](std::size_t k) -> float {
+    switch (st) {
+      case DType::bf16:
+        return to_float(reinterpret_cast<const bfloat16*>(src)[k]);
+      case DType::f16:
+        return to_float(reinterpret_cast<const float16*>(src)[k]);
+      default:
+        return reinterpret_cast<const float*>(src)[k];
+    }
+  };
+  switch (dt) {
+    case DType::bf16:
+      for (std::size_t k = 0; k < n; ++k)
+        reinterpret_cast<bfloat16*>(dst)[k] = bf16_from_float(load(k) * mul);
+      break;
+    case DType::f16:
+      for (std::size_t k = 0; k < n; ++k)
+        reinterpret_cast<float16*>(dst)[k] = f16_from_float(load(k) * mul);
+      break;
+    default:
+      for (std::size_t k = 0; k < n; ++k) reinterpret_cast<float*>(dst)[k] = load(k) * mul;
+  }
+}
+
+}  // namespace
+
+void ZeroEngine::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                           std::byte* buf) const {
+  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
+    const std::size_t s = std::max(lo, flat_[p]);
+    const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
+    if (s < e)
+      std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - flat_[p]) * elem_, (e - s) * elem_);
+  }
+}
+
+void ZeroEngine::from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                             const std::byte* buf) const {
+  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
+    const std::size_t s = std::max(lo, flat_[p]);
+    const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
+    if (s < e)
+      std::memcpy(user(p) + (s - flat_[p]) * elem_, buf + (s - b.begin) * elem_, (e - s) * elem_);
+  }
+}
+
+std::byte* ZeroEngine::user_grad(std::size_t param, std::size_t offset) const {
+  return grad_ptr_[param] + offset * elem_;
+}
+
+std::byte* ZeroEngine::user_param(const Segment& s) const {
+  return static_cast<std::byte*>(params_[s.param].data) + s.offset * elem_;
+}
+
+const Param& ZeroEngine::param(std::size_t i) const {
+  if (i >= params_.size())
+    throw_error(ErrorCode::invalid_argument,
+                "parameter index " + std::to_string(i) + " is out of range (" +
+                    std::to_string(params_.size()) + " parameters)",
+                "pass an index below num_params()", __FILE__, __LINE__);
+  return params_[i];
+}
+
+void* ZeroEngine::grad(std::size_t i) { return grad_ptr_[(param(i), i)]; }
+
+void ZeroEngine::discard_reduction() {
+  while (!flights_.empty()) {
+    complete(flights_.front());
+    flights_.pop_front();
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) b.ready = 0;
+  next_launch_ = buckets_.size();
+  marked_any_ = false;
+  micro_batches_ = 0;
+  reduced_once_ = false;
+  open_ = true;
+}
+
+void ZeroEngine::zero_grad() {
+  discard_reduction();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].numel > 0) std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+}
+
+void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
+  const Param& p = param(i);
+  if (opt_.stage < 2 && reduced_once_)
+    throw_error(ErrorCode::invalid_state,
+                "grad_ready(" + std::to_string(i) +
+                    ") after the gradients of this step were "
+                    "reduced (stage " +
+                    std::to_string(opt_.stage) + ")",
+                "stages 0 and 1 reduce once per step: accumulate micro-batches in the gradient "
+                "buffers and mark them ready in the last one only, or use stage 2",
+                __FILE__, __LINE__);
+  if (ready_[i] != 0)
+    throw_error(ErrorCode::invalid_state,
+                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                    "') was called twice in one micro-batch",
+                "mark each gradient ready once per micro-batch; reduce_gradients() or step() "
+                "starts the next one",
+                __FILE__, __LINE__);
+  if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
+    std::memcpy(grad_ptr_[i], grad, p.numel * elem_);
+  marked_any_ = true;
+  open_ = true;
+  ready_[i] = 1;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    const std::size_t s = std::max(bk.begin, flat_[i]);
+    const std::size_t e = std::min(bk.begin + bk.len, flat_[i] + p.numel);
+    if (s < e) bk.ready += e - s;
+  }
+  launch_ready_buckets();
+  progress();
+}
+
+void ZeroEngine::launch_ready_buckets() {
+  while (next_launch_ > 0 && buckets_[next_launch_ - 1].ready == buckets_[next_launch_ - 1].len) {
+    --next_launch_;
+    launch(next_launch_);
+  }
+}
+
+int ZeroEngine::acquire_pool() {
+  for (;;) {
+    for (std::size_t k = 0; k < pool_.size(); ++k) {
+      if (!pool_busy_[k]) {
+        pool_busy_[k] = true;
+        return static_cast<int>(k);
+      }
+    }
+    complete(flights_.front());
+    flights_.pop_front();
+  }
+}
+
+void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
+  const Bucket& b = buckets_[bi];
+  const std::size_t rsize = dtype_size(reduce_type_);
+  auto* out = static_cast<std::byte*>(dst);
+  const float mul = static_cast<float>(1.0 / opt_.predivide_factor);
+  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
+    const std::size_t s = std::max(b.begin, flat_[p]);
+    const std::size_t e = std::min(b.begin + b.len, flat_[p] + params_[p].numel);
+    if (s >= e) continue;
+    convert(user_grad(p, s - flat_[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_, e - s,
+            mul);
+  }
+  std::memset(out + b.len * rsize, 0, (b.padded - b.len) * rsize);
+}
+
+void ZeroEngine::launch(std::size_t bi) {
+  const Bucket& b = buckets_[bi];
+  const std::size_t pc = piece(b);
+  const std::size_t rsize = dtype_size(reduce_type_);
+  Flight f;
+  f.bucket = bi;
+  if (opt_.stage < 2) {
+    // In place: this rank's reduced piece lands where its block was.
+    std::byte* base = nullptr;
+    if (reduced_.size() > 0) {
+      base = reduced_.as<std::byte>() + b.begin * rsize;
+      pack_grads(bi, base);
+    } else if (b.grad_base != nullptr) {
+      base = const_cast<std::byte*>(b.grad_base);
+    } else {
+      f.pool = acquire_pool();
+      base = pool_[std::size_t(f.pool)].as<std::byte>();
+      pack_grads(bi, base);
+    }
+    f.request = comm_.ireduce_scatter(base, base + std::size_t(rank_) * pc * rsize, pc,
+                                      reduce_type_, ReduceOp::sum);
+  } else {
+    const std::byte* send = b.grad_base;
+    std::byte* scratch = nullptr;
+    const bool direct_recv = reduce_type_ == DType::f32 && micro_batches_ == 0;
+    if (send == nullptr || !direct_recv) {
+      f.pool = acquire_pool();
+      std::byte* buf = pool_[std::size_t(f.pool)].as<std::byte>();
+      scratch = buf + b.padded * rsize;
+      if (send == nullptr) {
+        pack_grads(bi, buf);
+        send = buf;
+      }
+    }
+    void* recv = direct_recv ? static_cast<void*>(grad_shard_.as<float>() + b.shard_offset)
+                             : static_cast<void*>(scratch);
+    f.scratch = direct_recv ? nullptr : scratch;
+    f.request = comm_.ireduce_scatter(send, recv, pc, reduce_type_, ReduceOp::sum);
+  }
+  flights_.push_back(std::move(f));
+}
+
+void ZeroEngine::complete(Flight& f) {
+  f.request.wait();
+  const Bucket& b = buckets_[f.bucket];
+  const std::size_t pc = piece(b);
+  if (opt_.stage < 2 && f.pool >= 0) {
+    // This rank's reduced piece goes back into the user's gradients now;
+    // the allgather at the end of the reduction fills in the others'.
+    const std::size_t lo = b.begin + std::size_t(rank_) * pc;
+    from_bucket(b, lo, std::min(lo + pc, b.begin + b.len), grads_of(),
+                pool_[std::size_t(f.pool)].as<std::byte>());
+  }
+  if (opt_.stage == 2 && f.scratch != nullptr) {
+    float* acc = grad_shard_.as<float>() + b.shard_offset;
+    if (micro_batches_ == 0) {
+      convert(static_cast<const std::byte*>(f.scratch), reduce_type_,
+              reinterpret_cast<std::byte*>(acc), DType::f32, pc, 1.0f);
+    } else {
+      // Accumulate in fp32, in the order the micro-batches came.
+      const auto* src = static_cast<const std::byte*>(f.scratch);
+      const std::size_t chunk = 4096;
+      float tmp[chunk];
+      for (std::size_t k = 0; k < pc; k += chunk) {
+        const std::size_t m = std::min(chunk, pc - k);
+        convert(src + k * dtype_size(reduce_type_), reduce_type_, reinterpret_cast<std::byte*>(tmp),
+                DType::f32, m, 1.0f);
+        for (std::size_t j = 0; j < m; ++j) acc[k + j] += tmp[j];
+      }
+    }
+  }
+  if (f.pool >= 0) pool_busy_[std::size_t(f.pool)] = false;
+}
+
+void ZeroEngine::progress() {
+  while (!flights_.empty() && flights_.front().request.test()) {
+    complete(flights_.front());
+    flights_.pop_front();
+  }
+}
+
+void ZeroEngine::finish_reduction() {
+  // Agree on what was marked: partly marked gradients on any rank are an
+  // error on every rank (after every rank has started the same
+  // reduce-scatters, so that none is left waiting on another).
+  std::vector<std::string> missing;
+  if (marked_any_) {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (ready_[i] == 0 && params_[i].numel > 0) missing.push_back(params_[i].name);
+  }
+  std::int64_t agreed[2] = {missing.empty() ? 0 : 1,
+                            static_cast<std::int64_t>(buckets_.size() - next_launch_)};
+  ctl_.allreduce(agreed, agreed, 2, DType::i64, ReduceOp::max);
+  if (agreed[0] != 0) {
+    const std::size_t launched = static_cast<std::size_t>(agreed[1]);
+    while (buckets_.size() - next_launch_ < launched) launch(--next_launch_);
+    std::string mine;
+    for (std::size_t k = 0; k < missing.size() && k < 20; ++k)
+      mine += (k ? ", '" : "'") + missing[k] + "'";
+    if (missing.size() > 20) mine += ", ... (" + std::to_string(missing.size()) + " in all)";
+    discard_reduction();
+    agree_or_throw(ctl_,
+                   missing.empty() ? std::string()
+                                   : "gradients never marked ready in this micro-batch: " + mine,
+                   ErrorCode::invalid_state,
+                   "call grad_ready(i) for every parameter of the micro-batch (or for none: "
+                   "step() then takes every gradient at once); the gradients reduced so far in "
+                   "this step were discarded, so redo its micro-batches");
+  }
+  if (!marked_any_) {
+    for (Bucket& b : buckets_) b.ready = b.len;
+  }
+  launch_ready_buckets();
+  while (!flights_.empty()) {
+    complete(flights_.front());
+    flights_.pop_front();
+  }
+  if (opt_.stage < 2) allgather_grads();
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) b.ready = 0;
+  next_launch_ = buckets_.size();
+  marked_any_ = false;
+  ++micro_batches_;
+  reduced_once_ = true;
+  open_ = false;
+}
+
+// Stages 0 and 1: the allgather that completes the allreduce (reduce-scatter
+// + allgather, so that the reduced values are those of stage 2).
+void ZeroEngine::allgather_grads() {
+  if (reduced_.size() > 0) {
+    const std::size_t rsize = dtype_size(reduce_type_);
+    allgather_buckets(reduce_type_, grads_of(),
+                      [&](const Bucket& b) { return reduced_.as<std::byte>() + b.begin * rsize; });
+  } else {
+    allgather_buckets(dtype_, grads_of(),
+                      [](const Bucket& b) { return const_cast<std::byte*>(b.grad_base); });
+  }
+}
+
+// Stages 1 and 2: every rank's updated pieces into every rank's parameters.
+void ZeroEngine::gather_params() {
+  allgather_buckets(dtype_, params_of(), [](const Bucket& b) { return b.param_base; });
+}
+
+// Bucket by bucket, in ascending order: an in-place allgather on `direct(b)`
+// where that is not null, else through a pool buffer (this rank's piece
+// copied in from `user`, the others' copied out to it), two in flight.
+void ZeroEngine::allgather_buckets(DType type, const UserPtr& user,
+                                   const std::function<std::byte*(const Bucket&)>& direct) {
+  struct Gather {
+    std::size_t bucket;
+    Request request;
+    int pool;
+  };
+  std::deque<Gather> open;
+  const std::size_t size = dtype_size(type);
+  const auto finish = [&](Gather& g) {
+    g.request.wait();
+    if (g.pool < 0) return;
+    const Bucket& b = buckets_[g.bucket];
+    from_bucket(b, b.begin, b.begin + b.len, user, pool_[std::size_t(g.pool)].as<std::byte>());
+    pool_busy_[std::size_t(g.pool)] = false;
+  };
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const std::size_t pc = piece(b);
+    Gather g{bi, Request(), -1};
+    std::byte* base = direct(b);
+    if (base == nullptr) {
+      for (;;) {
+        const auto free = std::find(pool_busy_.begin(), pool_busy_.end(), false);
+        if (free != pool_busy_.end()) {
+          g.pool = static_cast<int>(free - pool_busy_.begin());
+          break;
+        }
+        finish(open.front());
+        open.pop_front();
+      }
+      pool_busy_[std::size_t(g.pool)] = true;
+      base = pool_[std::size_t(g.pool)].as<std::byte>();
+      const std::size_t lo = b.begin + std::size_t(rank_) * pc;
+      to_bucket(b, lo, std::min(lo + pc, b.begin + b.len), user, base);
+    }
+    g.request = comm_.iallgather(base + std::size_t(rank_) * pc * size, base, pc, type);
+    open.push_back(std::move(g));
+  }
+  while (!open.empty()) {
+    finish(open.front());
+    open.pop_front();
+  }
+}
+
+}  // namespace shardopt::detail

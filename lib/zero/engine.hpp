@@ -1,0 +1,218 @@
+// shardopt: the ZeRO engine behind ZeroRedundancyOptimizer (internal).
+//
+// Layout. The parameters, in registration order, form one flat index space
+// of T elements. It is cut into buckets of B elements (B a multiple of
+// N * kShardAlign, N ranks); the last bucket is padded to such a multiple.
+// Each bucket is split into N equal pieces, piece q belonging to rank q, so
+// that every bucket's gradients are reduce-scattered with one equal-count
+// call and every rank gets a share of every bucket. A rank's shard is the
+// concatenation of its pieces of all buckets: S elements, contiguous in its
+// state buffers (master weights, moments, gradient shard), each piece
+// aligned to kShardAlign elements. Stage 0 keeps every rank's shard: its
+// state buffers hold N * S elements, rank q's shard at q * S.
+//
+// A segment is the part of one parameter inside one rank's piece of one
+// bucket: the unit of every kernel call and every partial sum, identical in
+// all stages, which is why the stages agree bitwise (the norms are summed
+// per segment, then per rank in order, then over ranks in order).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/memory.hpp"
+#include "shardopt/zero.hpp"
+
+namespace shardopt::detail {
+
+// Shard pieces start at multiples of this many elements (64 bytes of fp32).
+inline constexpr std::size_t kShardAlign = 16;
+
+struct Segment {
+  std::size_t param = 0;
+  std::size_t offset = 0;  // within the parameter
+  std::size_t count = 0;
+  std::size_t flat = 0;     // flat index of the first element
+  std::size_t storage = 0;  // index in the state buffers (stage 0: q * S + ...)
+  int rank = 0;             // the owner
+  std::size_t bucket = 0;
+};
+
+struct Bucket {
+  std::size_t begin = 0;                       // flat index
+  std::size_t len = 0;                         // elements of parameters
+  std::size_t padded = 0;                      // len rounded up to N * kShardAlign
+  std::size_t shard_offset = 0;                // of this bucket's piece in a rank's shard
+  std::size_t first_param = 0, end_param = 0;  // parameters overlapping it
+  // Whether the user's (or owned) gradients / parameters of the whole padded
+  // bucket are one contiguous buffer of the communicated type, so that the
+  // collectives run on it in place, without packing.
+  const std::byte* grad_base = nullptr;  // non-null: direct
+  std::byte* param_base = nullptr;       // non-null: direct
+  std::size_t ready = 0;                 // elements marked ready this micro-batch
+};
+
+// The kinds of optimizer, in OptimizerConfig's order.
+enum class OptKind : int { sgd, adam, adamw, adagrad, rmsprop, lion, lamb, custom };
+
+class ZeroEngine {
+ public:
+  ZeroEngine(Communicator& comm, std::vector<Param> params, std::vector<OptimizerConfig> groups,
+             ZeroOptions options);
+  ~ZeroEngine();
+
+  void zero_grad();
+  void grad_ready(std::size_t i, const void* grad);
+  void reduce_gradients();
+  double clip_grad_norm(double max_norm);
+  StepInfo step();
+
+  double loss_scale() const noexcept { return scale_; }
+  std::int64_t steps() const noexcept { return steps_; }
+  int stage() const noexcept { return opt_.stage; }
+  std::size_t num_params() const noexcept { return params_.size(); }
+  const Param& param(std::size_t i) const;
+  void* grad(std::size_t i);
+  OptimizerConfig& param_group(int g);
+  int num_groups() const noexcept { return static_cast<int>(groups_.size()); }
+  void set_lr(double lr, int group);
+  std::vector<std::string> state_names() const;
+  std::span<const ShardRange> owned_ranges() const noexcept { return owned_; }
+  std::vector<float> gather_state(std::string_view name, std::size_t i) const;
+  MemoryReport memory_report() const;
+
+ private:
+  // One reduce-scatter in flight.
+  struct Flight {
+    std::size_t bucket = 0;
+    Request request;
+    int pool = -1;            // pool buffer used, -1 for none
+    void* scratch = nullptr;  // stage 2: reduced piece to add to the shard
+  };
+
+  // Construction.
+  void validate_locally(std::string& error, ErrorCode& code) const;
+  void agree_on_layout();
+  void build_layout();
+  void allocate();
+  void init_state();
+
+  // Reduction.
+  std::size_t piece(const Bucket& b) const noexcept { return b.padded / nranks_; }
+  void mark_ready(std::size_t i);
+  void launch_ready_buckets();
+  void launch(std::size_t b);
+  void complete(Flight& f);
+  void progress();
+  int acquire_pool();
+  void finish_reduction();
+  // Completes what is in flight and forgets the marks and reductions since
+  // the last step.
+  void discard_reduction();
+  void allgather_grads();
+  void pack_grads(std::size_t b, void* dst) const;
+  // The user's buffer of parameter p (gradients or parameters).
+  using UserPtr = std::function<std::byte*(std::size_t p)>;
+  UserPtr grads_of() const {
+    return [this](std::size_t p) { return grad_ptr_[p]; };
+  }
+  UserPtr params_of() const {
+    return [this](std::size_t p) { return static_cast<std::byte*>(params_[p].data); };
+  }
+  // Copies flat elements [lo, hi) of bucket b between the user's buffers
+  // and a bucket-shaped buffer of the parameters' dtype.
+  void to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                 std::byte* buf) const;
+  void from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                   const std::byte* buf) const;
+  void allgather_buckets(DType type, const UserPtr& user,
+                         const std::function<std::byte*(const Bucket&)>& direct);
+
+  // Update. A run: consecutive elements of one group whose buffers
+  // (parameters, gradients, states, parameter copy) are each contiguous.
+  struct Run {
+    int group = 0;
+    std::size_t storage = 0, count = 0;
+    std::byte* param = nullptr;  // fp32 master, fp32 parameters, or bf16 with remainders
+    const std::byte* grad = nullptr;
+    DType grad_type = DType::f32;
+    std::byte* out = nullptr;  // the 16-bit parameters beside an fp32 master
+  };
+  Run run_of(const Segment& s);
+  void for_each_run(const std::function<void(const Run&)>& f);
+  void ensure_reduced();
+  double grad_multiplier() const;
+  const void* reduced_grad(const Segment& s, DType& type) const;
+  double local_sum_squares(int q) const;
+  bool local_grads_finite(double mul) const;
+  void check_hyper_parameters() const;
+  void update(double mul);
+  void update_lamb(double mul);
+  void update_custom(double mul);
+  void gather_params();
+  void update_scaler(bool finite);
+  void end_step();
+
+  std::byte* user_param(const Segment& s) const;
+  std::byte* user_grad(std::size_t param, std::size_t offset) const;
+
+  Communicator& comm_;
+  mutable Communicator ctl_;  // a duplicate for agreements, never busy with data
+  std::vector<Param> params_;
+  std::vector<OptimizerConfig> groups_;
+  ZeroOptions opt_;
+  OptKind kind_ = OptKind::adam;
+  int rank_ = 0, nranks_ = 1;
+  DType dtype_ = DType::f32;        // of parameters and gradients
+  DType reduce_type_ = DType::f32;  // of the communicated gradients
+  std::size_t elem_ = 4;            // bytes of dtype_
+  bool master_ = false;             // a separate fp32 master copy
+  bool remainders_ = false;
+  std::vector<std::size_t> flat_;  // flat index of each parameter
+  std::size_t total_ = 0;          // T
+  std::size_t bucket_elems_ = 0;   // B
+  std::size_t shard_ = 0;          // S
+  std::size_t storage_ = 0;        // S, or N * S in stage 0
+  std::vector<Bucket> buckets_;
+  std::vector<Segment> segments_;  // every rank's, by bucket, rank, parameter
+  std::vector<std::size_t> mine_;  // indices of the segments this rank updates
+  std::vector<ShardRange> owned_;
+  std::vector<std::string> slots_;  // state names after "master"
+
+  // Buffers, allocated once.
+  HostBuffer master_buf_;           // fp32 master, or 16-bit remainders
+  std::vector<HostBuffer> states_;  // one per slot
+  HostBuffer lamb_update_;          // LAMB's direction
+  HostBuffer grad_shard_;           // stage 2: fp32 accumulator, S
+  HostBuffer reduced_;              // stages 0/1 with fp32 reduction of 16-bit grads: N * S fp32
+  HostBuffer owned_grads_;          // Param::grad null: N * S of dtype
+  std::vector<HostBuffer> pool_;    // bucket-sized scratch for packing
+  std::vector<bool> pool_busy_;
+  HostBuffer custom_scratch_;         // custom optimizer: fp32 gradients of one segment
+  std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
+
+  // Step state.
+  std::deque<Flight> flights_;
+  std::size_t next_launch_ = 0;  // buckets [next_launch_, nb) were launched
+  bool marked_any_ = false;
+  std::vector<char> ready_;    // whether each parameter was marked ready
+  int micro_batches_ = 0;      // reduced since the last step
+  bool reduced_once_ = false;  // a reduction happened since the last step
+  // Gradients may have changed since the last reduction: set by zero_grad(),
+  // grad_ready() and step(), cleared by each reduction.
+  bool open_ = true;
+  double clip_coef_ = 1.0;
+  double grad_norm_ = -1.0;
+  std::int64_t steps_ = 0;
+  double scale_ = 1.0;
+  int good_steps_ = 0;
+  int hysteresis_left_ = 1;
+};
+
+}  // namespace shardopt::detail

@@ -1,0 +1,496 @@
+// shardopt: the ZeRO engine's construction: local checks, the agreement on
+// the layout across ranks, the flat layout and its buffers.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/check.hpp"
+#include "common/settings.hpp"
+#include "zero/agree.hpp"
+#include "zero/engine.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+const char* kind_name(OptKind k) {
+  static const char* const names[] = {"SGD",     "Adam", "AdamW", "Adagrad",
+                                      "RMSprop", "Lion", "Lamb",  "custom"};
+  return names[static_cast<int>(k)];
+}
+
+std::string num(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+// "key=value" lines of a group's hyper-parameters, for the fingerprint and
+// for naming the first one that differs.
+std::string describe_group(const OptimizerConfig& g, int index) {
+  std::ostringstream s;
+  const std::string p = "group " + std::to_string(index) + " ";
+  std::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        s << p << "lr=" << num(o.lr) << "\n";
+        if constexpr (requires { o.betas; })
+          s << p << "betas=(" << num(o.betas.first) << ", " << num(o.betas.second) << ")\n";
+        if constexpr (requires { o.eps; }) s << p << "eps=" << num(o.eps) << "\n";
+        if constexpr (requires { o.weight_decay; })
+          s << p << "weight_decay=" << num(o.weight_decay) << "\n";
+        if constexpr (requires { o.amsgrad; }) s << p << "amsgrad=" << o.amsgrad << "\n";
+        if constexpr (requires { o.maximize; }) s << p << "maximize=" << o.maximize << "\n";
+        if constexpr (requires { o.momentum; }) s << p << "momentum=" << num(o.momentum) << "\n";
+        if constexpr (requires { o.dampening; }) s << p << "dampening=" << num(o.dampening) << "\n";
+        if constexpr (requires { o.nesterov; }) s << p << "nesterov=" << o.nesterov << "\n";
+        if constexpr (requires { o.lr_decay; }) s << p << "lr_decay=" << num(o.lr_decay) << "\n";
+        if constexpr (requires { o.initial_accumulator_value; })
+          s << p << "initial_accumulator_value=" << num(o.initial_accumulator_value) << "\n";
+        if constexpr (requires { o.alpha; }) s << p << "alpha=" << num(o.alpha) << "\n";
+        if constexpr (requires { o.centered; }) s << p << "centered=" << o.centered << "\n";
+        if constexpr (std::is_same_v<O, CustomOptimizer>) {
+          s << p << "name=" << o.name << "\n" << p << "state_names=";
+          for (const auto& n : o.state_names) s << n << ",";
+          s << "\n";
+        }
+      },
+      g);
+  return s.str();
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
+                       std::vector<OptimizerConfig> groups, ZeroOptions options)
+    : comm_(comm),
+      ctl_(comm.mpi_comm()),
+      params_(std::move(params)),
+      groups_(std::move(groups)),
+      opt_(std::move(options)),
+      rank_(comm.rank()),
+      nranks_(comm.size()) {
+  if (!groups_.empty()) kind_ = static_cast<OptKind>(groups_[0].index());
+  if (!params_.empty()) dtype_ = params_[0].dtype;
+  std::string error;
+  ErrorCode code = ErrorCode::invalid_argument;
+  validate_locally(error, code);
+  agree_or_throw(ctl_, error, code,
+                 "fix the argument on the rank(s) named; every rank must pass valid, "
+                 "identical parameter lists and options");
+  agree_on_layout();
+  build_layout();
+  allocate();
+  init_state();
+}
+
+ZeroEngine::~ZeroEngine() {
+  for (Flight& f : flights_) {
+    try {
+      f.request.wait();
+    } catch (...) {  // a destructor never throws; the Request logs
+    }
+  }
+}
+
+void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
+  const auto fail = [&](ErrorCode c, std::string msg) {
+    if (error.empty()) {
+      error = std::move(msg);
+      code = c;
+    }
+  };
+  const ErrorCode bad = ErrorCode::invalid_argument;
+  if (opt_.stage < 0 || opt_.stage > 2)
+    fail(bad, "ZeroOptions::stage is " + std::to_string(opt_.stage) + "; use 0, 1 or 2");
+  if (!(opt_.bucket_mb >= 0.0) || !std::isfinite(opt_.bucket_mb))
+    fail(bad, "ZeroOptions::bucket_mb is " + num(opt_.bucket_mb) +
+                  "; use a size in MiB > 0, or 0 for SHARDOPT_BUCKET_MB");
+  if (!(opt_.predivide_factor > 0.0) || !std::isfinite(opt_.predivide_factor))
+    fail(bad, "ZeroOptions::predivide_factor is " + num(opt_.predivide_factor) +
+                  "; use a finite factor > 0 (1: none)");
+  if (opt_.loss_scaler) {
+    const LossScaler& l = *opt_.loss_scaler;
+    if (!(l.init_scale > 0.0) || !std::isfinite(l.init_scale))
+      fail(bad, "LossScaler::init_scale must be finite and > 0, not " + num(l.init_scale));
+    if (!(l.growth_factor >= 1.0) || !std::isfinite(l.growth_factor))
+      fail(bad, "LossScaler::growth_factor must be finite and >= 1, not " + num(l.growth_factor));
+    if (!(l.backoff_factor > 0.0 && l.backoff_factor < 1.0))
+      fail(bad, "LossScaler::backoff_factor must be in (0, 1), not " + num(l.backoff_factor));
+    if (l.growth_interval < 1)
+      fail(bad,
+           "LossScaler::growth_interval must be >= 1, not " + std::to_string(l.growth_interval));
+    if (l.hysteresis < 1)
+      fail(bad, "LossScaler::hysteresis must be >= 1, not " + std::to_string(l.hysteresis));
+    if (!(l.min_scale > 0.0)) fail(bad, "LossScaler::min_scale must be > 0");
+  }
+  if (groups_.empty()) fail(bad, "no parameter group: pass at least one OptimizerConfig");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (static_cast<OptKind>(groups_[g].index()) != kind_)
+      fail(bad, std::string("parameter group ") + std::to_string(g) + " uses " +
+                    kind_name(static_cast<OptKind>(groups_[g].index())) + " but group 0 uses " +
+                    kind_name(kind_) + "; every group must use the same kind of optimizer");
+    if (const auto* c = std::get_if<CustomOptimizer>(&groups_[g]); c && !c->update)
+      fail(bad, "CustomOptimizer '" + c->name + "' of group " + std::to_string(g) +
+                    " has no update function");
+  }
+  if (error.empty()) {
+    try {
+      check_hyper_parameters();
+    } catch (const Error& e) {
+      fail(e.code(), e.message());
+    }
+  }
+  std::set<std::string> names;
+  struct Range {
+    const std::byte* begin;
+    const std::byte* end;
+    std::size_t param;
+    const char* what;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    const std::string who = "parameter " + std::to_string(i) + " ('" + p.name + "')";
+    if (p.name.empty()) fail(bad, who + " has an empty name; give every parameter a name");
+    if (!names.insert(p.name).second)
+      fail(bad, who + ": the name is used twice; names must be unique");
+    if (p.dtype != DType::f32 && p.dtype != DType::bf16 && p.dtype != DType::f16)
+      fail(ErrorCode::unsupported,
+           who + " has dtype " + dtype_name(p.dtype) + "; parameters must be f32, bf16 or f16");
+    if (p.dtype != dtype_)
+      fail(ErrorCode::unsupported, who + " is " + dtype_name(p.dtype) + " but parameter 0 is " +
+                                       dtype_name(dtype_) +
+                                       "; every parameter must have the same dtype");
+    if (p.group < 0 || p.group >= static_cast<int>(groups_.size()))
+      fail(bad, who + " is in group " + std::to_string(p.group) + " but there are " +
+                    std::to_string(groups_.size()) + " group(s)");
+    if (p.numel > 0 && p.data == nullptr)
+      fail(bad, who + " has " + std::to_string(p.numel) + " elements but a null data pointer");
+    const std::size_t bytes = p.numel * dtype_size(p.dtype);
+    if (p.numel > 0 && p.data != nullptr) {
+      const auto* b = static_cast<const std::byte*>(p.data);
+      ranges.push_back({b, b + bytes, i, "parameter"});
+    }
+    if (p.numel > 0 && p.grad != nullptr) {
+      const auto* b = static_cast<const std::byte*>(p.grad);
+      ranges.push_back({b, b + bytes, i, "gradient"});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (std::size_t k = 1; k < ranges.size(); ++k) {
+    if (ranges[k].begin < ranges[k - 1].end) {
+      const Range& a = ranges[k - 1];
+      const Range& b = ranges[k];
+      fail(bad, std::string("the ") + a.what + " buffer of parameter " + std::to_string(a.param) +
+                    " ('" + params_[a.param].name + "') overlaps the " + b.what +
+                    " buffer of parameter " + std::to_string(b.param) + " ('" +
+                    params_[b.param].name +
+                    "'); every parameter and gradient needs its own memory");
+      break;
+    }
+  }
+  if (opt_.param_remainders) {
+    if (dtype_ != DType::bf16)
+      fail(ErrorCode::unsupported, std::string("ZeroOptions::param_remainders needs bf16 "
+                                               "parameters, these are ") +
+                                       dtype_name(dtype_) +
+                                       " (an f16 value is not the high half of an fp32 one)");
+    if (kind_ == OptKind::custom)
+      fail(ErrorCode::unsupported,
+           "ZeroOptions::param_remainders is not supported with a CustomOptimizer; keep an fp32 "
+           "master copy (param_remainders = false)");
+  }
+}
+
+// The options and parameters as "key=value" lines: what every rank must
+// agree on.
+namespace {
+
+std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, double bucket_mb,
+                             const std::vector<OptimizerConfig>& groups) {
+  std::ostringstream s;
+  s << "stage=" << o.stage << "\n";
+  s << "bucket_mb=" << num(bucket_mb) << "\n";
+  s << "reduction=" << (o.reduction == GradReduction::avg ? "avg" : "sum") << "\n";
+  s << "predivide_factor=" << num(o.predivide_factor) << "\n";
+  s << "reduce_in_fp32=" << o.reduce_in_fp32 << "\n";
+  s << "param_remainders=" << o.param_remainders << "\n";
+  s << "parameter dtype=" << dtype_name(dtype) << "\n";
+  if (o.loss_scaler) {
+    const LossScaler& l = *o.loss_scaler;
+    s << "loss_scaler=(" << num(l.init_scale) << ", " << num(l.growth_factor) << ", "
+      << num(l.backoff_factor) << ", " << l.growth_interval << ", " << l.hysteresis << ", "
+      << num(l.min_scale) << ")\n";
+  } else {
+    s << "loss_scaler=none\n";
+  }
+  s << "optimizer=" << kind_name(kind) << "\n";
+  s << "parameter groups=" << groups.size() << "\n";
+  for (std::size_t g = 0; g < groups.size(); ++g) s << describe_group(groups[g], int(g));
+  return s.str();
+}
+
+std::string describe_param(const Param& p) {
+  std::ostringstream s;
+  s << "name=" << p.name << "\nnumel=" << p.numel << "\ndtype=" << dtype_name(p.dtype)
+    << "\ngroup=" << p.group << "\n";
+  return s.str();
+}
+
+}  // namespace
+
+void ZeroEngine::agree_on_layout() {
+  const double bucket_mb = opt_.bucket_mb > 0.0 ? opt_.bucket_mb : settings().bucket_mb;
+  const std::string options = describe_options(opt_, kind_, dtype_, bucket_mb, groups_);
+  const char* hint =
+      "every rank must register the same parameters (names, sizes, dtypes, groups) in the same "
+      "order, with the same optimizer, hyper-parameters and options";
+  // Options first, then the number of parameters, then each parameter.
+  std::vector<std::int64_t> head = {fingerprint(options),
+                                    static_cast<std::int64_t>(params_.size())};
+  if (!all_equal(ctl_, head)) {
+    if (!all_equal(ctl_, {head[0]})) {
+      throw_error(
+          ErrorCode::layout_mismatch,
+          "ranks passed different optimizer options: " + first_difference(ctl_, options, "option"),
+          hint, __FILE__, __LINE__);
+    }
+  }
+  const std::int64_t count = static_cast<std::int64_t>(params_.size());
+  const std::int64_t fewest = min_over_ranks(ctl_, count);
+  std::vector<std::int64_t> prints(static_cast<std::size_t>(fewest));
+  for (std::size_t i = 0; i < prints.size(); ++i)
+    prints[i] = fingerprint(describe_param(params_[i]));
+  const std::int64_t differs = first_unequal(ctl_, prints);
+  if (differs >= 0) {
+    const std::size_t i = static_cast<std::size_t>(differs);
+    const std::string name = allgather_strings(ctl_, params_[i].name)[0];
+    throw_error(ErrorCode::layout_mismatch,
+                "ranks registered different parameters: parameter " + std::to_string(i) + " ('" +
+                    name +
+                    "' on rank 0): " + first_difference(ctl_, describe_param(params_[i]), "the"),
+                hint, __FILE__, __LINE__);
+  }
+  if (min_over_ranks(ctl_, -count) != -fewest) {
+    const std::string extra =
+        count > fewest ? "'" + params_[static_cast<std::size_t>(fewest)].name + "'" : "";
+    throw_error(
+        ErrorCode::layout_mismatch,
+        "ranks registered different numbers of parameters: " +
+            first_difference(ctl_, "number of parameters=" + std::to_string(count) + "\n", "the") +
+            " (the first " + std::to_string(fewest) + " agree; the first extra one is parameter " +
+            std::to_string(fewest) + ": " + gather_first_nonempty(ctl_, extra) + ")",
+        hint, __FILE__, __LINE__);
+  }
+  const double bytes = bucket_mb * 1024.0 * 1024.0;
+  const std::size_t unit = kShardAlign * static_cast<std::size_t>(nranks_);
+  reduce_type_ = (opt_.reduce_in_fp32 || dtype_ == DType::f32) ? DType::f32 : dtype_;
+  std::size_t b = static_cast<std::size_t>(bytes / double(dtype_size(reduce_type_)));
+  b = std::max(unit, b / unit * unit);
+  bucket_elems_ = b;
+}
+
+void ZeroEngine::build_layout() {
+  elem_ = dtype_size(dtype_);
+  master_ = dtype_ != DType::f32 && !opt_.param_remainders;
+  remainders_ = opt_.param_remainders;
+  const std::size_t n = static_cast<std::size_t>(nranks_);
+  flat_.resize(params_.size());
+  total_ = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    flat_[i] = total_;
+    total_ += params_[i].numel;
+  }
+  const std::size_t unit = kShardAlign * n;
+  bucket_elems_ = std::min(bucket_elems_, std::max(unit, (total_ + unit - 1) / unit * unit));
+  shard_ = 0;
+  for (std::size_t begin = 0; begin < total_; begin += bucket_elems_) {
+    Bucket b;
+    b.begin = begin;
+    b.len = std::min(bucket_elems_, total_ - begin);
+    b.padded = (b.len + unit - 1) / unit * unit;
+    b.shard_offset = shard_;
+    shard_ += b.padded / n;
+    buckets_.push_back(b);
+  }
+  storage_ = opt_.stage == 0 ? shard_ * n : shard_;
+  // Segments: bucket by bucket, rank by rank, parameter by parameter.
+  std::size_t first = 0;  // the first parameter that may overlap the bucket
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    const std::size_t end = b.begin + b.len;
+    while (first < params_.size() && flat_[first] + params_[first].numel <= b.begin) ++first;
+    b.first_param = first;
+    std::size_t last = first;
+    while (last < params_.size() && flat_[last] < end) ++last;
+    b.end_param = last;
+    const std::size_t pc = b.padded / n;
+    for (int q = 0; q < nranks_; ++q) {
+      const std::size_t lo = b.begin + std::size_t(q) * pc;
+      const std::size_t hi = std::min(lo + pc, end);
+      for (std::size_t p = first; p < last && lo < hi; ++p) {
+        const std::size_t s = std::max(lo, flat_[p]);
+        const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
+        if (s >= e) continue;
+        Segment seg;
+        seg.param = p;
+        seg.offset = s - flat_[p];
+        seg.count = e - s;
+        seg.flat = s;
+        seg.storage = (opt_.stage == 0 ? std::size_t(q) * shard_ : 0) + b.shard_offset + (s - lo);
+        seg.rank = q;
+        seg.bucket = bi;
+        if (opt_.stage == 0 || q == rank_) {
+          mine_.push_back(segments_.size());
+          owned_.push_back({p, seg.offset, seg.count, seg.storage});
+        }
+        segments_.push_back(seg);
+      }
+    }
+  }
+  ready_.assign(params_.size(), 0);
+  next_launch_ = buckets_.size();
+}
+
+void ZeroEngine::allocate() {
+  const std::size_t n = static_cast<std::size_t>(nranks_);
+  const std::size_t full = shard_ * n;  // the padded flat size
+  slots_.clear();
+  const auto any = [&](auto pred) {
+    for (const auto& g : groups_)
+      if (pred(g)) return true;
+    return false;
+  };
+  switch (kind_) {
+    case OptKind::sgd:
+      if (any([](const auto& g) { return std::get<SGD>(g).momentum != 0.0; }))
+        slots_ = {"momentum_buffer"};
+      break;
+    case OptKind::adam:
+    case OptKind::adamw:
+      slots_ = {"exp_avg", "exp_avg_sq"};
+      if (any([](const auto& g) {
+            return std::visit(
+                [](const auto& o) {
+                  if constexpr (requires { o.amsgrad; })
+                    return o.amsgrad;
+                  else
+                    return false;
+                },
+                g);
+          }))
+        slots_.push_back("max_exp_avg_sq");
+      break;
+    case OptKind::adagrad:
+      slots_ = {"sum"};
+      break;
+    case OptKind::rmsprop:
+      slots_ = {"square_avg"};
+      if (any([](const auto& g) { return std::get<RMSprop>(g).centered; }))
+        slots_.push_back("grad_avg");
+      if (any([](const auto& g) { return std::get<RMSprop>(g).momentum != 0.0; }))
+        slots_.push_back("momentum_buffer");
+      break;
+    case OptKind::lion:
+      slots_ = {"exp_avg"};
+      break;
+    case OptKind::lamb:
+      slots_ = {"exp_avg", "exp_avg_sq"};
+      break;
+    case OptKind::custom:
+      slots_ = std::get<CustomOptimizer>(groups_[0]).state_names;
+      break;
+  }
+  if (master_) master_buf_ = HostBuffer(storage_ * 4);
+  if (remainders_) master_buf_ = HostBuffer(storage_ * 2);
+  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(storage_ * 4);
+  if (kind_ == OptKind::lamb) lamb_update_ = HostBuffer(storage_ * 4);
+  if (opt_.stage == 2) grad_shard_ = HostBuffer(shard_ * 4);
+  if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
+  bool owned = false;
+  for (const Param& p : params_) owned = owned || (p.grad == nullptr && p.numel > 0);
+  if (owned) owned_grads_ = HostBuffer(full * elem_);
+  grad_ptr_.resize(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    grad_ptr_[i] = params_[i].grad != nullptr
+                       ? static_cast<std::byte*>(params_[i].grad)
+                       : (owned ? owned_grads_.as<std::byte>() + flat_[i] * elem_ : nullptr);
+  }
+  // Which buckets the collectives can run on in place.
+  const std::size_t rsize = dtype_size(reduce_type_);
+  std::size_t pool_bytes = 0;
+  for (Bucket& b : buckets_) {
+    const auto contiguous = [&](auto ptr_of) {
+      std::byte* base = nullptr;
+      std::byte* next = nullptr;
+      for (std::size_t p = b.first_param; p < b.end_param; ++p) {
+        if (params_[p].numel == 0) continue;
+        std::byte* ptr = ptr_of(p);
+        if (base == nullptr) {
+          base = ptr + (b.begin - flat_[p]) * elem_;
+        } else if (ptr != next) {
+          return static_cast<std::byte*>(nullptr);
+        }
+        next = ptr + params_[p].numel * elem_;
+      }
+      return base;
+    };
+    bool all_owned = true;
+    for (std::size_t p = b.first_param; p < b.end_param; ++p)
+      all_owned = all_owned && (params_[p].grad == nullptr || params_[p].numel == 0);
+    if (opt_.predivide_factor == 1.0 && reduce_type_ == dtype_ && (b.len == b.padded || all_owned))
+      b.grad_base = contiguous([&](std::size_t p) { return grad_ptr_[p]; });
+    if (b.len == b.padded)
+      b.param_base =
+          contiguous([&](std::size_t p) { return static_cast<std::byte*>(params_[p].data); });
+    const bool packs_grads = reduced_.size() == 0 && b.grad_base == nullptr;
+    if (packs_grads) pool_bytes = std::max(pool_bytes, b.padded * rsize);
+    if (opt_.stage == 2) pool_bytes = std::max(pool_bytes, b.padded * rsize + b.padded / n * rsize);
+    if (opt_.stage > 0 && b.param_base == nullptr)
+      pool_bytes = std::max(pool_bytes, b.padded * elem_);
+  }
+  if (pool_bytes > 0) {
+    for (int k = 0; k < 2; ++k) pool_.emplace_back(pool_bytes);
+    pool_busy_.assign(pool_.size(), false);
+  }
+  if (kind_ == OptKind::custom) {
+    std::size_t longest = 0;
+    for (std::size_t s : mine_) longest = std::max(longest, segments_[s].count);
+    custom_scratch_ = HostBuffer(longest * 4);
+  }
+}
+
+void ZeroEngine::init_state() {
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    const std::byte* src = static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_;
+    if (master_) {
+      float* m = master_buf_.as<float>() + s.storage;
+      if (dtype_ == DType::bf16) {
+        for (std::size_t k = 0; k < s.count; ++k)
+          m[k] = to_float(reinterpret_cast<const bfloat16*>(src)[k]);
+      } else {
+        for (std::size_t k = 0; k < s.count; ++k)
+          m[k] = to_float(reinterpret_cast<const float16*>(src)[k]);
+      }
+    }
+    if (kind_ == OptKind::adagrad) {
+      const float v =
+          static_cast<float>(std::get<Adagrad>(groups_[std::size_t(params_[s.param].group)])
+                                 .initial_accumulator_value);
+      std::fill_n(states_[0].as<float>() + s.storage, s.count, v);
+    }
+  }
+  if (opt_.loss_scaler) {
+    scale_ = opt_.loss_scaler->init_scale;
+    hysteresis_left_ = opt_.loss_scaler->hysteresis;
+  }
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,487 @@
+// shardopt: the ZeRO engine's step: the agreed checks, the global norm, the
+// fused update of this rank's segments, the loss scaler, and inspection.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/check.hpp"
+#include "kernels/lamb.hpp"
+#include "kernels/norm.hpp"
+#include "shardopt/cast.hpp"
+#include "zero/agree.hpp"
+#include "zero/engine.hpp"
+
+namespace shardopt::detail {
+
+void ZeroEngine::check_hyper_parameters() const {
+  using namespace functional;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    try {
+      if (static_cast<OptKind>(groups_[g].index()) != kind_)
+        throw_error(
+            ErrorCode::invalid_argument, "the optimizer kind was changed after construction",
+            "change hyper-parameters only, never the kind of optimizer", __FILE__, __LINE__);
+      // A step over no elements checks the hyper-parameters and nothing else.
+      std::visit(
+          [&](const auto& o) {
+            using O = std::decay_t<decltype(o)>;
+            const ParamView p;
+            const GradView gr;
+            if constexpr (std::is_same_v<O, SGD>) {
+              sgd(p, gr, {}, 1, o);
+            } else if constexpr (std::is_same_v<O, Adam>) {
+              adam(p, gr, {}, {}, {}, 1, o);
+            } else if constexpr (std::is_same_v<O, AdamW>) {
+              adamw(p, gr, {}, {}, {}, 1, o);
+            } else if constexpr (std::is_same_v<O, Adagrad>) {
+              adagrad(p, gr, {}, 1, o);
+            } else if constexpr (std::is_same_v<O, RMSprop>) {
+              rmsprop(p, gr, {}, {}, {}, o);
+            } else if constexpr (std::is_same_v<O, Lion>) {
+              lion(p, gr, {}, o);
+            } else if constexpr (std::is_same_v<O, Lamb>) {
+              lamb(p, gr, {}, {}, {}, 1, o);
+            } else {
+              if (!(o.lr >= 0.0))
+                throw_error(ErrorCode::invalid_argument,
+                            "CustomOptimizer '" + o.name +
+                                "': invalid learning rate: " + std::to_string(o.lr),
+                            "lr must be >= 0", __FILE__, __LINE__);
+            }
+          },
+          groups_[g]);
+    } catch (const Error& e) {
+      throw_error(e.code(), "parameter group " + std::to_string(g) + ": " + e.message(), e.hint(),
+                  __FILE__, __LINE__);
+    }
+  }
+}
+
+double ZeroEngine::grad_multiplier() const {
+  const double f = opt_.predivide_factor;
+  const double avg = opt_.reduction == GradReduction::avg ? f / nranks_ : f;
+  return opt_.loss_scaler ? avg / scale_ : avg;
+}
+
+const void* ZeroEngine::reduced_grad(const Segment& s, DType& type) const {
+  if (opt_.stage == 2) {
+    type = DType::f32;
+    return grad_shard_.as<float>() + s.storage;
+  }
+  if (reduced_.size() > 0) {
+    type = DType::f32;
+    return reduced_.as<float>() + s.flat;
+  }
+  type = dtype_;
+  return user_grad(s.param, s.offset);
+}
+
+double ZeroEngine::local_sum_squares(int q) const {
+  double sum = 0.0;
+  for (const Segment& s : segments_) {
+    if (s.rank != q) continue;
+    DType t;
+    const void* g = reduced_grad(s, t);
+    sum += kernels::cpu::sum_squares(g, t, s.count);
+  }
+  return sum;
+}
+
+bool ZeroEngine::local_grads_finite(double mul) const {
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    DType t;
+    const void* g = reduced_grad(s, t);
+    if (!functional::grads_finite(functional::GradView(g, s.count, t), mul)) return false;
+  }
+  return true;
+}
+
+void ZeroEngine::ensure_reduced() {
+  std::int64_t pending = open_ ? 1 : 0;
+  ctl_.allreduce(&pending, &pending, 1, DType::i64, ReduceOp::max);
+  if (pending != 0) finish_reduction();
+}
+
+void ZeroEngine::reduce_gradients() {
+  if (opt_.stage < 2 && reduced_once_)
+    throw_error(
+        ErrorCode::invalid_state,
+        "reduce_gradients() was called twice before step() in stage " + std::to_string(opt_.stage),
+        "stages 0 and 1 reduce once per step, in place in the gradient buffers: "
+        "accumulate micro-batches there (call nothing between them), or use stage 2, "
+        "whose fp32 gradient shard accumulates reduced micro-batches",
+        __FILE__, __LINE__);
+  finish_reduction();
+  if (opt_.stage == 2) {
+    // The micro-batch is in the shard: hand back zeroed buffers for the
+    // next one, which step() (or the next call) reduces.
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].numel > 0) std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+    open_ = true;
+  }
+}
+
+double ZeroEngine::clip_grad_norm(double max_norm) {
+  if (!(max_norm > 0.0) || !std::isfinite(max_norm))
+    throw_error(ErrorCode::invalid_argument,
+                "clip_grad_norm: max_norm is " + std::to_string(max_norm),
+                "pass a finite max_norm > 0", __FILE__, __LINE__);
+  ensure_reduced();
+  // Partial sums per rank, each over its segments in order, then over ranks
+  // in order: the same additions in every stage.
+  std::vector<double> partial(static_cast<std::size_t>(nranks_), 0.0);
+  if (opt_.stage == 0) {
+    for (int q = 0; q < nranks_; ++q) partial[std::size_t(q)] = local_sum_squares(q);
+  } else {
+    const double mine = local_sum_squares(rank_);
+    ctl_.allgather(&mine, partial.data(), 1, DType::f64);
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  const double norm = std::sqrt(total) * std::abs(grad_multiplier());
+  double coef = max_norm / (norm + 1e-6);
+  if (!std::isfinite(coef) || coef > 1.0) coef = 1.0;
+  clip_coef_ = coef;
+  grad_norm_ = norm;
+  return norm;
+}
+
+StepInfo ZeroEngine::step() {
+  StepInfo info;
+  const double t0 = MPI_Wtime();
+  check_hyper_parameters();
+  ensure_reduced();
+  const double t1 = MPI_Wtime();
+  double mul = grad_multiplier();
+  info.loss_scale = opt_.loss_scaler ? scale_ : 1.0;
+  info.grad_norm = grad_norm_;
+  if (opt_.loss_scaler) {
+    std::int64_t finite = local_grads_finite(mul) ? 1 : 0;
+    ctl_.allreduce(&finite, &finite, 1, DType::i64, ReduceOp::min);
+    info.grads_finite = finite != 0;
+  }
+  if (!info.grads_finite) {
+    update_scaler(false);
+    info.applied = false;
+    info.step = steps_;
+    info.reduce_seconds = t1 - t0;
+    info.update_seconds = MPI_Wtime() - t1;
+    end_step();
+    return info;
+  }
+  mul *= clip_coef_;
+  ++steps_;
+  if (kind_ == OptKind::lamb)
+    update_lamb(mul);
+  else if (kind_ == OptKind::custom)
+    update_custom(mul);
+  else
+    update(mul);
+  const double t2 = MPI_Wtime();
+  if (opt_.stage > 0) gather_params();
+  const double t3 = MPI_Wtime();
+  if (opt_.loss_scaler) update_scaler(true);
+  info.step = steps_;
+  info.reduce_seconds = t1 - t0;
+  info.update_seconds = t2 - t1;
+  info.gather_seconds = t3 - t2;
+  end_step();
+  return info;
+}
+
+void ZeroEngine::end_step() {
+  micro_batches_ = 0;
+  reduced_once_ = false;
+  open_ = true;
+  clip_coef_ = 1.0;
+  grad_norm_ = -1.0;
+}
+
+void ZeroEngine::update_scaler(bool finite) {
+  const LossScaler& l = *opt_.loss_scaler;
+  if (!finite) {
+    good_steps_ = 0;
+    if (--hysteresis_left_ <= 0) {
+      scale_ = std::max(scale_ * l.backoff_factor, l.min_scale);
+      hysteresis_left_ = 0;
+    }
+    return;
+  }
+  hysteresis_left_ = l.hysteresis;
+  if (++good_steps_ >= l.growth_interval) {
+    scale_ *= l.growth_factor;
+    good_steps_ = 0;
+  }
+}
+
+ZeroEngine::Run ZeroEngine::run_of(const Segment& s) {
+  Run r;
+  r.group = params_[s.param].group;
+  r.storage = s.storage;
+  r.count = s.count;
+  r.param = master_ ? master_buf_.as<std::byte>() + s.storage * 4 : user_param(s);
+  r.grad = static_cast<const std::byte*>(reduced_grad(s, r.grad_type));
+  r.out = master_ ? user_param(s) : nullptr;
+  return r;
+}
+
+// Consecutive segments of one group whose buffers all continue each other
+// run as one call.
+void ZeroEngine::for_each_run(const std::function<void(const Run&)>& f) {
+  const std::size_t psize = master_ ? 4 : elem_;
+  Run cur;
+  bool open = false;
+  for (std::size_t si : mine_) {
+    const Run r = run_of(segments_[si]);
+    if (open && r.group == cur.group && r.storage == cur.storage + cur.count &&
+        r.param == cur.param + cur.count * psize &&
+        r.grad == cur.grad + cur.count * dtype_size(cur.grad_type) &&
+        r.grad_type == cur.grad_type && (r.out == nullptr) == (cur.out == nullptr) &&
+        (r.out == nullptr || r.out == cur.out + cur.count * elem_)) {
+      cur.count += r.count;
+      continue;
+    }
+    if (open) f(cur);
+    cur = r;
+    open = true;
+  }
+  if (open) f(cur);
+}
+
+void ZeroEngine::update(double mul) {
+  using namespace functional;
+  const auto slot = [&](const char* name, const Run& r) -> std::span<float> {
+    for (std::size_t k = 0; k < slots_.size(); ++k)
+      if (slots_[k] == name) return {states_[k].as<float>() + r.storage, r.count};
+    return {};
+  };
+  for_each_run([&](const Run& r) {
+    const ParamView pv =
+        remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
+                                std::span<std::uint16_t>(
+                                    master_buf_.as<std::uint16_t>() + r.storage, r.count))
+                    : ParamView(reinterpret_cast<float*>(r.param), r.count);
+    const GradView gv(r.grad, r.count, r.grad_type);
+    StepOptions so;
+    so.grad_mul = mul;
+    so.param_out = r.out;
+    so.param_out_dtype = dtype_;
+    std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, SGD>) {
+            sgd(pv, gv, o.momentum != 0.0 ? slot("momentum_buffer", r) : std::span<float>(), steps_,
+                o, so);
+          } else if constexpr (std::is_same_v<O, Adam> || std::is_same_v<O, AdamW>) {
+            const std::span<float> mx = o.amsgrad ? slot("max_exp_avg_sq", r) : std::span<float>();
+            if constexpr (std::is_same_v<O, Adam>)
+              adam(pv, gv, slot("exp_avg", r), slot("exp_avg_sq", r), mx, steps_, o, so);
+            else
+              adamw(pv, gv, slot("exp_avg", r), slot("exp_avg_sq", r), mx, steps_, o, so);
+          } else if constexpr (std::is_same_v<O, Adagrad>) {
+            adagrad(pv, gv, slot("sum", r), steps_, o, so);
+          } else if constexpr (std::is_same_v<O, RMSprop>) {
+            rmsprop(pv, gv, slot("square_avg", r),
+                    o.centered ? slot("grad_avg", r) : std::span<float>(),
+                    o.momentum != 0.0 ? slot("momentum_buffer", r) : std::span<float>(), o, so);
+          } else if constexpr (std::is_same_v<O, Lion>) {
+            lion(pv, gv, slot("exp_avg", r), o, so);
+          }
+        },
+        groups_[std::size_t(r.group)]);
+  });
+}
+
+void ZeroEngine::update_lamb(double mul) {
+  const std::size_t np = params_.size();
+  // partial[(q * np + p) * 2 + {0, 1}]: rank q's sums of squares of
+  // parameter p's values and update direction, over its segments in order.
+  std::vector<double> partial(std::size_t(nranks_) * np * 2, 0.0);
+  const auto direction = [&](const Segment& s) {
+    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[s.param].group)]);
+    kernels::LambBuffers b;
+    if (remainders_) {
+      b.param_bf16 = reinterpret_cast<const bfloat16*>(user_param(s));
+      b.remainder = master_buf_.as<std::uint16_t>() + s.storage;
+    } else {
+      b.param = master_ ? master_buf_.as<float>() + s.storage
+                        : reinterpret_cast<const float*>(user_param(s));
+    }
+    b.grad = reduced_grad(s, b.grad_type);
+    b.exp_avg = states_[0].as<float>() + s.storage;
+    b.exp_avg_sq = states_[1].as<float>() + s.storage;
+    b.update = lamb_update_.as<float>() + s.storage;
+    b.n = s.count;
+    const kernels::LambScalars sc = kernels::make_lamb_scalars(
+        o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, steps_, mul);
+    const kernels::LambNorms n = kernels::cpu::lamb_direction(b, sc);
+    double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
+    d[0] += n.param_sq;
+    d[1] += n.update_sq;
+  };
+  for (std::size_t si : mine_) direction(segments_[si]);
+  if (opt_.stage > 0) {
+    std::vector<double> mine(partial.begin() + std::ptrdiff_t(std::size_t(rank_) * np * 2),
+                             partial.begin() + std::ptrdiff_t(std::size_t(rank_ + 1) * np * 2));
+    comm_.allgather(mine.data(), partial.data(), np * 2, DType::f64);
+  }
+  std::vector<float> neg_step(np);
+  for (std::size_t p = 0; p < np; ++p) {
+    double ps = 0.0, us = 0.0;
+    for (int q = 0; q < nranks_; ++q) {
+      ps += partial[(std::size_t(q) * np + p) * 2];
+      us += partial[(std::size_t(q) * np + p) * 2 + 1];
+    }
+    const double trust = ps > 0.0 && us > 0.0 ? std::sqrt(ps) / std::sqrt(us) : 1.0;
+    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[p].group)]);
+    neg_step[p] = static_cast<float>(-(o.lr * trust));
+  }
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    kernels::LambApplyBuffers a;
+    if (remainders_) {
+      a.param_out = user_param(s);
+      a.param_out_type = DType::bf16;
+      a.remainder = master_buf_.as<std::uint16_t>() + s.storage;
+    } else if (master_) {
+      a.param = master_buf_.as<float>() + s.storage;
+      a.param_out = user_param(s);
+      a.param_out_type = dtype_;
+    } else {
+      a.param = reinterpret_cast<float*>(user_param(s));
+    }
+    a.update = lamb_update_.as<float>() + s.storage;
+    a.n = s.count;
+    kernels::cpu::lamb_apply(a, neg_step[s.param]);
+  }
+}
+
+void ZeroEngine::update_custom(double mul) {
+  std::vector<std::span<float>> states(slots_.size());
+  for_each_run([&](const Run& r) {
+    const CustomOptimizer& o = std::get<CustomOptimizer>(groups_[std::size_t(r.group)]);
+    float* g = custom_scratch_.as<float>();
+    // Runs merge segments, so one may be longer than the scratch: go in
+    // pieces of the longest segment.
+    const std::size_t chunk = custom_scratch_.size() / 4;
+    for (std::size_t k = 0; k < r.count; k += chunk) {
+      const std::size_t m = std::min(chunk, r.count - k);
+      const std::size_t gs = dtype_size(r.grad_type);
+      const float fm = static_cast<float>(mul);
+      for (std::size_t j = 0; j < m; ++j) {
+        const std::byte* src = r.grad + (k + j) * gs;
+        float v;
+        if (r.grad_type == DType::bf16)
+          v = to_float(*reinterpret_cast<const bfloat16*>(src));
+        else if (r.grad_type == DType::f16)
+          v = to_float(*reinterpret_cast<const float16*>(src));
+        else
+          std::memcpy(&v, src, 4);
+        g[j] = v * fm;
+      }
+      for (std::size_t q = 0; q < slots_.size(); ++q)
+        states[q] = {states_[q].as<float>() + r.storage + k, m};
+      float* params = reinterpret_cast<float*>(r.param) + k;
+      CustomStep cs;
+      cs.params = {params, m};
+      cs.grads = {g, m};
+      cs.states = states;
+      cs.step = steps_;
+      cs.group = r.group;
+      o.update(cs, o.lr);
+      if (r.out != nullptr) cast(params, DType::f32, r.out + k * elem_, dtype_, m);
+    }
+  });
+}
+
+std::vector<std::string> ZeroEngine::state_names() const {
+  std::vector<std::string> names = {"master"};
+  names.insert(names.end(), slots_.begin(), slots_.end());
+  return names;
+}
+
+std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i) const {
+  const Param& p = param(i);
+  int slot = -2;
+  if (name == "master") slot = -1;
+  for (std::size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k] == name) slot = static_cast<int>(k);
+  if (slot == -2) {
+    std::string known;
+    for (const auto& n : state_names()) known += (known.empty() ? "" : ", ") + n;
+    throw_error(ErrorCode::invalid_argument,
+                "gather_state: no state named '" + std::string(name) + "'", "use one of: " + known,
+                __FILE__, __LINE__);
+  }
+  // Each element is owned by one rank; the others contribute -1 to a
+  // maximum over the bit patterns, which keeps -0 and every nan as it is.
+  std::vector<std::int64_t> bits(p.numel, -1);
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    if (s.param != i) continue;
+    std::vector<float> v(s.count);
+    if (slot >= 0) {
+      std::memcpy(v.data(), states_[std::size_t(slot)].as<float>() + s.storage, s.count * 4);
+    } else if (master_) {
+      std::memcpy(v.data(), master_buf_.as<float>() + s.storage, s.count * 4);
+    } else if (remainders_) {
+      functional::decode_param_remainders(
+          {reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
+          {master_buf_.as<std::uint16_t>() + s.storage, s.count}, v);
+    } else {
+      std::memcpy(v.data(), user_param(s), s.count * 4);
+    }
+    for (std::size_t k = 0; k < s.count; ++k) {
+      std::uint32_t u;
+      std::memcpy(&u, &v[k], 4);
+      bits[s.offset + k] = static_cast<std::int64_t>(u);
+    }
+  }
+  if (opt_.stage > 0 && p.numel > 0)
+    const_cast<Communicator&>(ctl_).allreduce(bits.data(), bits.data(), bits.size(), DType::i64,
+                                              ReduceOp::max);
+  std::vector<float> out(p.numel);
+  for (std::size_t k = 0; k < p.numel; ++k) {
+    const std::uint32_t u = static_cast<std::uint32_t>(bits[k]);
+    std::memcpy(&out[k], &u, 4);
+  }
+  return out;
+}
+
+MemoryReport ZeroEngine::memory_report() const {
+  MemoryReport m;
+  m.master_params = master_buf_.size();
+  for (const HostBuffer& s : states_) m.optimizer_state += s.size();
+  m.optimizer_state += lamb_update_.size();
+  m.grad_shard = grad_shard_.size();
+  m.reduced_grads = reduced_.size();
+  m.owned_grads = owned_grads_.size();
+  for (const HostBuffer& b : pool_) m.buckets += b.size();
+  m.buckets += custom_scratch_.size();
+  for (const Param& p : params_) {
+    m.user_params += p.numel * elem_;
+    if (p.grad != nullptr) m.user_grads += p.numel * elem_;
+  }
+  return m;
+}
+
+OptimizerConfig& ZeroEngine::param_group(int g) {
+  if (g < 0 || g >= num_groups())
+    throw_error(ErrorCode::invalid_argument,
+                "parameter group " + std::to_string(g) + " does not exist (" +
+                    std::to_string(num_groups()) + " groups)",
+                "pass a group index below num_groups()", __FILE__, __LINE__);
+  return groups_[std::size_t(g)];
+}
+
+void ZeroEngine::set_lr(double lr, int group) {
+  for (int g = 0; g < num_groups(); ++g) {
+    if (group >= 0 && g != group) continue;
+    std::visit([&](auto& o) { o.lr = lr; }, param_group(g));
+  }
+  if (group >= num_groups()) param_group(group);  // throws
+}
+
+}  // namespace shardopt::detail

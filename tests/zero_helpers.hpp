@@ -1,0 +1,990 @@
+// Helpers of the ZeRO engine tests: one rank's model buffers, gradients that
+// every rank can regenerate for every other rank, the single-process
+// reference (the functional optimizers on the summed gradients) and a runner
+// that steps the engine and the reference side by side and compares them.
+//
+// Exact data: every gradient is a small integer times 2^-4, so the sum over
+// up to 4 ranks (and a few micro-batches) is exact in f32, bf16 and f16, in
+// any order. The reduced gradients the engine sees are then the reference's
+// bit for bit, and the engine, which calls the same kernels with
+// grad_mul = 1/N, must give the reference's parameters bit for bit.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "mpi_test.hpp"
+#include "shardopt/half.hpp"
+#include "shardopt/optim.hpp"
+#include "shardopt/types.hpp"
+#include "shardopt/zero.hpp"
+
+namespace shardopt::test::zero {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// ------------------------------------------------------------- precision
+
+// How the model stores its parameters, and where the fp32 master lives.
+enum class Precision {
+  f32,       // fp32 parameters, which are the master weights
+  bf16,      // bf16 parameters, fp32 master
+  f16,       // f16 parameters, fp32 master
+  bf16_rem,  // bf16 parameters with remainders (ZeroOptions::param_remainders)
+};
+
+inline const std::vector<Precision>& all_precisions() {
+  static const std::vector<Precision> p = {Precision::f32, Precision::bf16, Precision::f16,
+                                           Precision::bf16_rem};
+  return p;
+}
+
+inline DType param_dtype(Precision p) {
+  switch (p) {
+    case Precision::f32:
+      return DType::f32;
+    case Precision::f16:
+      return DType::f16;
+    case Precision::bf16:
+    case Precision::bf16_rem:
+      return DType::bf16;
+  }
+  return DType::f32;
+}
+
+inline const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::f32:
+      return "f32";
+    case Precision::bf16:
+      return "bf16+fp32 master";
+    case Precision::f16:
+      return "f16+fp32 master";
+    case Precision::bf16_rem:
+      return "bf16+remainders";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------ element access
+
+inline float round_to(DType t, float v) {
+  if (t == DType::bf16) return to_float(bf16_from_float(v));
+  if (t == DType::f16) return to_float(f16_from_float(v));
+  return v;
+}
+
+inline float load(DType t, const void* base, std::size_t j) {
+  if (t == DType::f32) {
+    float v;
+    std::memcpy(&v, static_cast<const char*>(base) + 4 * j, 4);
+    return v;
+  }
+  std::uint16_t b;
+  std::memcpy(&b, static_cast<const char*>(base) + 2 * j, 2);
+  return t == DType::bf16 ? to_float(bfloat16{b}) : to_float(float16{b});
+}
+
+inline void store(DType t, void* base, std::size_t j, float v) {
+  if (t == DType::f32) {
+    std::memcpy(static_cast<char*>(base) + 4 * j, &v, 4);
+    return;
+  }
+  const std::uint16_t b = t == DType::bf16 ? bf16_from_float(v).bits : f16_from_float(v).bits;
+  std::memcpy(static_cast<char*>(base) + 2 * j, &b, 2);
+}
+
+// The stored bits of element j: 32 for f32, 16 for bf16 and f16.
+inline std::uint32_t load_bits(DType t, const void* base, std::size_t j) {
+  if (t == DType::f32) {
+    std::uint32_t u;
+    std::memcpy(&u, static_cast<const char*>(base) + 4 * j, 4);
+    return u;
+  }
+  std::uint16_t b;
+  std::memcpy(&b, static_cast<const char*>(base) + 2 * j, 2);
+  return b;
+}
+
+inline std::uint32_t float_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// The distance between v and the next 16-bit value of type t (0 for f32):
+// what a parameter copy may differ by when its master is within tolerance.
+inline float ulp16(DType t, float v) {
+  if (t == DType::f32) return 0.0f;
+  const float a = std::max(std::fabs(v), t == DType::f16 ? 0x1p-14f : 0x1p-126f);
+  int e = 0;
+  std::frexp(a, &e);
+  return std::ldexp(1.0f, e - (t == DType::bf16 ? 8 : 11));
+}
+
+// --------------------------------------------------------------- layout
+
+// The parameters every rank registers (names, sizes, groups).
+struct Layout {
+  std::vector<std::string> names;
+  std::vector<std::size_t> sizes;
+  std::vector<int> groups;  // empty: every parameter in group 0
+
+  std::size_t size() const { return sizes.size(); }
+  int group(std::size_t i) const { return groups.empty() ? 0 : groups[i]; }
+  std::size_t total() const {
+    std::size_t t = 0;
+    for (std::size_t s : sizes) t += s;
+    return t;
+  }
+  std::size_t largest() const {
+    std::size_t m = 0;
+    for (std::size_t s : sizes) m = std::max(m, s);
+    return m;
+  }
+};
+
+inline Layout make_layout(const std::vector<std::size_t>& sizes, std::vector<int> groups = {}) {
+  Layout l;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    l.names.push_back("layer" + std::to_string(i) + (i % 2 == 0 ? ".weight" : ".bias"));
+  }
+  l.sizes = sizes;
+  l.groups = std::move(groups);
+  return l;
+}
+
+// ------------------------------------------------------------------ data
+
+enum class GradKind {
+  exact,   // small integers times 2^-4: sums are exact in every type and order
+  random,  // uniform in [-1, 1), rounded to the gradient type
+};
+
+inline float unit_from_hash(std::uint64_t h) {
+  return static_cast<float>(h >> 40) * 0x1p-23f - 1.0f;  // 24 bits: exact, in [-1, 1)
+}
+
+// Rank `rank`'s gradient of element j of parameter `param` in micro-batch
+// `batch`, before rounding to the gradient type.
+inline float grad_value(GradKind kind, std::uint64_t key, std::int64_t batch, int rank,
+                        std::size_t param, std::size_t j) {
+  const std::uint64_t h =
+      mix64(data_key(key, static_cast<std::uint64_t>(batch), static_cast<std::uint64_t>(rank)) ^
+            mix64((static_cast<std::uint64_t>(param) << 32) ^ j));
+  if (kind == GradKind::exact) return static_cast<float>(static_cast<int>(h % 17) - 8) * 0.0625f;
+  return unit_from_hash(h);
+}
+
+// What rank `rank` stores in its gradient buffer (times a loss scale).
+inline float stored_grad(DType t, GradKind kind, std::uint64_t key, std::int64_t batch, int rank,
+                         std::size_t param, std::size_t j, float scale = 1.0f) {
+  return round_to(t, grad_value(kind, key, batch, rank, param, j) * scale);
+}
+
+// The initial value of element j of parameter i, representable in t.
+inline float initial_param(DType t, std::uint64_t key, std::size_t i, std::size_t j) {
+  return round_to(t, unit_from_hash(mix64(data_key(key ^ 0x9a7a, i, j))));
+}
+
+using Grads = std::vector<std::vector<float>>;
+
+// The sum over `ranks` ranks of their gradients (of type t) of micro-batch
+// `batch`, as a reduction in type `combine` computes it adding the ranks in
+// order (rounded to `combine` after each addition; t unless the reduction
+// is in fp32). Exact data: the sum itself, in any order.
+inline Grads reduced_grads(const Layout& layout, DType t, GradKind kind, std::uint64_t key,
+                           std::int64_t batch, int ranks, float scale = 1.0f,
+                           std::optional<DType> combine = std::nullopt) {
+  const DType c = combine.value_or(t);
+  Grads g(layout.size());
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    g[i].resize(layout.sizes[i]);
+    for (std::size_t j = 0; j < layout.sizes[i]; ++j) {
+      float s = stored_grad(t, kind, key, batch, 0, i, j, scale);
+      for (int r = 1; r < ranks; ++r)
+        s = round_to(c, s + stored_grad(t, kind, key, batch, r, i, j, scale));
+      g[i][j] = s;
+    }
+  }
+  return g;
+}
+
+inline void add_into(Grads& acc, const Grads& g) {
+  if (acc.empty()) {
+    acc = g;
+    return;
+  }
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    for (std::size_t j = 0; j < acc[i].size(); ++j) acc[i][j] += g[i][j];
+}
+
+// Writes this rank's gradient of parameter i into `buf` (numel elements of
+// t), replacing or adding to what is there (the sum rounded to t).
+inline void fill_grad(void* buf, DType t, std::size_t numel, GradKind kind, std::uint64_t key,
+                      std::int64_t batch, int rank, std::size_t i, bool add, float scale = 1.0f) {
+  for (std::size_t j = 0; j < numel; ++j) {
+    const float g = stored_grad(t, kind, key, batch, rank, i, j, scale);
+    store(t, buf, j, add ? load(t, buf, j) + g : g);
+  }
+}
+
+// ----------------------------------------------------------------- model
+
+// One rank's parameter and gradient buffers: one allocation per parameter,
+// or one for all of them (consecutive, in registration order). Gradients
+// are left to the optimizer (Param::grad null) when `owned_grads`.
+class Model {
+ public:
+  Model(const Layout& layout, DType dtype, bool contiguous, bool owned_grads, std::uint64_t key)
+      : layout_(layout), dtype_(dtype), owned_(owned_grads) {
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t n = layout.size();
+    pptr_.resize(n, nullptr);
+    gptr_.resize(n, nullptr);
+    if (contiguous) {
+      pbuf_.emplace_back(layout.total() * es);
+      gbuf_.emplace_back(layout.total() * es);
+      std::size_t off = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        pptr_[i] = pbuf_[0].data() + off * es;
+        gptr_[i] = gbuf_[0].data() + off * es;
+        off += layout.sizes[i];
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        pbuf_.emplace_back(layout.sizes[i] * es);
+        gbuf_.emplace_back(layout.sizes[i] * es);
+        pptr_[i] = pbuf_.back().data();
+        gptr_[i] = gbuf_.back().data();
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < layout.sizes[i]; ++j)
+        store(dtype, pptr_[i], j, initial_param(dtype, key, i, j));
+  }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const Layout& layout() const { return layout_; }
+  DType dtype() const { return dtype_; }
+  bool owned_grads() const { return owned_; }
+
+  std::vector<Param> params() {
+    std::vector<Param> p;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      p.push_back(Param{.name = layout_.names[i],
+                        .data = pptr_[i],
+                        .numel = layout_.sizes[i],
+                        .dtype = dtype_,
+                        .grad = owned_ ? nullptr : gptr_[i],
+                        .group = layout_.group(i)});
+    }
+    return p;
+  }
+  void* param_data(std::size_t i) { return pptr_[i]; }
+  // The registered gradient buffer; null when the optimizer owns it.
+  void* grad_data(std::size_t i) { return owned_ ? nullptr : gptr_[i]; }
+  float param(std::size_t i, std::size_t j) const { return load(dtype_, pptr_[i], j); }
+  std::uint32_t param_bits(std::size_t i, std::size_t j) const {
+    return load_bits(dtype_, pptr_[i], j);
+  }
+  std::vector<std::uint32_t> all_bits(std::size_t i) const {
+    std::vector<std::uint32_t> b(layout_.sizes[i]);
+    for (std::size_t j = 0; j < b.size(); ++j) b[j] = param_bits(i, j);
+    return b;
+  }
+
+ private:
+  Layout layout_;
+  DType dtype_;
+  bool owned_;
+  std::vector<std::vector<std::byte>> pbuf_, gbuf_;
+  std::vector<std::byte*> pptr_, gptr_;
+};
+
+// ---------------------------------------------------- optimizer configs
+
+inline const char* kind_name(const OptimizerConfig& c) {
+  return std::visit(
+      Overloaded{[](const SGD&) { return "SGD"; }, [](const Adam&) { return "Adam"; },
+                 [](const AdamW&) { return "AdamW"; }, [](const Adagrad&) { return "Adagrad"; },
+                 [](const RMSprop&) { return "RMSprop"; }, [](const Lion&) { return "Lion"; },
+                 [](const Lamb&) { return "Lamb"; },
+                 [](const CustomOptimizer&) { return "custom"; }},
+      c);
+}
+
+inline std::string describe(const OptimizerConfig& c) {
+  std::ostringstream s;
+  s << kind_name(c);
+  std::visit(
+      Overloaded{[&](const SGD& o) {
+                   s << "(lr=" << o.lr << " momentum=" << o.momentum << " dampening=" << o.dampening
+                     << " wd=" << o.weight_decay << (o.nesterov ? " nesterov" : "")
+                     << (o.maximize ? " maximize" : "") << ")";
+                 },
+                 [&](const Adam& o) {
+                   s << "(lr=" << o.lr << " wd=" << o.weight_decay << (o.amsgrad ? " amsgrad" : "")
+                     << (o.maximize ? " maximize" : "") << ")";
+                 },
+                 [&](const AdamW& o) {
+                   s << "(lr=" << o.lr << " wd=" << o.weight_decay << (o.amsgrad ? " amsgrad" : "")
+                     << (o.maximize ? " maximize" : "") << ")";
+                 },
+                 [&](const Adagrad& o) {
+                   s << "(lr=" << o.lr << " lr_decay=" << o.lr_decay
+                     << " init=" << o.initial_accumulator_value << ")";
+                 },
+                 [&](const RMSprop& o) {
+                   s << "(lr=" << o.lr << " momentum=" << o.momentum
+                     << (o.centered ? " centered" : "") << ")";
+                 },
+                 [&](const Lion& o) { s << "(lr=" << o.lr << " wd=" << o.weight_decay << ")"; },
+                 [&](const Lamb& o) { s << "(lr=" << o.lr << " wd=" << o.weight_decay << ")"; },
+                 [&](const CustomOptimizer& o) { s << "(" << o.name << ")"; }},
+      c);
+  return s.str();
+}
+
+// The optimizer's per-element fp32 states, as state_names() lists them
+// after "master".
+inline std::vector<std::string> optimizer_state_names(const OptimizerConfig& c) {
+  return std::visit(Overloaded{[](const SGD& o) {
+                                 return o.momentum != 0.0
+                                            ? std::vector<std::string>{"momentum_buffer"}
+                                            : std::vector<std::string>{};
+                               },
+                               [](const Adam& o) {
+                                 std::vector<std::string> v = {"exp_avg", "exp_avg_sq"};
+                                 if (o.amsgrad) v.push_back("max_exp_avg_sq");
+                                 return v;
+                               },
+                               [](const AdamW& o) {
+                                 std::vector<std::string> v = {"exp_avg", "exp_avg_sq"};
+                                 if (o.amsgrad) v.push_back("max_exp_avg_sq");
+                                 return v;
+                               },
+                               [](const Adagrad&) { return std::vector<std::string>{"sum"}; },
+                               [](const RMSprop& o) {
+                                 std::vector<std::string> v = {"square_avg"};
+                                 if (o.centered) v.push_back("grad_avg");
+                                 if (o.momentum != 0.0) v.push_back("momentum_buffer");
+                                 return v;
+                               },
+                               [](const Lion&) { return std::vector<std::string>{"exp_avg"}; },
+                               [](const Lamb&) {
+                                 return std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+                               },
+                               [](const CustomOptimizer& o) { return o.state_names; }},
+                    c);
+}
+
+// The learning rate of a config (for tolerances that scale with it).
+inline double lr_of(const OptimizerConfig& c) {
+  return std::visit([](const auto& o) { return o.lr; }, c);
+}
+
+// --------------------------------------------------------------- reference
+
+// The single-process run: every tensor stepped by the functional optimizer
+// of its group on the summed gradients, with the engine's storage of the
+// parameters (fp32; fp32 master and a 16-bit param_out; bf16 with
+// remainders).
+class Reference {
+ public:
+  Reference(const Model& init, Precision p, std::vector<OptimizerConfig> groups)
+      : layout_(init.layout()), precision_(p), dtype_(param_dtype(p)), groups_(std::move(groups)) {
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      Tensor t;
+      const std::size_t n = layout_.sizes[i];
+      t.master.resize(n);
+      for (std::size_t j = 0; j < n; ++j) t.master[j] = init.param(i, j);
+      if (dtype_ != DType::f32) {
+        t.half.resize(n);
+        for (std::size_t j = 0; j < n; ++j)
+          t.half[j] = static_cast<std::uint16_t>(init.param_bits(i, j));
+      }
+      if (p == Precision::bf16_rem)
+        t.rem.assign(n, 0);  // a bf16 model: the master is the bf16 value
+      const OptimizerConfig& cfg = groups_[static_cast<std::size_t>(layout_.group(i))];
+      for (const std::string& name : optimizer_state_names(cfg)) {
+        float init_value = 0.0f;
+        if (const auto* a = std::get_if<Adagrad>(&cfg)) {
+          init_value = static_cast<float>(a->initial_accumulator_value);
+        }
+        t.states[name].assign(n, init_value);
+      }
+      if (std::holds_alternative<Lamb>(cfg)) t.update.resize(n);
+      tensors_.push_back(std::move(t));
+    }
+  }
+
+  std::vector<OptimizerConfig>& groups() { return groups_; }
+  std::int64_t steps() const { return steps_; }
+  const Layout& layout() const { return layout_; }
+
+  // One step of every tensor on the reduced gradients, with grad_mul.
+  void step(const Grads& grads, double grad_mul) {
+    ++steps_;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::size_t n = layout_.sizes[i];
+      if (n == 0) continue;
+      Tensor& t = tensors_[i];
+      const int group = layout_.group(i);
+      const OptimizerConfig& cfg = groups_[static_cast<std::size_t>(group)];
+      functional::StepOptions so;
+      so.grad_mul = grad_mul;
+      functional::ParamView pv;
+      if (precision_ == Precision::bf16_rem) {
+        pv = functional::ParamView(t.half.data(), n, DType::bf16, std::span<std::uint16_t>(t.rem));
+      } else {
+        pv = functional::ParamView(t.master.data(), n);
+        if (dtype_ != DType::f32) {
+          so.param_out = t.half.data();
+          so.param_out_dtype = dtype_;
+        }
+      }
+      const functional::GradView gv(grads[i].data(), n, DType::f32);
+      auto st = [&](const char* name) -> std::span<float> {
+        auto it = t.states.find(name);
+        return it == t.states.end() ? std::span<float>() : std::span<float>(it->second);
+      };
+      std::visit(
+          Overloaded{
+              [&](const SGD& o) { functional::sgd(pv, gv, st("momentum_buffer"), steps_, o, so); },
+              [&](const Adam& o) {
+                functional::adam(pv, gv, st("exp_avg"), st("exp_avg_sq"), st("max_exp_avg_sq"),
+                                 steps_, o, so);
+              },
+              [&](const AdamW& o) {
+                functional::adamw(pv, gv, st("exp_avg"), st("exp_avg_sq"), st("max_exp_avg_sq"),
+                                  steps_, o, so);
+              },
+              [&](const Adagrad& o) { functional::adagrad(pv, gv, st("sum"), steps_, o, so); },
+              [&](const RMSprop& o) {
+                functional::rmsprop(pv, gv, st("square_avg"), st("grad_avg"), st("momentum_buffer"),
+                                    o, so);
+              },
+              [&](const Lion& o) { functional::lion(pv, gv, st("exp_avg"), o, so); },
+              [&](const Lamb& o) {
+                functional::lamb(pv, gv, st("exp_avg"), st("exp_avg_sq"), t.update, steps_, o, so);
+              },
+              [&](const CustomOptimizer& o) { custom_step(t, i, o, grads[i], grad_mul, group); }},
+          cfg);
+    }
+  }
+
+  // The fp32 master weights of parameter i (decoded, with remainders).
+  std::vector<float> master(std::size_t i) const {
+    const Tensor& t = tensors_[i];
+    if (precision_ != Precision::bf16_rem) return t.master;
+    std::vector<float> m(t.half.size());
+    std::vector<bfloat16> h(t.half.size());
+    for (std::size_t j = 0; j < h.size(); ++j) h[j] = bfloat16{t.half[j]};
+    functional::decode_param_remainders(h, t.rem, m);
+    return m;
+  }
+  // The bits the model's parameter buffer must hold.
+  std::vector<std::uint32_t> param_bits(std::size_t i) const {
+    const Tensor& t = tensors_[i];
+    std::vector<std::uint32_t> b(layout_.sizes[i]);
+    for (std::size_t j = 0; j < b.size(); ++j) {
+      b[j] = dtype_ == DType::f32 ? float_bits(t.master[j]) : t.half[j];
+    }
+    return b;
+  }
+  const std::vector<float>& state(const std::string& name, std::size_t i) const {
+    static const std::vector<float> none;
+    auto it = tensors_[i].states.find(name);
+    return it == tensors_[i].states.end() ? none : it->second;
+  }
+
+ private:
+  struct Tensor {
+    std::vector<float> master;        // unused with remainders
+    std::vector<std::uint16_t> half;  // 16-bit parameters
+    std::vector<std::uint16_t> rem;
+    std::map<std::string, std::vector<float>> states;
+    std::vector<float> update;  // LAMB's scratch
+  };
+
+  // A custom optimizer gets the gradients times grad_mul (in float) and the
+  // fp32 master; the 16-bit copy is the master rounded to nearest even.
+  void custom_step(Tensor& t, std::size_t i, const CustomOptimizer& o, const std::vector<float>& g,
+                   double grad_mul, int group) {
+    const std::size_t n = g.size();
+    std::vector<float> master = this->master(i);
+    std::vector<float> scaled(n);
+    const float gm = static_cast<float>(grad_mul);
+    for (std::size_t j = 0; j < n; ++j) scaled[j] = g[j] * gm;
+    std::vector<std::span<float>> states;
+    for (const std::string& name : o.state_names) states.emplace_back(t.states[name]);
+    const CustomStep cs{
+        .params = master, .grads = scaled, .states = states, .step = steps_, .group = group};
+    o.update(cs, o.lr);
+    if (precision_ == Precision::bf16_rem) {
+      std::vector<bfloat16> h(n);
+      functional::encode_param_remainders(master, h, t.rem);
+      for (std::size_t j = 0; j < n; ++j) t.half[j] = h[j].bits;
+      return;
+    }
+    t.master = master;
+    for (std::size_t j = 0; j < t.half.size(); ++j) {
+      t.half[j] =
+          dtype_ == DType::bf16 ? bf16_from_float(master[j]).bits : f16_from_float(master[j]).bits;
+    }
+  }
+
+  Layout layout_;
+  Precision precision_;
+  DType dtype_;
+  std::vector<OptimizerConfig> groups_;
+  std::vector<Tensor> tensors_;
+  std::int64_t steps_ = 0;
+};
+
+// ----------------------------------------------------------- comparisons
+
+// |got - want| <= abs + rel * |want|; both zero: bitwise.
+struct Tolerance {
+  double abs = 0.0;
+  double rel = 0.0;
+  bool bitwise() const { return abs == 0.0 && rel == 0.0; }
+};
+
+inline std::string fmt_float(float v) {
+  std::ostringstream s;
+  s.precision(9);
+  s << v << " (0x" << std::hex << float_bits(v) << ")";
+  return s.str();
+}
+
+// "" if `got` equals `want` (bitwise, or within tol), else where they first
+// differ and how many elements do.
+inline std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want,
+                                  Tolerance tol) {
+  if (got.size() != want.size()) {
+    return "size " + std::to_string(got.size()) + ", expected " + std::to_string(want.size());
+  }
+  std::size_t bad = 0, first = 0;
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    const bool same = tol.bitwise()
+                          ? float_bits(got[j]) == float_bits(want[j])
+                          : std::fabs(static_cast<double>(got[j]) - want[j]) <=
+                                tol.abs + tol.rel * std::fabs(static_cast<double>(want[j]));
+    if (!same && bad++ == 0) first = j;
+  }
+  if (bad == 0) return "";
+  return std::to_string(bad) + " of " + std::to_string(got.size()) + " differ, first [" +
+         std::to_string(first) + "]: " + fmt_float(got[first]) + ", expected " +
+         fmt_float(want[first]);
+}
+
+inline std::string compare_bits(const std::vector<std::uint32_t>& got,
+                                const std::vector<std::uint32_t>& want) {
+  if (got.size() != want.size()) {
+    return "size " + std::to_string(got.size()) + ", expected " + std::to_string(want.size());
+  }
+  std::size_t bad = 0, first = 0;
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    if (got[j] != want[j] && bad++ == 0) first = j;
+  }
+  if (bad == 0) return "";
+  std::ostringstream s;
+  s << bad << " of " << got.size() << " differ, first [" << first << "]: bits 0x" << std::hex
+    << got[first] << ", expected 0x" << want[first];
+  return s.str();
+}
+
+// Collective: true on every rank iff `s` is rank 0's string on every rank.
+inline bool same_on_all_ranks(const std::string& s) {
+  unsigned long long len = s.size();
+  MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  std::string root = world_rank() == 0 ? s : std::string(static_cast<std::size_t>(len), '\0');
+  MPI_Bcast(root.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return all_ranks_true(root == s);
+}
+
+// Collective: every rank's owned_ranges(), indexed by rank.
+inline std::vector<std::vector<ShardRange>> all_owned_ranges(const ZeroRedundancyOptimizer& opt) {
+  std::vector<unsigned long long> mine;
+  for (const ShardRange& r : opt.owned_ranges()) {
+    mine.insert(mine.end(), {r.param, r.offset, r.count, r.shard_offset});
+  }
+  const int n = world_size();
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<std::size_t>(n)), displs(static_cast<std::size_t>(n));
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < n; ++r) {
+    displs[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<unsigned long long> all(static_cast<std::size_t>(total));
+  MPI_Allgatherv(mine.data(), count, MPI_UNSIGNED_LONG_LONG, all.data(), counts.data(),
+                 displs.data(), MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
+  std::vector<std::vector<ShardRange>> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    for (int k = displs[static_cast<std::size_t>(r)];
+         k < displs[static_cast<std::size_t>(r)] + counts[static_cast<std::size_t>(r)]; k += 4) {
+      const auto* v = &all[static_cast<std::size_t>(k)];
+      out[static_cast<std::size_t>(r)].push_back(
+          ShardRange{.param = v[0], .offset = v[1], .count = v[2], .shard_offset = v[3]});
+    }
+  }
+  return out;
+}
+
+// Elements of this rank's shard (the sum of its owned ranges).
+inline std::size_t shard_elements(const ZeroRedundancyOptimizer& opt) {
+  std::size_t n = 0;
+  for (const ShardRange& r : opt.owned_ranges()) n += r.count;
+  return n;
+}
+
+// ------------------------------------------------------------------ runner
+
+// When parameters are marked ready.
+enum class Ready {
+  none,     // never: step() reduces everything at once
+  forward,  // 0, 1, 2, ...
+  reverse,  // the order of a backward pass
+  scratch,  // reverse, each gradient passed in one reused scratch buffer
+};
+
+inline const char* ready_name(Ready r) {
+  switch (r) {
+    case Ready::none:
+      return "not marked ready";
+    case Ready::forward:
+      return "ready in forward order";
+    case Ready::reverse:
+      return "ready in reverse order";
+    case Ready::scratch:
+      return "ready from a scratch buffer";
+  }
+  return "?";
+}
+
+struct Run {
+  Layout layout;
+  Precision precision = Precision::f32;
+  std::vector<OptimizerConfig> groups;
+  ZeroOptions options{};
+  GradKind kind = GradKind::exact;
+  std::uint64_t key = 1;  // the data
+  int steps = 3;
+  // Micro-batches per step: stage 2 reduce_gradients() after each (the
+  // last one only when reduce_last, else step() reduces it), stages 0 and
+  // 1, and stage 2 with accumulate_locally, add them up in the gradient
+  // buffers and mark them ready in the last one only.
+  int micro_batches = 1;
+  bool reduce_last = false;
+  bool accumulate_locally = false;
+  Ready ready = Ready::reverse;
+  bool contiguous = false;
+  bool owned_grads = false;
+  bool distributed = false;  // DistributedOptimizer instead of ZeroRedundancyOptimizer
+  // Parameters (and masters and states) against the reference: bitwise, or
+  // within this tolerance (16-bit parameters then within it plus one ulp).
+  Tolerance tolerance{};
+  std::optional<Tolerance> state_tolerance;  // of the gathered states; default `tolerance`
+  bool compare_reference = true;
+  // Hooks, each on every rank (collectives allowed: every rank calls them
+  // in the same order). before_step: before the step's gradients are
+  // written (learning rate schedules: change the optimizer and the
+  // reference alike). before_update: after the gradients are reduced or
+  // written, before step(); returns the grad_mul of the reference step
+  // (given the default). after_step: after step() and the reference step.
+  std::function<void(ZeroRedundancyOptimizer&, Reference&, int)> before_step;
+  std::function<double(ZeroRedundancyOptimizer&, const Grads&, int, double)> before_update;
+  std::function<void(ZeroRedundancyOptimizer&, const StepInfo&, const Grads&, int)> after_step;
+};
+
+inline std::string describe(const Run& run) {
+  std::ostringstream s;
+  s << (run.distributed ? "DistributedOptimizer"
+                        : "ZeRO stage " + std::to_string(run.options.stage))
+    << " at " << world_size() << " ranks, " << describe(run.groups.at(0));
+  if (run.groups.size() > 1) s << " (+" << run.groups.size() - 1 << " groups)";
+  s << ", " << precision_name(run.precision) << ", "
+    << (run.kind == GradKind::exact ? "exact" : "random") << " gradients, " << run.layout.size()
+    << " params (" << run.layout.total() << " elements), "
+    << (run.contiguous ? "one contiguous buffer" : "separate buffers")
+    << (run.owned_grads ? ", owned gradients" : "") << ", " << ready_name(run.ready)
+    << ", bucket_mb " << run.options.bucket_mb << ", " << run.steps << " steps";
+  if (run.micro_batches > 1) {
+    s << " of " << run.micro_batches << " micro-batches";
+    if (run.accumulate_locally || run.options.stage != 2) {
+      s << " accumulated locally";
+    } else {
+      s << (run.reduce_last ? ", reduce_gradients() after each"
+                            : ", reduce_gradients() after each but the last");
+    }
+  }
+  if (run.options.reduction == GradReduction::sum) s << ", reduction sum";
+  if (run.options.reduce_in_fp32) s << ", reduce_in_fp32";
+  if (run.options.predivide_factor != 1.0) s << ", predivide " << run.options.predivide_factor;
+  return s.str();
+}
+
+// The engine's state after a run: its parameters (the model's buffers, as
+// bits) and every state gathered.
+struct Snapshot {
+  std::vector<std::vector<std::uint32_t>> params;
+  std::map<std::string, std::vector<std::vector<float>>> states;
+};
+
+struct Outcome {
+  bool ok = false;  // the same on every rank
+  Snapshot last;
+};
+
+// "" if a and b are bitwise equal.
+inline std::string compare_snapshots(const Snapshot& a, const Snapshot& b) {
+  if (a.params.size() != b.params.size()) return "different numbers of parameters";
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    const std::string d = compare_bits(a.params[i], b.params[i]);
+    if (!d.empty()) return "param " + std::to_string(i) + ": " + d;
+  }
+  if (a.states.size() != b.states.size()) return "different sets of states";
+  for (const auto& [name, va] : a.states) {
+    auto it = b.states.find(name);
+    if (it == b.states.end()) return "state " + name + " missing";
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      const std::string d = compare_floats(va[i], it->second.at(i), Tolerance{});
+      if (!d.empty()) return "state " + name + " of param " + std::to_string(i) + ": " + d;
+    }
+  }
+  return "";
+}
+
+// The grad_mul of a step: 1/N for the average, 1 for the sum.
+inline double default_grad_mul(const ZeroOptions& o, int ranks) {
+  return o.reduction == GradReduction::avg ? 1.0 / ranks : 1.0;
+}
+
+// Collective: runs the engine and the reference side by side, comparing the
+// parameters after every step and, at the end, every gathered state; CHECKs
+// the verdict (one for all ranks) and returns it with the engine's final
+// state.
+inline Outcome run_and_compare(const Run& run) {
+  Outcome out;
+  INFO(describe(run));
+  const int n = world_size();
+  const int rank = world_rank();
+  const DType dtype = param_dtype(run.precision);
+  const bool owned = run.owned_grads;
+  ZeroOptions options = run.options;
+  options.param_remainders = run.precision == Precision::bf16_rem;
+  Model model(run.layout, dtype, run.contiguous, owned, run.key);
+  Reference ref(model, run.precision, run.groups);
+  std::string failure;  // this rank's first problem
+  auto fail = [&](const std::string& what) {
+    if (failure.empty()) failure = what;
+  };
+
+  std::unique_ptr<ZeroRedundancyOptimizer> opt;
+  bool made = no_throw([&] {
+    if (run.distributed) {
+      opt = std::make_unique<DistributedOptimizer>(world(), model.params(), run.groups, options);
+    } else {
+      opt = std::make_unique<ZeroRedundancyOptimizer>(world(), model.params(), run.groups, options);
+    }
+  });
+  if (!all_ranks_true(made)) {
+    CHECK(made);
+    return out;
+  }
+  const int stage = opt->stage();
+  if (run.ready == Ready::scratch && run.micro_batches > 1 &&
+      (stage != 2 || run.accumulate_locally)) {
+    fail("the test asks for a scratch buffer with local accumulation, which it cannot add to");
+  }
+  std::vector<std::byte> scratch(run.layout.largest() * dtype_size(dtype));
+  const Tolerance tol = run.tolerance;
+
+  for (int s = 0; s < run.steps; ++s) {
+    Grads summed;
+    StepInfo info;
+    bool stepped = no_throw([&] {
+      if (run.before_step) run.before_step(*opt, ref, s);
+      opt->zero_grad();
+      const int m_count = run.micro_batches;
+      for (int m = 0; m < m_count; ++m) {
+        const std::int64_t batch = static_cast<std::int64_t>(s) * m_count + m;
+        const bool last = m == m_count - 1;
+        add_into(summed, reduced_grads(run.layout, dtype, run.kind, run.key, batch, n, 1.0f,
+                                       options.reduce_in_fp32 ? DType::f32 : dtype));
+        // Stages 0 and 1 accumulate locally and are told nothing until the
+        // last micro-batch; stage 2 reduces every micro-batch unless told to
+        // accumulate locally too.
+        const bool local = stage != 2 || run.accumulate_locally;
+        const bool add = local && m > 0;
+        const bool mark = !local || last;
+        std::vector<std::size_t> order(run.layout.size());
+        for (std::size_t i = 0; i < order.size(); ++i) {
+          order[i] = run.ready == Ready::forward ? i : order.size() - 1 - i;
+        }
+        for (std::size_t i : order) {
+          const std::size_t numel = run.layout.sizes[i];
+          if (run.ready == Ready::scratch) {
+            // Garbage first, so a late copy from the scratch would show.
+            std::memset(scratch.data(), 0x7f, scratch.size());
+            fill_grad(scratch.data(), dtype, numel, run.kind, run.key, batch, rank, i, false);
+            opt->grad_ready(i, scratch.data());
+            continue;
+          }
+          void* g = owned ? opt->grad(i) : model.grad_data(i);
+          if (numel > 0) fill_grad(g, dtype, numel, run.kind, run.key, batch, rank, i, add);
+          if (mark && run.ready != Ready::none) opt->grad_ready(i);
+        }
+        if (!local && (!last || run.reduce_last)) opt->reduce_gradients();
+      }
+      double grad_mul = default_grad_mul(options, n);
+      if (run.before_update) grad_mul = run.before_update(*opt, summed, s, grad_mul);
+      info = opt->step();
+      ref.step(summed, grad_mul);
+      if (run.after_step) run.after_step(*opt, info, summed, s);
+    });
+    if (!stepped) fail("step " + std::to_string(s + 1) + " threw");
+    if (!all_ranks_true(stepped)) break;
+    if (!info.applied) fail("step " + std::to_string(s + 1) + " was not applied");
+    if (info.step != ref.steps() || opt->steps() != ref.steps()) {
+      fail("step " + std::to_string(s + 1) + ": StepInfo::step " + std::to_string(info.step) +
+           ", steps() " + std::to_string(opt->steps()));
+    }
+    if (!run.compare_reference) continue;
+    for (std::size_t i = 0; i < run.layout.size() && failure.empty(); ++i) {
+      std::string d;
+      if (tol.bitwise()) {
+        d = compare_bits(model.all_bits(i), ref.param_bits(i));
+      } else {
+        // The engine's parameters against the reference's master: the
+        // 16-bit copy may round to either neighbour of a master that moved
+        // within the tolerance.
+        const std::vector<float> want = ref.master(i);
+        bool ok = true;
+        std::size_t bad = 0;
+        for (std::size_t j = 0; j < want.size(); ++j) {
+          const float got = model.param(i, j);
+          const double allowed =
+              tol.abs + tol.rel * std::fabs(static_cast<double>(want[j])) + ulp16(dtype, want[j]);
+          if (!(std::fabs(static_cast<double>(got) - want[j]) <= allowed)) {
+            if (ok) {
+              std::ostringstream w;
+              w << "[" << j << "]: " << fmt_float(got) << ", master expected "
+                << fmt_float(want[j]);
+              d = w.str();
+            }
+            ok = false;
+            ++bad;
+          }
+        }
+        if (!ok) d = std::to_string(bad) + " elements off, first " + d;
+      }
+      if (!d.empty()) {
+        fail("after step " + std::to_string(s + 1) + ", parameter " + run.layout.names[i] + ": " +
+             d);
+      }
+    }
+  }
+
+  // The states: their names, then each gathered and compared.
+  std::vector<std::string> expect = {"master"};
+  for (const std::string& name : optimizer_state_names(run.groups.at(0))) expect.push_back(name);
+  std::vector<std::string> names = opt->state_names();
+  bool names_ok = !names.empty() && names[0] == "master";
+  {
+    std::vector<std::string> a(names), b(expect);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    names_ok = names_ok && a == b;
+  }
+  if (!names_ok) {
+    std::string got;
+    for (const std::string& x : names) got += " " + x;
+    fail("state_names():" + got);
+  }
+  if (all_ranks_true(names_ok)) {
+    for (std::size_t i = 0; i < run.layout.size(); ++i)
+      out.last.params.push_back(model.all_bits(i));
+    const bool gathered = no_throw([&] {
+      for (const std::string& name : expect) {
+        auto& per_param = out.last.states[name];
+        for (std::size_t i = 0; i < run.layout.size(); ++i) {
+          per_param.push_back(opt->gather_state(name, i));
+          if (!run.compare_reference) continue;
+          const std::vector<float> want = name == "master" ? ref.master(i) : ref.state(name, i);
+          const Tolerance t = name == "master" ? tol : run.state_tolerance.value_or(tol);
+          const std::string d = compare_floats(per_param.back(), want, t);
+          if (!d.empty()) fail("gather_state(\"" + name + "\", " + run.layout.names[i] + "): " + d);
+        }
+      }
+      // state(i): every state of parameter i at once, as gather_state().
+      for (std::size_t i = 0; i < run.layout.size(); ++i) {
+        const std::map<std::string, std::vector<float>> all = opt->state(i);
+        if (all.size() != expect.size()) {
+          fail("state(" + std::to_string(i) + ") has " + std::to_string(all.size()) + " states");
+        }
+        for (const auto& [name, values] : all) {
+          auto it = out.last.states.find(name);
+          const std::string d = it == out.last.states.end()
+                                    ? "not a state name"
+                                    : compare_floats(values, it->second[i], Tolerance{});
+          if (!d.empty()) fail("state(" + std::to_string(i) + ")[\"" + name + "\"]: " + d);
+        }
+      }
+    });
+    if (!gathered) fail("gather_state or state threw");
+  }
+  // 16-bit parameters are the masters rounded (to nearest even; with
+  // remainders, the encoding's rounding) whatever the tolerance.
+  if (dtype != DType::f32 && out.last.states.count("master") != 0) {
+    for (std::size_t i = 0; i < run.layout.size(); ++i) {
+      const std::vector<float>& m = out.last.states["master"][i];
+      std::vector<std::uint32_t> want(m.size());
+      if (run.precision == Precision::bf16_rem) {
+        std::vector<bfloat16> h(m.size());
+        std::vector<std::uint16_t> r(m.size());
+        functional::encode_param_remainders(m, h, r);
+        for (std::size_t j = 0; j < m.size(); ++j) want[j] = h[j].bits;
+      } else {
+        for (std::size_t j = 0; j < m.size(); ++j) {
+          want[j] = dtype == DType::bf16 ? bf16_from_float(m[j]).bits : f16_from_float(m[j]).bits;
+        }
+      }
+      const std::string d = compare_bits(model.all_bits(i), want);
+      if (!d.empty()) fail("parameter " + run.layout.names[i] + " is not its master rounded: " + d);
+    }
+  }
+  if (!failure.empty()) UNSCOPED_INFO("rank " << rank << ": " << failure);
+  out.ok = all_ranks_true(failure.empty());
+  CHECK(out.ok);
+  return out;
+}
+
+}  // namespace shardopt::test::zero
