@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "report.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace {
@@ -39,6 +40,8 @@ using cli::bad_value;
 using cli::OptionSpec;
 using cli::parse_int;
 using cli::UsageError;
+using report::Stats;
+using report::stats_of;
 
 using shardopt::DType;
 using shardopt::ReduceOp;
@@ -419,22 +422,6 @@ class InputData {
 
 // ---------------------------------------------------------------------------
 // Timing
-
-struct Stats {
-  double median_us = 0, min_us = 0, max_us = 0;
-};
-
-Stats stats_of(std::vector<double> t) {
-  Stats s;
-  if (t.empty()) return s;
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  const double median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-  s.median_us = median * 1e6;
-  s.min_us = t.front() * 1e6;
-  s.max_us = t.back() * 1e6;
-  return s;
-}
 
 struct Row {
   Collective op;
@@ -921,12 +908,7 @@ int with_element_type(DType t, F&& f) {
   return 1;
 }
 
-void print_error(int rank, const char* what) {
-  std::fprintf(stderr, "%s: rank %d: %s\n", kProgram, rank, what);
-  std::fflush(stderr);
-}
-
-// Everything that needs MPI; the Environment outlives it.
+// Everything that needs MPI; run_with_mpi's Environment outlives it.
 int bench_main(int argc, char** argv) {
   int rank = 0;
   int nranks = 1;
@@ -937,10 +919,7 @@ int bench_main(int argc, char** argv) {
   try {
     opt = parse_options(argc, argv, nranks);
   } catch (const UsageError& e) {
-    if (rank == 0) {
-      std::fprintf(stderr, "%s: %s\nrun '%s -h' for the options and their values\n", kProgram,
-                   e.message.c_str(), kProgram);
-    }
+    cli::print_usage_error(kProgram, rank, e);
     return 2;
   }
   if (opt.help) {
@@ -965,9 +944,9 @@ int bench_main(int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (failed) {
     if (!local_error.empty()) {
-      print_error(rank, local_error.c_str());
+      cli::print_error(kProgram, rank, local_error);
     } else {
-      print_error(rank, "stopping: another rank failed to set up (see its message)");
+      cli::print_error(kProgram, rank, "stopping: another rank failed to set up (see its message)");
     }
     return 1;
   }
@@ -992,7 +971,7 @@ int bench_main(int argc, char** argv) {
     comm.free();
     return status;
   } catch (const std::exception& e) {
-    print_error(rank, e.what());
+    cli::print_error(kProgram, rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
@@ -1000,13 +979,4 @@ int bench_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::optional<shardopt::Environment> env;
-  try {
-    env.emplace(&argc, &argv);
-  } catch (const shardopt::Error& e) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
-    return 1;
-  }
-  return bench_main(argc, argv);
-}
+int main(int argc, char** argv) { return cli::run_with_mpi(kProgram, argc, argv, bench_main); }

@@ -17,7 +17,6 @@
 // the standard library. The optimizer calls, the byte counts and the random
 // values are shared with shardopt-bench-optim-gpu (optim_steps.hpp).
 #include <omp.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,7 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <random>
@@ -40,7 +38,9 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "machine.hpp"
 #include "optim_steps.hpp"
+#include "report.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
@@ -51,10 +51,13 @@
 namespace {
 
 using cli::bad_value;
+using cli::human_count;
 using cli::OptionSpec;
 using cli::parse_int;
 using cli::split;
 using cli::UsageError;
+using report::median;
+using report::num;
 
 using bench::bytes_formula;
 using bench::bytes_per_param;
@@ -431,8 +434,7 @@ struct Options {
 };
 
 std::string usage() {
-  std::string names;
-  for (const auto& o : optimizers()) names += std::string(names.empty() ? "" : " ") + o.name;
+  const std::string names = bench::names_of(optimizers());
   std::string precisions;
   for (const auto& p : kPrecisions) {
     precisions += std::string("                          ") + p.name +
@@ -580,29 +582,6 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------
 // Machine
 
-std::size_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::size_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("model name")) {
-      const std::size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
-
 // mpirun -n 2 would start two copies that compete for the same cores.
 int launched_processes() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
@@ -633,18 +612,10 @@ class OtherLoad {
  private:
   bool sample() {
     wall_ = std::chrono::steady_clock::now();
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    self_s_ = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-              static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-    std::ifstream in("/proc/stat");
-    std::string cpu;
-    std::uint64_t v[8] = {};
-    if (!(in >> cpu) || cpu != "cpu") return false;
-    for (auto& x : v) in >> x;  // user nice system idle iowait irq softirq steal
-    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-    busy_s_ = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
-    return static_cast<bool>(in);
+    const machine::CpuTimes t = machine::cpu_times();
+    self_s_ = t.self_s;
+    if (t.ok) busy_s_ = t.busy_s;
+    return t.ok;
   }
   double busy_s_ = 0, self_s_ = 0;
   std::chrono::steady_clock::time_point wall_;
@@ -654,23 +625,10 @@ class OtherLoad {
 // the machine while it ran.
 constexpr double kBusyFraction = 0.05;
 
-std::string human_count(std::size_t n) {
-  if (n % (std::size_t{1} << 30) == 0) return std::to_string(n >> 30) + "G";
-  if (n % (std::size_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n % (std::size_t{1} << 10) == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-
 double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 
 // ---------------------------------------------------------------------------
 // Timing
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 template <class F>
 double seconds(const F& f) {
@@ -736,14 +694,6 @@ struct Row {
   double other_load;  // other processes' share of the CPUs during the row; -1 unknown
 };
 
-// Fixed-notation number for JSON (finite only).
-std::string num(double x, int digits) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  return buf;
-}
-
 void print_row(const Options& o, const Row& r) {
   if (o.json) {
     std::printf(
@@ -773,7 +723,8 @@ int run(const Options& o) {
   const int nproc = omp_get_num_procs();
   std::fprintf(info, "# %s: %s\n", kProgram, shardopt::build_info_string().c_str());
   std::fprintf(info, "# machine: %s, %d cores for OpenMP, vector unit %s, MemAvailable %.1f GiB\n",
-               cpu_model().c_str(), nproc, isa_name(kIsa), gib(mem_available_bytes()));
+               machine::cpu_model().c_str(), nproc, isa_name(kIsa),
+               gib(machine::mem_available_bytes()));
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && nproc == 1) {
     std::fprintf(info,
                  "# note: mpirun binds a rank to one core; mpirun -n 1 --bind-to none "
@@ -795,7 +746,8 @@ int run(const Options& o) {
   // params, states and f32 grads (also the triad's output), plus what the precisions need.
   const std::size_t bytes_per_elem = 4 * (2 + max_states) + (need_scratch ? 4 : 0) +
                                      (need_bf16 ? 2 : 0) + (need_f16 ? 2 : 0) + (need_copy ? 2 : 0);
-  const std::size_t max_memory = o.max_memory != 0 ? o.max_memory : mem_available_bytes() / 4 * 3;
+  const std::size_t max_memory =
+      o.max_memory != 0 ? o.max_memory : machine::mem_available_bytes() / 4 * 3;
 
   if (!o.json) {
     std::printf("#\n# %-8s %-10s %6s %7s %4s %11s %8s %8s %8s %6s %6s  %s\n", "optimizer",

@@ -36,6 +36,7 @@
 
 #include "cli.hpp"
 #include "optim_steps.hpp"
+#include "report.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
@@ -51,10 +52,13 @@ using bench::optimizers;
 using bench::Precision;
 using bench::Streams;
 using cli::bad_value;
+using cli::human_count;
 using cli::OptionSpec;
 using cli::parse_int;
 using cli::split;
 using cli::UsageError;
+using report::median;
+using report::num;
 using shardopt::DType;
 
 constexpr const char* kProgram = "shardopt-bench-optim-gpu";
@@ -496,8 +500,7 @@ struct Options {
 };
 
 std::string usage() {
-  std::string names;
-  for (const auto& o : optimizers()) names += std::string(names.empty() ? "" : " ") + o.name;
+  const std::string names = bench::names_of(optimizers());
   std::string precisions;
   for (const auto& p : kPrecisions) {
     precisions += std::string("                          ") + p.name +
@@ -601,12 +604,6 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------
 // Timing
 
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 // Median seconds of a and of b, timed alternately in a random order per pair.
 template <class A, class B>
 std::pair<double, double> time_pair(Timer& timer, const A& a, const B& b, const Options& o,
@@ -640,22 +637,7 @@ struct Row {
   double time_us, gbps, limit_gbps, copy_gbps, ratio;
 };
 
-std::string human_count(std::size_t n) {
-  if (n % (std::size_t{1} << 30) == 0) return std::to_string(n >> 30) + "G";
-  if (n % (std::size_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n % (std::size_t{1} << 10) == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-
 double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
-
-// Fixed-notation number for JSON (finite only).
-std::string num(double x, int digits) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  return buf;
-}
 
 void print_row(const Options& o, const Row& r) {
   if (o.json) {

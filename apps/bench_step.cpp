@@ -6,11 +6,13 @@
 // weights, small biases and norms) in one contiguous parameter buffer and one
 // contiguous gradient buffer, registers them with a ZeroRedundancyOptimizer,
 // and times the step as a training loop would run it: grad_ready(i) for each
-// parameter in reverse (backward) order, then step(). Alternately with it, it
-// times what the step cannot avoid: the raw MPI collectives of the stage on
-// buffers of the same total size, and the functional optimizer alone on a
-// buffer the size of the shard. The table prints the phases of the step, the
-// limit, their ratio, and the memory per rank beside the ZeRO formula.
+// parameter in reverse (backward) order, then step(). In the same iterations,
+// in an order drawn at random, it times what the step cannot avoid: the raw
+// MPI collectives of the stage on buffers of the same total size (whole, and
+// again cut into buckets as the engine cuts them), and the functional
+// optimizer alone on a buffer the size of the shard. The table prints the
+// phases of the step, the limit, their ratio, and the memory per rank beside
+// the ZeRO formula plus the buckets.
 //
 //   mpirun -n 2 shardopt-bench-step                       # 1M,4M,25M, stages 0-2
 //   mpirun -n 2 shardopt-bench-step -p 100M -d bf16 --json
@@ -18,7 +20,6 @@
 // Uses only the public API of shardopt, MPI, OpenMP and the standard library.
 #include <mpi.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,18 +27,19 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <exception>
-#include <fstream>
-#include <limits>
-#include <optional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
+#include "machine.hpp"
 #include "optim_steps.hpp"
+#include "report.hpp"
 #include "shardopt/shardopt.hpp"
 #include "shardopt/zero.hpp"
 
@@ -47,10 +49,14 @@ using bench::OptimizerEntry;
 using bench::Streams;
 using bench::uniform;
 using cli::bad_value;
+using cli::human_count;
 using cli::OptionSpec;
 using cli::parse_int;
 using cli::split;
 using cli::UsageError;
+using report::num;
+using report::Stats;
+using report::stats_of;
 using shardopt::DType;
 
 constexpr const char* kProgram = "shardopt-bench-step";
@@ -61,7 +67,8 @@ constexpr double kSeriesBudgetS = 1.0;
 constexpr int kMaxScaledIters = 1000;
 
 // The goals. Memory: what a rank holds is the formula plus the buckets,
-// within this fraction either way. Time: stage 2 at about 25M parameters on
+// within this fraction (a band, since the buckets counted are an upper
+// bound: see Row::mem_goal_met). Time: stage 2 at about 25M parameters on
 // 2 ranks within this factor of the limit.
 constexpr double kMemoryTolerance = 0.05;
 constexpr double kTimeGoalRatio = 1.3;
@@ -95,8 +102,7 @@ struct Options {
 };
 
 std::string usage() {
-  std::string names;
-  for (const auto& o : bench::optimizers()) names += std::string(names.empty() ? "" : " ") + o.name;
+  const std::string names = bench::names_of(bench::optimizers());
   std::string text =
       "usage: shardopt-bench-step [options]\n"
       "\n"
@@ -129,9 +135,11 @@ std::string usage() {
          "stay fixed; each step marks every parameter ready in reverse order (grad_ready),\n"
          "then calls step().\n"
          "\n"
-         "Each iteration times the step and the limit's parts in an order drawn at random (the\n"
-         "same on every rank), each part after a barrier, with MPI_Wtime; an iteration's time is\n"
-         "the slowest rank's. The table shows medians over iterations (--json adds min, max).\n"
+         "Each iteration runs the step, the limit and the per-bucket limit (below) in an order\n"
+         "drawn at random (the same on every rank); each limit runs its parts in a step's order\n"
+         "(reduce, update, gather). Every part starts after a barrier and is timed with\n"
+         "MPI_Wtime; an iteration's time is the slowest rank's. The table shows medians over\n"
+         "iterations (--json adds the total's min and max).\n"
          "\n"
          "Columns:\n"
          "  reduce, update, gather  the phases of step() from StepInfo (finishing the gradient\n"
@@ -147,12 +155,14 @@ std::string usage() {
          "           dtype, and with bf16 the bf16 copy of the new parameters written in the\n"
          "           same pass\n"
          "  l_gat    raw MPI_Allgather (in place) of the parameters (stages 1, 2)\n"
+         "           (on 1 rank no collective is needed: l_red and l_gat are 0)\n"
          "  limit    l_red + l_upd + l_gat\n"
          "  ratio    total / limit (1: the step costs nothing beyond its limit; below 1:\n"
          "           the step hides communication, or its messages are cheaper)\n"
-         "  limit_b  the same limit with l_red and l_gat called once per bucket, one after\n"
-         "           another, blocking: buckets of --bucket-mb MiB in the gradient dtype (a\n"
-         "           multiple of the ranks), the last one shorter, as the engine cuts them.\n"
+         "  limit_b  the same limit (its own run of the kernel) with the collectives called\n"
+         "           once per bucket, one after another, blocking: buckets of --bucket-mb MiB\n"
+         "           in the gradient dtype (a multiple of the ranks), the last one shorter,\n"
+         "           as the engine cuts them.\n"
          "           Large messages can cost more per byte than several bucket-sized ones\n"
          "           (caches), so this limit can be the lower one.\n"
          "  rat_b    total / limit_b\n"
@@ -180,10 +190,11 @@ std::string usage() {
          "gather_us, total_us, limit_us, mem_bytes, mem_formula_bytes, then optimizer,\n"
          "bucket_mb, tensors, iters, total_min_us, total_max_us, exposed_us, limit_reduce_us,\n"
          "limit_update_us, limit_gather_us, ratio, limit_reduce_bucketed_us,\n"
-         "limit_gather_bucketed_us, limit_bucketed_us, ratio_bucketed, bucket_bytes_counted,\n"
-         "mem_ratio, mem_goal_met, and the memory report's categories (mem_master,\n"
-         "mem_state, mem_grad_shard, mem_reduced_grads, mem_owned_grads, mem_buckets,\n"
-         "mem_user_params, mem_user_grads), other_load (null: unknown).\n";
+         "limit_update_bucketed_us, limit_gather_bucketed_us, limit_bucketed_us,\n"
+         "ratio_bucketed, bucket_bytes_counted, mem_ratio, mem_goal_met, the memory report's\n"
+         "categories (mem_master, mem_state, mem_grad_shard, mem_reduced_grads,\n"
+         "mem_owned_grads, mem_buckets, mem_user_params, mem_user_grads), and other_load\n"
+         "(null: unknown).\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -309,28 +320,6 @@ std::vector<Tensor> mlp_layout(std::size_t total) {
 // ---------------------------------------------------------------------------
 // Machine and helpers
 
-std::size_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  std::size_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("model name")) {
-      const std::size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
-
 // CPU seconds this process used and the whole machine was busy, and the
 // wall clock: two samples give the share of the CPUs other processes used
 // in between. Every rank busy-waits in MPI, so a step and its limit slowed
@@ -344,18 +333,10 @@ struct CpuClock {
 CpuClock cpu_clock() {
   CpuClock c;
   c.wall_s = MPI_Wtime();
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  c.self_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-             static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  std::uint64_t v[8] = {};
-  if (!(in >> cpu) || cpu != "cpu") return c;
-  for (auto& x : v) in >> x;  // user nice system idle iowait irq softirq steal
-  const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-  c.busy_s = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
-  c.ok = static_cast<bool>(in);
+  const machine::CpuTimes t = machine::cpu_times();
+  c.self_s = t.self_s;
+  c.busy_s = t.busy_s;
+  c.ok = t.ok;
   return c;
 }
 
@@ -363,37 +344,7 @@ CpuClock cpu_clock() {
 // the machine while it ran.
 constexpr double kBusyFraction = 0.05;
 
-std::string human_count(std::size_t n) {
-  if (n % (std::size_t{1} << 30) == 0) return std::to_string(n >> 30) + "G";
-  if (n % (std::size_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n % (std::size_t{1} << 10) == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-
 double mib(double bytes) { return bytes / (1 << 20); }
-
-struct Stats {
-  double median_us = 0, min_us = 0, max_us = 0;
-};
-
-Stats stats_of(std::vector<double> t) {
-  Stats s;
-  if (t.empty()) return s;
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  s.median_us = 1e6 * (n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]));
-  s.min_us = 1e6 * t.front();
-  s.max_us = 1e6 * t.back();
-  return s;
-}
-
-// Fixed-notation number for JSON (finite only).
-std::string num(double x, int digits) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  return buf;
-}
 
 std::uint64_t fnv1a(const void* data, std::size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -419,7 +370,7 @@ struct Row {
   int iters = 0;
   Stats reduce, update, gather, total, l_reduce, l_update, l_gather;
   double limit_us = 0;
-  Stats b_reduce, b_gather;  // the raw collectives called per bucket
+  Stats b_reduce, b_update, b_gather;  // the limit with the collectives called per bucket
   double limit_b_us = 0;
   double other_load = -1;  // other processes' share of the CPUs while timed; -1 unknown
   bool busy() const { return other_load > kBusyFraction; }
@@ -548,7 +499,7 @@ class Bench {
   void fill(DType t) {
     const std::uint64_t key = bench::mix64(kSeed + 1000 * static_cast<std::uint64_t>(rank_) +
                                            static_cast<std::uint64_t>(t));
-    const std::size_t n = static_cast<std::size_t>(nranks_) * b_.block;
+    const std::size_t n = b_.lim_in.size() / 4;  // elements the limit's buffers hold
     // Every rank starts from the same parameters, as a model broadcast from
     // rank 0 would; the gradients differ per rank.
     fill_values(b_.params.data(), t, b_.psi, bench::mix64(kSeed), -1.0f, 1.0f);
@@ -570,12 +521,20 @@ class Bench {
     const std::vector<Tensor> layout = mlp_layout(b_.psi);
     const std::size_t es = shardopt::dtype_size(t);
     std::vector<shardopt::Param> params;
+    // Stage 2 streams each gradient into its bucket (ZeroOptions::
+    // stream_grads), as a backward pass that hands over each layer's
+    // gradient would: no full-size gradient buffer is registered, which is
+    // the memory the stage-2 formula counts. b_.grads stands for the
+    // backward pass's output and is not counted.
+    const bool stream = stage == 2;
+    std::vector<const unsigned char*> grad_of;
     std::size_t offset = 0;
     for (const Tensor& x : layout) {
       shardopt::Param p;
       p.name = x.name;
       p.data = b_.params.as<unsigned char>() + offset * es;
-      p.grad = b_.grads.as<unsigned char>() + offset * es;
+      grad_of.push_back(b_.grads.as<unsigned char>() + offset * es);
+      p.grad = stream ? nullptr : b_.grads.as<unsigned char>() + offset * es;
       p.numel = x.numel;
       p.dtype = t;
       params.push_back(std::move(p));
@@ -584,6 +543,7 @@ class Bench {
     shardopt::ZeroOptions zo;
     zo.stage = stage;
     zo.bucket_mb = o_.bucket_mb;
+    zo.stream_grads = stream;
     shardopt::ZeroRedundancyOptimizer opt(comm_, params, engine_config(*o_.optimizer), zo);
     const std::size_t np = params.size();
 
@@ -633,6 +593,7 @@ class Bench {
       kLUpdate,
       kLGather,
       kBReduce,
+      kBUpdate,
       kBGather,
       kParts
     };
@@ -645,39 +606,57 @@ class Bench {
     };
     auto run_engine = [&] {
       sample[kTotal] = timed([&] {
-        for (std::size_t i = np; i-- > 0;) opt.grad_ready(i);
+        for (std::size_t i = np; i-- > 0;) {
+          if (stream)
+            opt.grad_ready(i, grad_of[i]);
+          else
+            opt.grad_ready(i);
+        }
         info = opt.step();
       });
       sample[kReduce] = info.reduce_seconds;
       sample[kUpdate] = info.update_seconds;
       sample[kGather] = info.gather_seconds;
     };
+    // One rank needs no collective (MPI's would be copies): its limit is
+    // the kernel alone. Each limit runs in the order of a step (reduce,
+    // update, gather), so that what stays in cache from one part to the
+    // next is what a step finds.
+    const bool communicates = nranks_ > 1;
+    const bool gathers = communicates && stage > 0;
+    const auto mine_of = [&](std::size_t at, int per) {
+      return at + static_cast<std::size_t>(rank_) * static_cast<std::size_t>(per);
+    };
     auto run_limit = [&] {
-      sample[kLReduce] = timed([&] {
-        MPI_Reduce_scatter_block(b_.lim_in.data(), own_block, block, mt, MPI_SUM, raw_);
-        if (stage < 2) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, block, mt, raw_);
-      });
+      sample[kLReduce] = sample[kLGather] = 0;
+      if (communicates) {
+        sample[kLReduce] = timed([&] {
+          MPI_Reduce_scatter_block(b_.lim_in.data(), own_block, block, mt, MPI_SUM, raw_);
+          if (stage < 2) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, block, mt, raw_);
+        });
+      }
       sample[kLUpdate] = timed([&] { o_.optimizer->step(s, ++kernel_steps); });
-      sample[kLGather] = 0;
-      if (stage > 0) {
+      if (gathers) {
         sample[kLGather] =
             timed([&] { MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, block, mt, raw_); });
       }
-      const auto mine_of = [&](std::size_t at, int per) {
-        return at + static_cast<std::size_t>(rank_) * static_cast<std::size_t>(per);
-      };
-      sample[kBReduce] = timed([&] {
-        for (const auto& [at, per] : pieces) {
-          MPI_Reduce_scatter_block(byte_at(b_.lim_in, at), byte_at(b_.lim_out, mine_of(at, per)),
-                                   per, mt, MPI_SUM, raw_);
-          if (stage < 2) {
-            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, byte_at(b_.lim_out, at), per, mt,
-                          raw_);
+    };
+    auto run_bucketed_limit = [&] {
+      sample[kBReduce] = sample[kBGather] = 0;
+      if (communicates) {
+        sample[kBReduce] = timed([&] {
+          for (const auto& [at, per] : pieces) {
+            MPI_Reduce_scatter_block(byte_at(b_.lim_in, at), byte_at(b_.lim_out, mine_of(at, per)),
+                                     per, mt, MPI_SUM, raw_);
+            if (stage < 2) {
+              MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, byte_at(b_.lim_out, at), per, mt,
+                            raw_);
+            }
           }
-        }
-      });
-      sample[kBGather] = 0;
-      if (stage > 0) {
+        });
+      }
+      sample[kBUpdate] = timed([&] { o_.optimizer->step(s, ++kernel_steps); });
+      if (gathers) {
         sample[kBGather] = timed([&] {
           for (const auto& [at, per] : pieces) {
             MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, byte_at(b_.lim_out, at), per, mt,
@@ -686,13 +665,15 @@ class Bench {
         });
       }
     };
+    // The step and the two limits in an order drawn at random per iteration
+    // (the same on every rank), so that none always follows the same one.
     auto iteration = [&] {
-      if (order_() & 1u) {
-        run_engine();
-        run_limit();
-      } else {
-        run_limit();
-        run_engine();
+      int order[] = {0, 1, 2};
+      std::shuffle(std::begin(order), std::end(order), order_);
+      for (int what : order) {
+        if (what == 0) run_engine();
+        if (what == 1) run_limit();
+        if (what == 2) run_bucketed_limit();
       }
     };
 
@@ -753,8 +734,9 @@ class Bench {
     r.l_gather = part(kLGather);
     r.limit_us = r.l_reduce.median_us + r.l_update.median_us + r.l_gather.median_us;
     r.b_reduce = part(kBReduce);
+    r.b_update = part(kBUpdate);
     r.b_gather = part(kBGather);
-    r.limit_b_us = r.b_reduce.median_us + r.l_update.median_us + r.b_gather.median_us;
+    r.limit_b_us = r.b_reduce.median_us + r.b_update.median_us + r.b_gather.median_us;
     r.other_load = other;
 
     // Memory after the steps, so that anything allocated at the first step
@@ -824,7 +806,7 @@ void print_header(const Options& o, const Bench& bench, int nranks, int local_ra
   std::fprintf(f, "# %s\n", shardopt::build_info_string().c_str());
   // Cores online, not omp_get_num_procs(): mpirun may bind a rank to one.
   std::fprintf(f, "# machine: %s, %ld cores online, %d rank%s here, %d OpenMP thread%s per rank\n",
-               cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), local_ranks,
+               machine::cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), local_ranks,
                local_ranks == 1 ? "" : "s", omp_get_max_threads(),
                omp_get_max_threads() == 1 ? "" : "s");
   std::fprintf(f,
@@ -904,6 +886,7 @@ void print_row(const Options& o, const Row& r, double bucket_mb) {
     j.real("limit_gather_us", r.l_gather.median_us, 2);
     j.real("ratio", r.ratio(), 4);
     j.real("limit_reduce_bucketed_us", r.b_reduce.median_us, 2);
+    j.real("limit_update_bucketed_us", r.b_update.median_us, 2);
     j.real("limit_gather_bucketed_us", r.b_gather.median_us, 2);
     j.real("limit_bucketed_us", r.limit_b_us, 2);
     j.real("ratio_bucketed", r.ratio_b(), 4);
@@ -998,11 +981,6 @@ void print_goals(const Options& o, const std::vector<Row>& rows) {
   std::fflush(f);
 }
 
-void print_error(int rank, const char* what) {
-  std::fprintf(stderr, "%s: rank %d: %s\n", kProgram, rank, what);
-  std::fflush(stderr);
-}
-
 int bench_main(int argc, char** argv) {
   int rank = 0;
   int nranks = 1;
@@ -1013,10 +991,7 @@ int bench_main(int argc, char** argv) {
   try {
     opt = parse_options(argc, argv);
   } catch (const UsageError& e) {
-    if (rank == 0) {
-      std::fprintf(stderr, "%s: %s\nrun '%s -h' for the options and their values\n", kProgram,
-                   e.message.c_str(), kProgram);
-    }
+    cli::print_usage_error(kProgram, rank, e);
     return 2;
   }
   if (opt.help) {
@@ -1029,7 +1004,7 @@ int bench_main(int argc, char** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   int local_ranks = 1;
   MPI_Comm_size(node, &local_ranks);
-  double available = static_cast<double>(mem_available_bytes());
+  double available = static_cast<double>(machine::mem_available_bytes());
   MPI_Allreduce(MPI_IN_PLACE, &available, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
 
   // From here on a failure may happen on some ranks only, in the middle of a
@@ -1085,11 +1060,11 @@ int bench_main(int argc, char** argv) {
     comm.free();
     return any_differ ? 1 : 0;
   } catch (const shardopt::Error& e) {
-    print_error(rank, (std::string(e.what()) + " (hint: " + e.hint() + ")").c_str());
+    cli::print_error(kProgram, rank, std::string(e.what()) + " (hint: " + e.hint() + ")");
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   } catch (const std::exception& e) {
-    print_error(rank, e.what());
+    cli::print_error(kProgram, rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
@@ -1097,13 +1072,4 @@ int bench_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::optional<shardopt::Environment> env;
-  try {
-    env.emplace(&argc, &argv);
-  } catch (const shardopt::Error& e) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
-    return 1;
-  }
-  return bench_main(argc, argv);
-}
+int main(int argc, char** argv) { return cli::run_with_mpi(kProgram, argc, argv, bench_main); }

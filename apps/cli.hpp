@@ -1,17 +1,22 @@
 // shardopt apps: the command-line parsing the programs under apps/ share:
 // short and long options (-b 1K, -b1K, --minbytes 1K, --minbytes=1K),
 // sizes with K, M or G suffixes, and errors that name the option and the
-// values it accepts.
+// values it accepts; how a program reports errors; and the main() that
+// starts MPI for a program.
 #pragma once
 
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
+
+#include "shardopt/environment.hpp"
+#include "shardopt/error.hpp"
 
 namespace cli {
 
@@ -138,6 +143,43 @@ void for_each_option(int argc, char** argv, std::span<const OptionSpec> specs, A
     if (!spec->takes_value && value) throw UsageError{"option " + label + " takes no value"};
     apply(*spec, label, value.value_or(""));
   }
+}
+
+// "1G", "4M", "64K" or "1000": a count as -p and the like accept it.
+inline std::string human_count(std::size_t n) {
+  if (n % (std::size_t{1} << 30) == 0) return std::to_string(n >> 30) + "G";
+  if (n % (std::size_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
+  if (n % (std::size_t{1} << 10) == 0) return std::to_string(n >> 10) + "K";
+  return std::to_string(n);
+}
+
+// A bad command line of an MPI program: rank 0 says why, with where to look;
+// every rank parsed the same argv, so every rank then stops with 2.
+inline void print_usage_error(const char* program, int rank, const UsageError& e) {
+  if (rank != 0) return;
+  std::fprintf(stderr, "%s: %s\nrun '%s -h' for the options and their values\n", program,
+               e.message.c_str(), program);
+}
+
+// "program: rank 3: what" on stderr, flushed: the job may be aborted next.
+inline void print_error(const char* program, int rank, const std::string& what) {
+  std::fprintf(stderr, "%s: rank %d: %s\n", program, rank, what.c_str());
+  std::fflush(stderr);
+}
+
+// The main() of an MPI program: starts MPI (shardopt::Environment) and runs
+// program_main(argc, argv), which returns the exit code; the Environment
+// outlives it. MPI failing to start is "program: what", exit code 1.
+template <class Main>
+int run_with_mpi(const char* program, int argc, char** argv, Main&& program_main) {
+  std::optional<shardopt::Environment> env;
+  try {
+    env.emplace(&argc, &argv);
+  } catch (const shardopt::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+  return program_main(argc, argv);
 }
 
 }  // namespace cli

@@ -175,14 +175,22 @@ inline std::string bytes_formula(const OptimizerEntry& o, const Precision& p) {
 // ---------------------------------------------------------------------------
 // Choosing from a table
 
+// The names of the entries of `table` (each with a `name`), space-separated,
+// for usage texts and messages.
+template <class Table>
+std::string names_of(const Table& table) {
+  std::string names;
+  for (const auto& e : table) names += std::string(names.empty() ? "" : " ") + e.name;
+  return names;
+}
+
 // The entries of `table` (each with a `name`) named in the comma-separated
 // `value`, "all" for every one: each once, in table order. Throws
 // cli::UsageError naming `label` and the accepted names otherwise.
 template <class Table>
 auto choose(const std::string& label, std::string_view value, const Table& table) {
   using Entry = std::remove_cvref_t<decltype(*std::begin(table))>;
-  std::string accepted = "all";
-  for (const Entry& e : table) accepted += std::string(" ") + e.name;
+  const std::string accepted = "all " + names_of(table);
   std::vector<const Entry*> named;
   for (std::string_view item : cli::split(value)) {
     bool found = item == "all";

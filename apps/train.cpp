@@ -900,11 +900,6 @@ std::string check_writable(const std::string& path) {
 // ---------------------------------------------------------------------------
 // Training
 
-void print_error(int rank, const std::string& what) {
-  std::fprintf(stderr, "%s: rank %d: %s\n", kProgram, rank, what.c_str());
-  std::fflush(stderr);
-}
-
 // True on every rank if `ok` is true on every rank.
 bool all_ok(bool ok, MPI_Comm comm) {
   int v = ok ? 1 : 0;
@@ -1105,7 +1100,7 @@ int run(const RunContext& c) {
   try {
     engine.emplace(c.comm, model.registration(), config, zopt);
   } catch (const shardopt::Error& e) {
-    if (c.rank == 0) print_error(c.rank, e.what());
+    if (c.rank == 0) cli::print_error(kProgram, c.rank, e.what());
     return 1;
   }
   shardopt::ZeroRedundancyOptimizer& opt = *engine;
@@ -1283,11 +1278,11 @@ int run(const RunContext& c) {
     }
     std::fflush(stdout);
   }
-  if (!save_error.empty() && c.rank == 0) print_error(c.rank, save_error);
+  if (!save_error.empty() && c.rank == 0) cli::print_error(kProgram, c.rank, save_error);
   return saved ? 0 : 1;
 }
 
-// Everything that needs MPI; the Environment outlives it.
+// Everything that needs MPI; run_with_mpi's Environment outlives it.
 int train_main(int argc, char** argv) {
   int rank = 0;
   int ranks = 1;
@@ -1299,10 +1294,7 @@ int train_main(int argc, char** argv) {
     opt = parse_options(argc, argv);
   } catch (const UsageError& e) {
     // Every rank parses the same argv: every rank stops here, rank 0 says why.
-    if (rank == 0) {
-      std::fprintf(stderr, "%s: %s\nrun '%s -h' for the options and their values\n", kProgram,
-                   e.message.c_str(), kProgram);
-    }
+    cli::print_usage_error(kProgram, rank, e);
     return 2;
   }
   if (opt.help) {
@@ -1320,7 +1312,7 @@ int train_main(int argc, char** argv) {
     local_error = e.what();
   }
   if (!all_ok(local_error.empty(), MPI_COMM_WORLD)) {
-    if (!local_error.empty()) print_error(rank, local_error);
+    if (!local_error.empty()) cli::print_error(kProgram, rank, local_error);
     return 1;
   }
 
@@ -1341,7 +1333,7 @@ int train_main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // A failure on some ranks only, possibly in the middle of a collective
     // the others wait in: stop the job rather than hang.
-    print_error(rank, e.what());
+    cli::print_error(kProgram, rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Comm_free(&stats);
@@ -1350,13 +1342,4 @@ int train_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::optional<shardopt::Environment> env;
-  try {
-    env.emplace(&argc, &argv);
-  } catch (const shardopt::Error& e) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
-    return 1;
-  }
-  return train_main(argc, argv);
-}
+int main(int argc, char** argv) { return cli::run_with_mpi(kProgram, argc, argv, train_main); }

@@ -43,6 +43,7 @@ TEST_CASE("settings: defaults when nothing is set", "[settings]") {
   CHECK(s.huge_pages);
   CHECK(s.comm_max_chunk == 2147483647u);
   CHECK_FALSE(s.check_args);
+  CHECK(s.bucket_mb == 25.0);
   CHECK(parse({{"SHARDOPT_DEBUG", ""}}).debug == LogLevel::warn);  // empty = default
 }
 
@@ -58,6 +59,8 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK(parse({{"SHARDOPT_CHECK_ARGS", "1"}}).check_args);
   CHECK_FALSE(parse({{"SHARDOPT_CHECK_ARGS", "off"}}).check_args);
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "2147483647"}}).comm_max_chunk == 2147483647u);
+  CHECK(parse({{"SHARDOPT_BUCKET_MB", "0.5"}}).bucket_mb == 0.5);
+  CHECK(parse({{"SHARDOPT_BUCKET_MB", "100"}}).bucket_mb == 100.0);
 }
 
 TEST_CASE("settings: a bad value names the variable and the accepted values", "[settings]") {
@@ -70,6 +73,8 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "2147483648", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "12abc", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "99999999999999999999999", "1 to 2147483647"));
+  for (const char* bad : {"0", "-1", "25MB", "nan", "inf", "1e9"})
+    CHECK(rejects("SHARDOPT_BUCKET_MB", bad, "a number of MiB > 0"));
 }
 
 TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {

@@ -165,6 +165,42 @@ TEST_CASE("ZeRO: grad_ready in forward, reverse or no order, or from a reused sc
         }
 }
 
+// Stage 2 with stream_grads: parameters registered without gradient
+// buffers get none; each gradient goes from one reused scratch buffer
+// straight into its bucket. In reverse order the buckets fill one by one;
+// in forward order every bucket is open at once and the engine adds bucket
+// buffers. Bitwise the reference either way, micro-batches included, with
+// no full-size gradient anywhere (memory_report and grad(i)).
+TEST_CASE("ZeRO: stage 2 streams gradients into their buckets (stream_grads)", "[zero][stream]") {
+  const Layout layout = make_layout({7, 300, 1, 64, 0, 129, 33});
+  for (Precision p : {Precision::f32, Precision::bf16, Precision::f16, Precision::bf16_rem})
+    for (Ready ready : {Ready::scratch, Ready::scratch_forward})
+      for (int micro : {1, 3})
+        for (bool contiguous : {false, true}) {
+          Run run = base_run(layout, p, Adam{.lr = 1e-2}, 2, 3);
+          run.options.bucket_mb = 0.0003;
+          run.options.stream_grads = true;
+          run.owned_grads = true;
+          run.contiguous = contiguous;
+          run.ready = ready;
+          run.micro_batches = micro;
+          run.key = 61;
+          auto problem = std::make_shared<std::string>();
+          run.after_step = [=](ZeroRedundancyOptimizer& opt, const StepInfo&, const Grads&, int) {
+            const MemoryReport m = opt.memory_report();
+            if (m.owned_grads != 0 || m.user_grads != 0)
+              *problem = "gradient buffers exist: owned " + std::to_string(m.owned_grads) +
+                         " B, user " + std::to_string(m.user_grads) + " B";
+            for (std::size_t i = 0; i < opt.num_params(); ++i)
+              if (opt.grad(i) != nullptr) *problem = "grad(" + std::to_string(i) + ") is not null";
+          };
+          run_and_compare(run);
+          INFO(describe(run));
+          if (!problem->empty()) UNSCOPED_INFO("rank " << world_rank() << ": " << *problem);
+          CHECK(all_ranks_true(problem->empty()));
+        }
+}
+
 // Stage 2: each micro-batch reduced into the fp32 shard by
 // reduce_gradients(), the last one by step() itself (as docs/zero.md
 // describes the pattern) or, with gradients marked ready, by

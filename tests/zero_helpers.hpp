@@ -669,10 +669,11 @@ inline std::size_t shard_elements(const ZeroRedundancyOptimizer& opt) {
 
 // When parameters are marked ready.
 enum class Ready {
-  none,     // never: step() reduces everything at once
-  forward,  // 0, 1, 2, ...
-  reverse,  // the order of a backward pass
-  scratch,  // reverse, each gradient passed in one reused scratch buffer
+  none,             // never: step() reduces everything at once
+  forward,          // 0, 1, 2, ...
+  reverse,          // the order of a backward pass
+  scratch,          // reverse, each gradient passed in one reused scratch buffer
+  scratch_forward,  // forward, from the scratch buffer (out of bucket order)
 };
 
 inline const char* ready_name(Ready r) {
@@ -685,6 +686,8 @@ inline const char* ready_name(Ready r) {
       return "ready in reverse order";
     case Ready::scratch:
       return "ready from a scratch buffer";
+    case Ready::scratch_forward:
+      return "ready in forward order from a scratch buffer";
   }
   return "?";
 }
@@ -820,8 +823,8 @@ inline Outcome run_and_compare(const Run& run) {
     return out;
   }
   const int stage = opt->stage();
-  if (run.ready == Ready::scratch && run.micro_batches > 1 &&
-      (stage != 2 || run.accumulate_locally)) {
+  if ((run.ready == Ready::scratch || run.ready == Ready::scratch_forward) &&
+      run.micro_batches > 1 && (stage != 2 || run.accumulate_locally)) {
     fail("the test asks for a scratch buffer with local accumulation, which it cannot add to");
   }
   std::vector<std::byte> scratch(run.layout.largest() * dtype_size(dtype));
@@ -847,11 +850,12 @@ inline Outcome run_and_compare(const Run& run) {
         const bool mark = !local || last;
         std::vector<std::size_t> order(run.layout.size());
         for (std::size_t i = 0; i < order.size(); ++i) {
-          order[i] = run.ready == Ready::forward ? i : order.size() - 1 - i;
+          const bool forward = run.ready == Ready::forward || run.ready == Ready::scratch_forward;
+          order[i] = forward ? i : order.size() - 1 - i;
         }
         for (std::size_t i : order) {
           const std::size_t numel = run.layout.sizes[i];
-          if (run.ready == Ready::scratch) {
+          if (run.ready == Ready::scratch || run.ready == Ready::scratch_forward) {
             // Garbage first, so a late copy from the scratch would show.
             std::memset(scratch.data(), 0x7f, scratch.size());
             fill_grad(scratch.data(), dtype, numel, run.kind, run.key, batch, rank, i, false);

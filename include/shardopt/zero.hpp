@@ -51,7 +51,8 @@ struct Param {
   DType dtype = DType::f32;  // f32, bf16 or f16; the same for every parameter
   // The gradient: numel elements of dtype, written by the user's backward
   // pass. Null: the optimizer allocates it (see grad()), as one flat
-  // buffer laid out by buckets, so no gradient is ever packed.
+  // buffer laid out by buckets, so no gradient is ever packed; or, with
+  // ZeroOptions::stream_grads, there is none (see there).
   void* grad = nullptr;
   int group = 0;  // index into the optimizer's parameter groups
 };
@@ -117,6 +118,12 @@ struct ZeroOptions {
   // bf16 parameters: keep the fp32 master as a 16-bit remainder beside the
   // bf16 parameters instead of a separate fp32 copy (docs/optimizers.md).
   bool param_remainders = false;
+  // Stage 2: parameters registered with a null Param::grad get no gradient
+  // buffer at all; their gradients are passed to grad_ready(i, grad) and
+  // copied straight into their bucket, so no full-size gradient exists
+  // anywhere (the memory of the ZeRO formula). Their buckets fill in
+  // bucket buffers, two of them, more if gradients come out of bucket order.
+  bool stream_grads = false;
   std::optional<LossScaler> loss_scaler = std::nullopt;
 };
 
@@ -255,7 +262,8 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   int stage() const;
   std::size_t num_params() const;
   const Param& param(std::size_t i) const;
-  // Parameter i's gradient buffer (the registered or the owned one). Local.
+  // Parameter i's gradient buffer (the registered or the owned one; null
+  // for a streamed one, see ZeroOptions::stream_grads). Local.
   void* grad(std::size_t i);
 
   // The hyper-parameters of group g; change them between steps (learning

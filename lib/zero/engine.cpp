@@ -13,40 +13,70 @@
 #include <cstring>
 
 #include "common/check.hpp"
+#include "common/log.hpp"
+#include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
 
 namespace shardopt::detail {
 
 namespace {
 
-// dst[k] = src[k] * mul, converting between f32, bf16 and f16.
+inline float from_float_as(float x, float*) { return x; }
+inline bfloat16 from_float_as(float x, bfloat16*) { return bf16_from_float(x); }
+inline float16 from_float_as(float x, float16*) { return f16_from_float(x); }
+
+// Calls f with src and dst as typed pointers (f32, bf16 or f16).
+template <class F>
+void with_types(const std::byte* src, DType st, std::byte* dst, DType dt, F&& f) {
+  const auto with_dst = [&](const auto* s) {
+    switch (dt) {
+      case DType::bf16:
+        return f(s, reinterpret_cast<bfloat16*>(dst));
+      case DType::f16:
+        return f(s, reinterpret_cast<float16*>(dst));
+      default:
+        return f(s, reinterpret_cast<float*>(dst));
+    }
+  };
+  switch (st) {
+    case DType::bf16:
+      return with_dst(reinterpret_cast<const bfloat16*>(src));
+    case DType::f16:
+      return with_dst(reinterpret_cast<const float16*>(src));
+    default:
+      return with_dst(reinterpret_cast<const float*>(src));
+  }
+}
+
+// dst[k] = src[k] * mul, converting between f32, bf16 and f16: a copy, the
+// library's vectorized cast, or one typed loop.
 void convert(const std::byte* src, DType st, std::byte* dst, DType dt, std::size_t n, float mul) {
   if (n == 0) return;
   if (st == dt && mul == 1.0f) {
     std::memcpy(dst, src, n * dtype_size(st));
-    return;
+  } else if (mul == 1.0f) {
+    cast(src, st, dst, dt, n);
+  } else {
+    with_types(src, st, dst, dt, [&](const auto* s, auto* d) {
+      for (std::size_t k = 0; k < n; ++k) d[k] = from_float_as(to_float(s[k]) * mul, d);
+    });
   }
-  const auto load = [&](std::size_t k) -> float {
-    switch (st) {
-      case DType::bf16:
-        return to_float(reinterpret_cast<const bfloat16*>(src)[k]);
-      case DType::f16:
-        return to_float(reinterpret_cast<const float16*>(src)[k]);
-      default:
-        return reinterpret_cast<const float*>(src)[k];
-    }
-  };
-  switch (dt) {
+}
+
+// acc[k] += src[k], in fp32, in one typed loop.
+template <class S>
+void accumulate_typed(const S* src, float* acc, std::size_t n) {
+  for (std::size_t k = 0; k < n; ++k) acc[k] += to_float(src[k]);
+}
+
+void accumulate(const std::byte* src, DType st, float* acc, std::size_t n) {
+  switch (st) {
     case DType::bf16:
-      for (std::size_t k = 0; k < n; ++k)
-        reinterpret_cast<bfloat16*>(dst)[k] = bf16_from_float(load(k) * mul);
-      break;
+      return accumulate_typed(reinterpret_cast<const bfloat16*>(src), acc, n);
     case DType::f16:
-      for (std::size_t k = 0; k < n; ++k)
-        reinterpret_cast<float16*>(dst)[k] = f16_from_float(load(k) * mul);
-      break;
+      return accumulate_typed(reinterpret_cast<const float16*>(src), acc, n);
     default:
-      for (std::size_t k = 0; k < n; ++k) reinterpret_cast<float*>(dst)[k] = load(k) * mul;
+      return accumulate_typed(reinterpret_cast<const float*>(src), acc, n);
   }
 }
 
@@ -97,7 +127,11 @@ void ZeroEngine::discard_reduction() {
     flights_.pop_front();
   }
   std::fill(ready_.begin(), ready_.end(), 0);
-  for (Bucket& b : buckets_) b.ready = 0;
+  for (Bucket& b : buckets_) {
+    b.ready = 0;
+    if (b.staging >= 0) pool_busy_[std::size_t(b.staging)] = false;
+    b.staging = -1;
+  }
   next_launch_ = buckets_.size();
   marked_any_ = false;
   micro_batches_ = 0;
@@ -108,7 +142,8 @@ void ZeroEngine::discard_reduction() {
 void ZeroEngine::zero_grad() {
   discard_reduction();
   for (std::size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].numel > 0) std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+    if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
+      std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
 }
 
 void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
@@ -129,8 +164,21 @@ void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
                 "mark each gradient ready once per micro-batch; reduce_gradients() or step() "
                 "starts the next one",
                 __FILE__, __LINE__);
-  if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
+  if (streamed_[i] != 0 && grad == nullptr)
+    throw_error(ErrorCode::invalid_argument,
+                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                    "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
+                "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
+                __LINE__);
+  if (streamed_[i] != 0) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bk = buckets_[b];
+      if (flat_[i] < bk.begin + bk.len && flat_[i] + p.numel > bk.begin)
+        stream_grad(b, i, static_cast<const std::byte*>(grad));
+    }
+  } else if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i]) {
     std::memcpy(grad_ptr_[i], grad, p.numel * elem_);
+  }
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
@@ -159,9 +207,34 @@ int ZeroEngine::acquire_pool() {
         return static_cast<int>(k);
       }
     }
+    if (flights_.empty()) break;
     complete(flights_.front());
     flights_.pop_front();
   }
+  // Every buffer holds a bucket still being filled (gradients streamed out
+  // of bucket order): one more, kept for later steps.
+  pool_.emplace_back(pool_bytes_);
+  pool_busy_.push_back(true);
+  SHARDOPT_LOG(info, "ZeRO engine: " << pool_.size()
+                                     << " bucket buffers in use: gradients arrive out of bucket "
+                                        "order (buckets fill from the last parameter to the "
+                                        "first)");
+  return static_cast<int>(pool_.size() - 1);
+}
+
+void ZeroEngine::stream_grad(std::size_t bi, std::size_t p, const std::byte* grad) {
+  Bucket& b = buckets_[bi];
+  const std::size_t rsize = dtype_size(reduce_type_);
+  if (b.staging < 0) {
+    b.staging = acquire_pool();
+    std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
+    std::memset(buf + b.len * rsize, 0, (b.padded - b.len) * rsize);
+  }
+  std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
+  const std::size_t s = std::max(b.begin, flat_[p]);
+  const std::size_t e = std::min(b.begin + b.len, flat_[p] + params_[p].numel);
+  convert(grad + (s - flat_[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_, e - s,
+          static_cast<float>(1.0 / opt_.predivide_factor));
 }
 
 void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
@@ -172,7 +245,7 @@ void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const std::size_t s = std::max(b.begin, flat_[p]);
     const std::size_t e = std::min(b.begin + b.len, flat_[p] + params_[p].numel);
-    if (s >= e) continue;
+    if (s >= e || streamed_[p] != 0) continue;  // streamed ones are in place already
     convert(user_grad(p, s - flat_[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_, e - s,
             mul);
   }
@@ -204,10 +277,18 @@ void ZeroEngine::launch(std::size_t bi) {
     const std::byte* send = b.grad_base;
     std::byte* scratch = nullptr;
     const bool direct_recv = reduce_type_ == DType::f32 && micro_batches_ == 0;
-    if (send == nullptr || !direct_recv) {
+    if (b.staging >= 0) {  // streamed gradients: the bucket is half packed already
+      f.pool = b.staging;
+      buckets_[bi].staging = -1;
+      std::byte* buf = pool_[std::size_t(f.pool)].as<std::byte>();
+      pack_grads(bi, buf);
+      send = buf;
+      scratch = buf + b.padded * rsize;
+    } else if (send == nullptr || !direct_recv) {
       f.pool = acquire_pool();
       std::byte* buf = pool_[std::size_t(f.pool)].as<std::byte>();
-      scratch = buf + b.padded * rsize;
+      // The reduced piece lands behind the packed bucket, if there is one.
+      scratch = send == nullptr ? buf + b.padded * rsize : buf;
       if (send == nullptr) {
         pack_grads(bi, buf);
         send = buf;
@@ -239,15 +320,7 @@ void ZeroEngine::complete(Flight& f) {
               reinterpret_cast<std::byte*>(acc), DType::f32, pc, 1.0f);
     } else {
       // Accumulate in fp32, in the order the micro-batches came.
-      const auto* src = static_cast<const std::byte*>(f.scratch);
-      const std::size_t chunk = 4096;
-      float tmp[chunk];
-      for (std::size_t k = 0; k < pc; k += chunk) {
-        const std::size_t m = std::min(chunk, pc - k);
-        convert(src + k * dtype_size(reduce_type_), reduce_type_, reinterpret_cast<std::byte*>(tmp),
-                DType::f32, m, 1.0f);
-        for (std::size_t j = 0; j < m; ++j) acc[k + j] += tmp[j];
-      }
+      accumulate(static_cast<const std::byte*>(f.scratch), reduce_type_, acc, pc);
     }
   }
   if (f.pool >= 0) pool_busy_[std::size_t(f.pool)] = false;
@@ -265,10 +338,11 @@ void ZeroEngine::finish_reduction() {
   // error on every rank (after every rank has started the same
   // reduce-scatters, so that none is left waiting on another).
   std::vector<std::string> missing;
-  if (marked_any_) {
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (ready_[i] == 0 && params_[i].numel > 0) missing.push_back(params_[i].name);
-  }
+  // Streamed gradients exist only through grad_ready(i, grad): always
+  // required. The others may all be left unmarked.
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (ready_[i] == 0 && params_[i].numel > 0 && (marked_any_ || streamed_[i] != 0))
+      missing.push_back(params_[i].name);
   std::int64_t agreed[2] = {missing.empty() ? 0 : 1,
                             static_cast<std::int64_t>(buckets_.size() - next_launch_)};
   ctl_.allreduce(agreed, agreed, 2, DType::i64, ReduceOp::max);
@@ -285,7 +359,9 @@ void ZeroEngine::finish_reduction() {
                                    : "gradients never marked ready in this micro-batch: " + mine,
                    ErrorCode::invalid_state,
                    "call grad_ready(i) for every parameter of the micro-batch (or for none: "
-                   "step() then takes every gradient at once); the gradients reduced so far in "
+                   "step() then takes every gradient at once; a parameter registered without a "
+                   "gradient buffer in stage 2 always needs grad_ready(i, grad)); the gradients "
+                   "reduced so far in "
                    "this step were discarded, so redo its micro-batches");
   }
   if (!marked_any_) {

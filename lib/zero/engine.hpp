@@ -55,6 +55,7 @@ struct Bucket {
   // collectives run on it in place, without packing.
   const std::byte* grad_base = nullptr;  // non-null: direct
   std::byte* param_base = nullptr;       // non-null: direct
+  int staging = -1;                      // pool buffer receiving streamed gradients, -1 for none
   std::size_t ready = 0;                 // elements marked ready this micro-batch
 };
 
@@ -110,7 +111,10 @@ class ZeroEngine {
   void launch(std::size_t b);
   void complete(Flight& f);
   void progress();
+  // A free pool buffer: completes the oldest reduction in flight if none is
+  // free, or adds a buffer when every one is filling a bucket.
   int acquire_pool();
+  void stream_grad(std::size_t bucket, std::size_t param, const std::byte* grad);
   void finish_reduction();
   // Completes what is in flight and forgets the marks and reductions since
   // the last step.
@@ -194,6 +198,8 @@ class ZeroEngine {
   HostBuffer owned_grads_;          // Param::grad null: N * S of dtype
   std::vector<HostBuffer> pool_;    // bucket-sized scratch for packing
   std::vector<bool> pool_busy_;
+  std::size_t pool_bytes_ = 0;
+  std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready
   HostBuffer custom_scratch_;         // custom optimizer: fp32 gradients of one segment
   std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
 

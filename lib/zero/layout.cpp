@@ -195,6 +195,9 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
       break;
     }
   }
+  if (opt_.stream_grads && opt_.stage != 2)
+    fail(bad, "ZeroOptions::stream_grads needs stage 2 (stage " + std::to_string(opt_.stage) +
+                  " keeps whole gradients); set stage = 2 or leave stream_grads off");
   if (opt_.param_remainders) {
     if (dtype_ != DType::bf16)
       fail(ErrorCode::unsupported, std::string("ZeroOptions::param_remainders needs bf16 "
@@ -221,6 +224,7 @@ std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, do
   s << "predivide_factor=" << num(o.predivide_factor) << "\n";
   s << "reduce_in_fp32=" << o.reduce_in_fp32 << "\n";
   s << "param_remainders=" << o.param_remainders << "\n";
+  s << "stream_grads=" << o.stream_grads << "\n";
   s << "parameter dtype=" << dtype_name(dtype) << "\n";
   if (o.loss_scaler) {
     const LossScaler& l = *o.loss_scaler;
@@ -413,8 +417,17 @@ void ZeroEngine::allocate() {
   if (kind_ == OptKind::lamb) lamb_update_ = HostBuffer(storage_ * 4);
   if (opt_.stage == 2) grad_shard_ = HostBuffer(shard_ * 4);
   if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
+  // Null gradients: the optimizer owns them, or, with stream_grads (stage
+  // 2), they exist only in their buckets, copied in by grad_ready(i, grad).
   bool owned = false;
-  for (const Param& p : params_) owned = owned || (p.grad == nullptr && p.numel > 0);
+  streamed_.assign(params_.size(), 0);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].grad != nullptr || params_[i].numel == 0) continue;
+    if (opt_.stream_grads)
+      streamed_[i] = 1;
+    else
+      owned = true;
+  }
   if (owned) owned_grads_ = HostBuffer(full * elem_);
   grad_ptr_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -441,20 +454,26 @@ void ZeroEngine::allocate() {
       }
       return base;
     };
-    bool all_owned = true;
-    for (std::size_t p = b.first_param; p < b.end_param; ++p)
+    bool all_owned = true, any_streamed = false;
+    for (std::size_t p = b.first_param; p < b.end_param; ++p) {
       all_owned = all_owned && (params_[p].grad == nullptr || params_[p].numel == 0);
-    if (opt_.predivide_factor == 1.0 && reduce_type_ == dtype_ && (b.len == b.padded || all_owned))
+      any_streamed = any_streamed || streamed_[p] != 0;
+    }
+    if (opt_.predivide_factor == 1.0 && reduce_type_ == dtype_ && !any_streamed &&
+        (b.len == b.padded || all_owned))
       b.grad_base = contiguous([&](std::size_t p) { return grad_ptr_[p]; });
     if (b.len == b.padded)
       b.param_base =
           contiguous([&](std::size_t p) { return static_cast<std::byte*>(params_[p].data); });
     const bool packs_grads = reduced_.size() == 0 && b.grad_base == nullptr;
     if (packs_grads) pool_bytes = std::max(pool_bytes, b.padded * rsize);
-    if (opt_.stage == 2) pool_bytes = std::max(pool_bytes, b.padded * rsize + b.padded / n * rsize);
+    if (opt_.stage == 2)  // the packed bucket, if any, and the reduced piece
+      pool_bytes =
+          std::max(pool_bytes, (packs_grads ? b.padded * rsize : 0) + b.padded / n * rsize);
     if (opt_.stage > 0 && b.param_base == nullptr)
       pool_bytes = std::max(pool_bytes, b.padded * elem_);
   }
+  pool_bytes_ = pool_bytes;
   if (pool_bytes > 0) {
     for (int k = 0; k < 2; ++k) pool_.emplace_back(pool_bytes);
     pool_busy_.assign(pool_.size(), false);

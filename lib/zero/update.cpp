@@ -118,7 +118,8 @@ void ZeroEngine::reduce_gradients() {
     // The micro-batch is in the shard: hand back zeroed buffers for the
     // next one, which step() (or the next call) reduces.
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].numel > 0) std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+      if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
+        std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
     open_ = true;
   }
 }
