@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -645,4 +646,106 @@ TEST_CASE("ZeRO: bad indices and names in local calls", "[zero][errors][argument
     const bool stepped = no_throw([&] { info = opt->step(); });
     CHECK(all_ranks_true(stepped && info.applied && info.step == 1));
   }
+}
+
+// Calls in the wrong order or with bad values, on every rank alike: each is
+// an error naming the problem, and the optimizer keeps working afterwards.
+TEST_CASE("ZeRO: misuse of the step calls is an error, and the optimizer recovers",
+          "[zero][errors][calls]") {
+  const Layout layout = make_layout({7, 30});
+  for (int stage = 0; stage <= 2; ++stage) {
+    Model model(layout, DType::f32, false, false, 12);
+    auto opt = make_optimizer(model, stage);
+    if (!opt) continue;
+    INFO("stage " << stage);
+    {
+      INFO("grad_ready(1) twice in one micro-batch");
+      check_caught(catch_error([&] {
+                     opt->grad_ready(1);
+                     opt->grad_ready(1);
+                   }),
+                   {ErrorCode::invalid_state}, {"twice"}, true);
+      opt->zero_grad();
+    }
+    if (stage < 2) {
+      INFO("reduce_gradients() twice before step()");
+      check_caught(catch_error([&] {
+                     opt->reduce_gradients();
+                     opt->reduce_gradients();
+                   }),
+                   {ErrorCode::invalid_state}, {"twice"}, true);
+      opt->zero_grad();
+    }
+    for (double bad : {0.0, -1.0, std::nan("")}) {
+      INFO("clip_grad_norm(" << bad << ")");
+      check_caught(catch_error([&] { opt->clip_grad_norm(bad); }), {ErrorCode::invalid_argument},
+                   {"max_norm"}, true);
+    }
+    {
+      INFO("param_group(1) with one group");
+      check_caught(catch_error([&] { opt->param_group(1); }), {ErrorCode::invalid_argument},
+                   {"group 1"}, true);
+    }
+    {
+      INFO("the kind of optimizer changed between steps");
+      opt->param_group(0) = SGD{};
+      check_caught(catch_error([&] { opt->step(); }), {ErrorCode::invalid_argument}, {"kind"},
+                   true);
+      opt->param_group(0) = Adam{};
+    }
+    opt->zero_grad();
+    StepInfo info;
+    const bool stepped = no_throw([&] { info = opt->step(); });
+    CHECK(all_ranks_true(stepped && info.applied && info.step == 1));
+    {
+      INFO("a moved-from optimizer");
+      ZeroRedundancyOptimizer moved(std::move(*opt));
+      check_caught(catch_error([&] { opt->step(); }), {ErrorCode::invalid_state}, {"moved"}, true);
+    }
+    CHECK(all_ranks_true(no_throw([] { world().barrier(); })));
+  }
+}
+
+// stream_grads: only in stage 2, and a streamed gradient exists only
+// through grad_ready(i, grad).
+TEST_CASE("ZeRO: stream_grads is stage 2 only and needs grad_ready(i, grad)",
+          "[zero][errors][stream]") {
+  const Layout layout = make_layout({7, 30});
+  Model model(layout, DType::f32, false, true, 13);  // no gradient buffers
+  for (int stage = 0; stage <= 1; ++stage) {
+    INFO("stream_grads with stage " << stage);
+    ZeroOptions options;
+    options.stage = stage;
+    options.stream_grads = true;
+    check_caught(
+        catch_error([&] { ZeroRedundancyOptimizer opt(world(), model.params(), Adam{}, options); }),
+        {ErrorCode::invalid_argument}, {"stream_grads"}, true);
+  }
+  ZeroOptions options;
+  options.stage = 2;
+  options.stream_grads = true;
+  options.bucket_mb = 0.0001;
+  std::unique_ptr<ZeroRedundancyOptimizer> opt;
+  const bool made = no_throw([&] {
+    opt = std::make_unique<ZeroRedundancyOptimizer>(world(), model.params(), Adam{}, options);
+  });
+  REQUIRE(all_ranks_true(made));
+  {
+    INFO("grad_ready(1) without the gradient");
+    check_caught(catch_error([&] { opt->grad_ready(1); }), {ErrorCode::invalid_argument},
+                 {"no gradient buffer"}, true);
+  }
+  {
+    INFO("step() with no gradient given");
+    check_caught(catch_error([&] { opt->step(); }), {ErrorCode::invalid_state},
+                 {"layer0.weight", "layer1.bias"}, true);
+  }
+  std::vector<float> scratch(30, 0.25f);
+  opt->zero_grad();
+  StepInfo info;
+  const bool stepped = no_throw([&] {
+    for (std::size_t i : {1u, 0u}) opt->grad_ready(i, scratch.data());
+    info = opt->step();
+  });
+  CHECK(all_ranks_true(stepped && info.applied && info.step == 1));
 }

@@ -14,79 +14,15 @@
 
 #include "common/check.hpp"
 #include "common/log.hpp"
-#include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
+#include "zero/convert.hpp"
 
 namespace shardopt::detail {
-
-namespace {
-
-inline float from_float_as(float x, float*) { return x; }
-inline bfloat16 from_float_as(float x, bfloat16*) { return bf16_from_float(x); }
-inline float16 from_float_as(float x, float16*) { return f16_from_float(x); }
-
-// Calls f with src and dst as typed pointers (f32, bf16 or f16).
-template <class F>
-void with_types(const std::byte* src, DType st, std::byte* dst, DType dt, F&& f) {
-  const auto with_dst = [&](const auto* s) {
-    switch (dt) {
-      case DType::bf16:
-        return f(s, reinterpret_cast<bfloat16*>(dst));
-      case DType::f16:
-        return f(s, reinterpret_cast<float16*>(dst));
-      default:
-        return f(s, reinterpret_cast<float*>(dst));
-    }
-  };
-  switch (st) {
-    case DType::bf16:
-      return with_dst(reinterpret_cast<const bfloat16*>(src));
-    case DType::f16:
-      return with_dst(reinterpret_cast<const float16*>(src));
-    default:
-      return with_dst(reinterpret_cast<const float*>(src));
-  }
-}
-
-// dst[k] = src[k] * mul, converting between f32, bf16 and f16: a copy, the
-// library's vectorized cast, or one typed loop.
-void convert(const std::byte* src, DType st, std::byte* dst, DType dt, std::size_t n, float mul) {
-  if (n == 0) return;
-  if (st == dt && mul == 1.0f) {
-    std::memcpy(dst, src, n * dtype_size(st));
-  } else if (mul == 1.0f) {
-    cast(src, st, dst, dt, n);
-  } else {
-    with_types(src, st, dst, dt, [&](const auto* s, auto* d) {
-      for (std::size_t k = 0; k < n; ++k) d[k] = from_float_as(to_float(s[k]) * mul, d);
-    });
-  }
-}
-
-// acc[k] += src[k], in fp32, in one typed loop.
-template <class S>
-void accumulate_typed(const S* src, float* acc, std::size_t n) {
-  for (std::size_t k = 0; k < n; ++k) acc[k] += to_float(src[k]);
-}
-
-void accumulate(const std::byte* src, DType st, float* acc, std::size_t n) {
-  switch (st) {
-    case DType::bf16:
-      return accumulate_typed(reinterpret_cast<const bfloat16*>(src), acc, n);
-    case DType::f16:
-      return accumulate_typed(reinterpret_cast<const float16*>(src), acc, n);
-    default:
-      return accumulate_typed(reinterpret_cast<const float*>(src), acc, n);
-  }
-}
-
-}  // namespace
 
 void ZeroEngine::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
                            std::byte* buf) const {
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const std::size_t s = std::max(lo, flat_[p]);
-    const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
+    const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
       std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - flat_[p]) * elem_, (e - s) * elem_);
   }
@@ -95,8 +31,7 @@ void ZeroEngine::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, cons
 void ZeroEngine::from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
                              const std::byte* buf) const {
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const std::size_t s = std::max(lo, flat_[p]);
-    const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
+    const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
       std::memcpy(user(p) + (s - flat_[p]) * elem_, buf + (s - b.begin) * elem_, (e - s) * elem_);
   }
@@ -119,31 +54,46 @@ const Param& ZeroEngine::param(std::size_t i) const {
   return params_[i];
 }
 
-void* ZeroEngine::grad(std::size_t i) { return grad_ptr_[(param(i), i)]; }
+void* ZeroEngine::grad(std::size_t i) {
+  param(i);  // checks the index
+  return grad_ptr_[i];
+}
 
-void ZeroEngine::discard_reduction() {
+void ZeroEngine::drain() {
   while (!flights_.empty()) {
     complete(flights_.front());
     flights_.pop_front();
   }
+}
+
+void ZeroEngine::clear_marks() {
   std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) b.ready = 0;
+  next_launch_ = buckets_.size();
+  marked_any_ = false;
+}
+
+void ZeroEngine::discard_reduction() {
+  drain();
+  clear_marks();
   for (Bucket& b : buckets_) {
-    b.ready = 0;
     if (b.staging >= 0) pool_busy_[std::size_t(b.staging)] = false;
     b.staging = -1;
   }
-  next_launch_ = buckets_.size();
-  marked_any_ = false;
   micro_batches_ = 0;
   reduced_once_ = false;
   open_ = true;
 }
 
-void ZeroEngine::zero_grad() {
-  discard_reduction();
+void ZeroEngine::zero_grad_buffers() {
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
       std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+}
+
+void ZeroEngine::zero_grad() {
+  discard_reduction();
+  zero_grad_buffers();
 }
 
 void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
@@ -170,23 +120,17 @@ void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
                     "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
                 "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
                 __LINE__);
-  if (streamed_[i] != 0) {
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      const Bucket& bk = buckets_[b];
-      if (flat_[i] < bk.begin + bk.len && flat_[i] + p.numel > bk.begin)
-        stream_grad(b, i, static_cast<const std::byte*>(grad));
-    }
-  } else if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i]) {
+  if (streamed_[i] == 0 && grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
     std::memcpy(grad_ptr_[i], grad, p.numel * elem_);
-  }
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bk = buckets_[b];
-    const std::size_t s = std::max(bk.begin, flat_[i]);
-    const std::size_t e = std::min(bk.begin + bk.len, flat_[i] + p.numel);
-    if (s < e) bk.ready += e - s;
+  // Buckets start at multiples of bucket_elems_: those the parameter spans.
+  for (std::size_t b = flat_[i] / bucket_elems_;
+       p.numel > 0 && b <= (flat_[i] + p.numel - 1) / bucket_elems_; ++b) {
+    if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
+    const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);
+    buckets_[b].ready += e - s;
   }
   launch_ready_buckets();
   progress();
@@ -208,7 +152,7 @@ int ZeroEngine::acquire_pool() {
       }
     }
     if (flights_.empty()) break;
-    complete(flights_.front());
+    complete(flights_.front());  // the oldest reduction frees its buffer
     flights_.pop_front();
   }
   // Every buffer holds a bucket still being filled (gradients streamed out
@@ -231,8 +175,7 @@ void ZeroEngine::stream_grad(std::size_t bi, std::size_t p, const std::byte* gra
     std::memset(buf + b.len * rsize, 0, (b.padded - b.len) * rsize);
   }
   std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
-  const std::size_t s = std::max(b.begin, flat_[p]);
-  const std::size_t e = std::min(b.begin + b.len, flat_[p] + params_[p].numel);
+  const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
   convert(grad + (s - flat_[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_, e - s,
           static_cast<float>(1.0 / opt_.predivide_factor));
 }
@@ -243,8 +186,7 @@ void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
   auto* out = static_cast<std::byte*>(dst);
   const float mul = static_cast<float>(1.0 / opt_.predivide_factor);
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const std::size_t s = std::max(b.begin, flat_[p]);
-    const std::size_t e = std::min(b.begin + b.len, flat_[p] + params_[p].numel);
+    const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
     if (s >= e || streamed_[p] != 0) continue;  // streamed ones are in place already
     convert(user_grad(p, s - flat_[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_, e - s,
             mul);
@@ -368,15 +310,9 @@ void ZeroEngine::finish_reduction() {
     for (Bucket& b : buckets_) b.ready = b.len;
   }
   launch_ready_buckets();
-  while (!flights_.empty()) {
-    complete(flights_.front());
-    flights_.pop_front();
-  }
+  drain();
   if (opt_.stage < 2) allgather_grads();
-  std::fill(ready_.begin(), ready_.end(), 0);
-  for (Bucket& b : buckets_) b.ready = 0;
-  next_launch_ = buckets_.size();
-  marked_any_ = false;
+  clear_marks();
   ++micro_batches_;
   reduced_once_ = true;
   open_ = false;

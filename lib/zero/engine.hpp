@@ -17,11 +17,13 @@
 // per segment, then per rank in order, then over ranks in order).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardopt/communicator.hpp"
@@ -119,6 +121,14 @@ class ZeroEngine {
   // Completes what is in flight and forgets the marks and reductions since
   // the last step.
   void discard_reduction();
+  void drain();        // completes every reduction in flight, in order
+  void clear_marks();  // forgets what grad_ready() marked in this micro-batch
+  void zero_grad_buffers();
+  // Flat elements [s, e) of parameter p inside [lo, hi) (s >= e if none).
+  std::pair<std::size_t, std::size_t> overlap(std::size_t p, std::size_t lo,
+                                              std::size_t hi) const noexcept {
+    return {std::max(lo, flat_[p]), std::min(hi, flat_[p] + params_[p].numel)};
+  }
   void allgather_grads();
   void pack_grads(std::size_t b, void* dst) const;
   // The user's buffer of parameter p (gradients or parameters).

@@ -9,6 +9,7 @@
 
 #include "common/check.hpp"
 #include "common/settings.hpp"
+#include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
 #include "zero/engine.hpp"
 
@@ -489,16 +490,7 @@ void ZeroEngine::init_state() {
   for (std::size_t si : mine_) {
     const Segment& s = segments_[si];
     const std::byte* src = static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_;
-    if (master_) {
-      float* m = master_buf_.as<float>() + s.storage;
-      if (dtype_ == DType::bf16) {
-        for (std::size_t k = 0; k < s.count; ++k)
-          m[k] = to_float(reinterpret_cast<const bfloat16*>(src)[k]);
-      } else {
-        for (std::size_t k = 0; k < s.count; ++k)
-          m[k] = to_float(reinterpret_cast<const float16*>(src)[k]);
-      }
-    }
+    if (master_) cast(src, dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
     if (kind_ == OptKind::adagrad) {
       const float v =
           static_cast<float>(std::get<Adagrad>(groups_[std::size_t(params_[s.param].group)])

@@ -10,6 +10,7 @@
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
+#include "zero/convert.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {
@@ -117,9 +118,7 @@ void ZeroEngine::reduce_gradients() {
   if (opt_.stage == 2) {
     // The micro-batch is in the shard: hand back zeroed buffers for the
     // next one, which step() (or the next call) reduces.
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
-        std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+    zero_grad_buffers();
     open_ = true;
   }
 }
@@ -369,19 +368,8 @@ void ZeroEngine::update_custom(double mul) {
     const std::size_t chunk = custom_scratch_.size() / 4;
     for (std::size_t k = 0; k < r.count; k += chunk) {
       const std::size_t m = std::min(chunk, r.count - k);
-      const std::size_t gs = dtype_size(r.grad_type);
-      const float fm = static_cast<float>(mul);
-      for (std::size_t j = 0; j < m; ++j) {
-        const std::byte* src = r.grad + (k + j) * gs;
-        float v;
-        if (r.grad_type == DType::bf16)
-          v = to_float(*reinterpret_cast<const bfloat16*>(src));
-        else if (r.grad_type == DType::f16)
-          v = to_float(*reinterpret_cast<const float16*>(src));
-        else
-          std::memcpy(&v, src, 4);
-        g[j] = v * fm;
-      }
+      convert(r.grad + k * dtype_size(r.grad_type), r.grad_type, reinterpret_cast<std::byte*>(g),
+              DType::f32, m, static_cast<float>(mul));
       for (std::size_t q = 0; q < slots_.size(); ++q)
         states[q] = {states_[q].as<float>() + r.storage + k, m};
       float* params = reinterpret_cast<float*>(r.param) + k;
