@@ -346,13 +346,6 @@ constexpr double kBusyFraction = 0.05;
 
 double mib(double bytes) { return bytes / (1 << 20); }
 
-std::uint64_t fnv1a(const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
 MPI_Datatype raw_mpi_type(DType t) {
   // MPI has no bf16: the same bytes as 16-bit integers, a timing reference.
   return t == DType::bf16 ? MPI_UINT16_T : MPI_FLOAT;
@@ -751,7 +744,7 @@ class Bench {
     r.bucket_bytes = bucket_bytes(b_.psi, t, stage);
 
     // Every rank must hold the same parameters after a step.
-    const std::uint64_t h = fnv1a(b_.params.data(), b_.psi * es);
+    const std::uint64_t h = report::fnv1a(b_.params.data(), b_.psi * es);
     std::uint64_t lo = h, hi = h;
     MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, timing_);
     MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, timing_);

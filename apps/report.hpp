@@ -1,10 +1,12 @@
-// shardopt apps: the numbers the benchmarks report: medians of timed
-// samples, and numbers for their JSON rows.
+// shardopt apps: the numbers the programs report: medians of timed
+// samples, numbers for their JSON rows, and a hash of their parameters to
+// compare across ranks.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -36,12 +38,30 @@ inline Stats stats_of(std::vector<double> t) {
   return s;
 }
 
-// Fixed-notation number for JSON (finite only; null otherwise).
-inline std::string num(double x, int digits) {
+// A JSON number in a printf format for one double, or null for inf and
+// nan (which JSON cannot represent).
+inline std::string json_number(double x, const char* format = "%.6g") {
   if (!std::isfinite(x)) return "null";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  std::snprintf(buf, sizeof buf, format, x);
   return buf;
+}
+
+// Fixed-notation number for JSON (finite only; null otherwise).
+inline std::string num(double x, int digits) {
+  char format[16];
+  std::snprintf(format, sizeof format, "%%.%df", digits);
+  return json_number(x, format);
+}
+
+// FNV-1a over `bytes` bytes, continuing from h (kFnv1aBasis to start):
+// equal parameters on every rank give equal hashes.
+constexpr std::uint64_t kFnv1aBasis = 0xcbf29ce484222325ULL;
+
+inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = kFnv1aBasis) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
 }
 
 }  // namespace report

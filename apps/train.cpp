@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "report.hpp"
 #include "shardopt/shardopt.hpp"
 #include "shardopt/zero.hpp"
 #include "train_model.hpp"
@@ -54,6 +55,7 @@ using cli::bad_value;
 using cli::OptionSpec;
 using cli::parse_int;
 using cli::UsageError;
+using report::json_number;
 
 using shardopt::DType;
 
@@ -743,14 +745,6 @@ std::string format_bytes(double bytes) {
   return s;
 }
 
-// A JSON number, or null for inf and nan (which JSON cannot represent).
-std::string json_number(double v, const char* format = "%.6g") {
-  if (!std::isfinite(v)) return "null";
-  char s[64];
-  std::snprintf(s, sizeof s, format, v);
-  return s;
-}
-
 const char* precision_name(DType t) { return shardopt::dtype_name(t); }
 
 // Whether to redraw a progress line in place. Open MPI connects each rank's
@@ -909,14 +903,9 @@ bool all_ok(bool ok, MPI_Comm comm) {
 
 // FNV-1a over the bytes of every parameter.
 std::uint64_t params_hash(const ModelTensors& m) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
+  std::uint64_t h = report::kFnv1aBasis;
   const std::size_t esize = shardopt::dtype_size(m.dtype());
-  for (std::size_t i = 0; i < m.count(); ++i) {
-    const auto* p = static_cast<const unsigned char*>(m.param(i));
-    for (std::size_t k = 0; k < m.numel(i) * esize; ++k) {
-      h = (h ^ p[k]) * 0x100000001b3ULL;
-    }
-  }
+  for (std::size_t i = 0; i < m.count(); ++i) h = report::fnv1a(m.param(i), m.numel(i) * esize, h);
   return h;
 }
 

@@ -20,19 +20,16 @@
 #include <utility>
 #include <vector>
 
+#include "optim_steps.hpp"
+
 namespace train {
 
 // ---------------------------------------------------------------------------
 // Random numbers
 
-// SplitMix64's finalizer: a good 64-bit mix, used to derive independent
+// SplitMix64's finalizer (optim_steps.hpp), used to derive independent
 // streams from (seed, purpose, rank, step) without any shared state.
-inline std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using bench::mix64;
 
 // The key of a stream: every rank derives the same key from the same
 // arguments, so the teacher and the initial weights agree across ranks
