@@ -359,6 +359,14 @@ TEST_CASE("ZeRO: bad arguments are errors on every rank", "[zero][errors][argume
          p.data = nullptr;
          return construct({param("a", 0, 10, 0), p}, adam);
        }},
+      {"a shape whose product is not numel",
+       invalid,
+       {"shaped", "[3, 4]"},
+       [&] {
+         Param p = param("shaped", 10, 10, 10);
+         p.shape = {3, 4};
+         return construct({param("a", 0, 10, 0), p}, adam);
+       }},
       {"mixed dtypes",
        invalid,
        {"half"},

@@ -87,5 +87,15 @@ class SHARDOPT_API DeviceError : public Error {  // buffer in memory of the wron
 class SHARDOPT_API StateError : public Error {  // object used after free or move
   using Error::Error;
 };
+// A checkpoint file that is malformed, corrupted (a checksum differs), from
+// a newer format, or does not match the optimizer (ErrorCode::checkpoint).
+class SHARDOPT_API CheckpointError : public Error {
+  using Error::Error;
+};
+// A file system operation failed: open, write, sync, rename, a full disk
+// (ErrorCode::io).
+class SHARDOPT_API IoError : public Error {
+  using Error::Error;
+};
 
 }  // namespace shardopt

@@ -3,6 +3,7 @@
 
 #include "shardopt/build_info.hpp"
 #include "shardopt/cast.hpp"
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"

@@ -55,6 +55,9 @@ struct Param {
   // ZeroOptions::stream_grads, there is none (see there).
   void* grad = nullptr;
   int group = 0;  // index into the optimizer's parameter groups
+  // The tensor's shape, written to checkpoints and exports (its product is
+  // numel); empty: one dimension of numel.
+  std::vector<std::size_t> shape = {};
 };
 
 // What a custom element-wise optimizer receives: a run of consecutive
@@ -178,6 +181,50 @@ struct ShardRange {
   std::size_t shard_offset = 0;  // position in this rank's state buffers
 };
 
+// Checkpoints (docs/checkpoint.md; the file format: docs/checkpoint-format.md).
+struct SaveOptions {
+  // Keep this many checkpoints: the newest at the path, older ones at
+  // path.1 (the newest of them), path.2, ... 1: replace the file.
+  int keep_last = 1;
+  std::uint64_t chunk_bytes = 1 << 20;  // checksum chunk size
+  // The application's own values (its data position, an epoch, ...),
+  // stored in the file's metadata as "user.<key>" and returned by load() in
+  // LoadReport::metadata. Rank 0's are written.
+  std::map<std::string, std::string> metadata = {};
+};
+
+struct LoadOptions {
+  // true: any difference between the file and the optimizer (a tensor
+  // missing, unexpected or of another shape or dtype, another optimizer
+  // kind or number of groups) is an error, and nothing changes. false:
+  // the tensors that match are loaded and the rest reported.
+  bool strict = true;
+  // Take every group's hyper-parameters from the file (as torch's
+  // load_state_dict does) when the optimizer kind and the number of groups
+  // match; false keeps the current ones.
+  bool hyper_parameters = true;
+};
+
+// What load() did; the same on every rank.
+struct LoadReport {
+  std::vector<std::string> loaded;              // tensors loaded
+  std::vector<std::string> missing;             // the optimizer's tensors not in the file
+  std::vector<std::string> unexpected;          // tensors of the file the optimizer has not
+  std::vector<std::string> mismatched;          // in both, another shape or dtype ("name: why")
+  std::int64_t step = 0;                        // the step count restored
+  int saved_ranks = 0;                          // the rank count the file was saved at
+  bool hyper_parameters = false;                // whether the groups' values were restored
+  std::map<std::string, std::string> metadata;  // SaveOptions::metadata of the save
+  // One line per non-empty list, for logs.
+  SHARDOPT_API std::string summary() const;
+};
+
+struct ExportOptions {
+  // true: fp32 values (the master weights); false: the model's dtype (the
+  // parameter buffers as they are).
+  bool fp32 = true;
+};
+
 namespace detail {
 class ZeroEngine;
 }
@@ -292,6 +339,28 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
 
   // Bytes allocated by category. Local.
   MemoryReport memory_report() const;
+
+  // Collective: writes a checkpoint to `path` (one safetensors file): every
+  // parameter's fp32 master values (tensor "<name>"), every optimizer state
+  // ("<name>.<state>", state_names()), the loss scaler's state, the step
+  // count and every group's hyper-parameters. Every rank writes the ranges
+  // of its own shard with collective MPI-IO; the file appears at `path`
+  // only once every rank's write succeeded (atomic rename), otherwise every
+  // rank throws the same IoError and the previous file at `path` is
+  // untouched. Pending gradient reductions are discarded first (save
+  // between steps). The file loads at any rank count.
+  void save(const std::string& path, const SaveOptions& options = {});
+  // Collective: restores a checkpoint written by save(), at any rank count
+  // and stage: each rank reads only the ranges of its shard and verifies
+  // their checksums; the parameters are then allgathered into every rank's
+  // parameter buffers. Everything is validated before anything changes: on
+  // any error (a bad or corrupted file, a mismatch in strict mode) every
+  // rank throws the same CheckpointError or IoError and the optimizer and
+  // the parameters are unchanged.
+  LoadReport load(const std::string& path, const LoadOptions& options = {});
+  // Collective: writes the parameters only (tensor "<name>" each) as a plain
+  // safetensors file, for inference, in parallel and atomically as save().
+  void export_params(const std::string& path, const ExportOptions& options = {});
 
  protected:
   std::unique_ptr<detail::ZeroEngine> engine_;

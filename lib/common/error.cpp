@@ -126,6 +126,10 @@ void throw_error(ErrorCode code, std::string message, std::string hint, const ch
       throw DeviceError(code, std::move(message), std::move(hint), file, line, rank);
     case ErrorCode::invalid_state:
       throw StateError(code, std::move(message), std::move(hint), file, line, rank);
+    case ErrorCode::checkpoint:
+      throw CheckpointError(code, std::move(message), std::move(hint), file, line, rank);
+    case ErrorCode::io:
+      throw IoError(code, std::move(message), std::move(hint), file, line, rank);
     default:
       throw Error(code, std::move(message), std::move(hint), file, line, rank);
   }

@@ -22,10 +22,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/memory.hpp"
@@ -89,6 +92,11 @@ class ZeroEngine {
   std::span<const ShardRange> owned_ranges() const noexcept { return owned_; }
   std::vector<float> gather_state(std::string_view name, std::size_t i) const;
   MemoryReport memory_report() const;
+
+  // Checkpoints (lib/zero/checkpoint.cpp).
+  void save(const std::string& path, const SaveOptions& options);
+  LoadReport load(const std::string& path, const LoadOptions& options);
+  void export_params(const std::string& path, const ExportOptions& options);
 
  private:
   // One reduce-scatter in flight.
@@ -174,6 +182,13 @@ class ZeroEngine {
   void end_step();
 
   std::byte* user_param(const Segment& s) const;
+
+  // Checkpoints.
+  std::map<std::string, std::string> checkpoint_metadata(const char* content) const;
+  void add_pieces(std::size_t first, std::size_t bytes,
+                  const std::function<const void*(const Segment&)>& data,
+                  std::vector<ckpt::Piece>& pieces) const;
+  std::function<const void*(const Segment&)> master_source(std::vector<float>& decoded) const;
   std::byte* user_grad(std::size_t param, std::size_t offset) const;
 
   Communicator& comm_;

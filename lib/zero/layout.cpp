@@ -2,6 +2,7 @@
 // the layout across ranks, the flat layout and its buffers.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
@@ -172,6 +173,19 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
                     std::to_string(groups_.size()) + " group(s)");
     if (p.numel > 0 && p.data == nullptr)
       fail(bad, who + " has " + std::to_string(p.numel) + " elements but a null data pointer");
+    if (!p.shape.empty()) {
+      std::size_t product = 1;
+      std::string dims;
+      for (std::size_t d : p.shape) {
+        product = d != 0 && product > SIZE_MAX / d ? SIZE_MAX : product * d;
+        dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+      }
+      if (product != p.numel)
+        fail(bad, who + " has shape [" + dims + "] of " +
+                      (product == SIZE_MAX ? std::string("too many") : std::to_string(product)) +
+                      " elements but numel " + std::to_string(p.numel) +
+                      "; give a shape whose product is numel, or none");
+    }
     const std::size_t bytes = p.numel * dtype_size(p.dtype);
     if (p.numel > 0 && p.data != nullptr) {
       const auto* b = static_cast<const std::byte*>(p.data);
@@ -244,7 +258,9 @@ std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, do
 std::string describe_param(const Param& p) {
   std::ostringstream s;
   s << "name=" << p.name << "\nnumel=" << p.numel << "\ndtype=" << dtype_name(p.dtype)
-    << "\ngroup=" << p.group << "\n";
+    << "\ngroup=" << p.group << "\nshape=";
+  for (std::size_t d : p.shape) s << d << ",";
+  s << "\n";
   return s.str();
 }
 

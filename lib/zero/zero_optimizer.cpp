@@ -1,4 +1,6 @@
 // shardopt: ZeroRedundancyOptimizer and DistributedOptimizer, over the engine.
+#include <sstream>
+
 #include "common/check.hpp"
 #include "shardopt/zero.hpp"
 
@@ -50,6 +52,30 @@ double ZeroRedundancyOptimizer::clip_grad_norm(double max_norm) {
   return engine(engine_).clip_grad_norm(max_norm);
 }
 StepInfo ZeroRedundancyOptimizer::step() { return engine(engine_).step(); }
+void ZeroRedundancyOptimizer::save(const std::string& path, const SaveOptions& options) {
+  engine(engine_).save(path, options);
+}
+LoadReport ZeroRedundancyOptimizer::load(const std::string& path, const LoadOptions& options) {
+  return engine(engine_).load(path, options);
+}
+void ZeroRedundancyOptimizer::export_params(const std::string& path, const ExportOptions& options) {
+  engine(engine_).export_params(path, options);
+}
+
+std::string LoadReport::summary() const {
+  std::ostringstream s;
+  s << "step " << step << ", saved at " << saved_ranks << " rank(s); " << loaded.size()
+    << " tensor(s) loaded" << (hyper_parameters ? ", hyper-parameters restored" : "");
+  const auto line = [&](const char* what, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    s << "\n" << v.size() << " " << what << ":";
+    for (std::size_t i = 0; i < v.size(); ++i) s << (i ? "; " : " ") << v[i];
+  };
+  line("missing from the file", missing);
+  line("in the file only", unexpected);
+  line("of another dtype or shape", mismatched);
+  return s.str();
+}
 double ZeroRedundancyOptimizer::loss_scale() const { return engine(engine_).loss_scale(); }
 std::int64_t ZeroRedundancyOptimizer::steps() const { return engine(engine_).steps(); }
 int ZeroRedundancyOptimizer::stage() const { return engine(engine_).stage(); }

@@ -1,0 +1,764 @@
+// shardopt: writing and reading checkpoint files in parallel with MPI-IO.
+//
+// Writing. Every rank knows the whole map of pieces (which rank holds which
+// bytes of which tensor), so every rank computes the same header, the same
+// file offsets and the same checksum plan without asking the others. A
+// chunk is checksummed by the rank holding its first byte; the bytes of it
+// that other ranks hold (only where a chunk straddles two ranks' pieces)
+// are sent to that rank with one alltoallv. The checksums are summed onto
+// rank 0, which puts them in the header; then every rank writes its pieces
+// (rank 0 also the header) with one collective write through a file view,
+// straight from the caller's buffers.
+//
+// Reading. A range is read straight into the caller's buffer where it
+// covers whole chunks; the chunks it covers only partly are read whole into
+// a scratch buffer, so that every chunk touched can be checked. Reads go a
+// chunk at a time, each chunk hashed right after its read, still in cache.
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/format.hpp"
+#include "common/check.hpp"
+#include "shardopt/checkpoint.hpp"
+#include "zero/agree.hpp"
+
+namespace shardopt::ckpt {
+namespace {
+
+using shardopt::detail::agree_or_throw;
+using shardopt::detail::throw_error;
+
+// Blocks of a file view are at most this long (MPI counts are ints).
+constexpr std::uint64_t kMaxBlock = std::uint64_t{1} << 30;
+
+std::string errno_text(int e) { return std::string(std::strerror(e)); }
+
+std::string mpi_text(int rc) { return shardopt::detail::mpi_error_string(rc); }
+
+// One contiguous transfer: `bytes` bytes at file offset `file` from or to
+// memory `mem`.
+struct Block {
+  std::uint64_t file = 0;
+  std::byte* mem = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+// An MPI datatype pair describing blocks (sorted by file offset, not
+// overlapping): the file view type (displacements from offset 0) and the
+// memory type (absolute addresses, used with MPI_BOTTOM).
+struct BlockTypes {
+  MPI_Datatype file = MPI_DATATYPE_NULL;
+  MPI_Datatype mem = MPI_DATATYPE_NULL;
+  BlockTypes(const BlockTypes&) = delete;
+  BlockTypes& operator=(const BlockTypes&) = delete;
+  explicit BlockTypes(const std::vector<Block>& blocks) {
+    std::vector<int> lens;
+    std::vector<MPI_Aint> fdisp, mdisp;
+    for (const Block& b : blocks) {
+      for (std::uint64_t done = 0; done < b.bytes;) {
+        const std::uint64_t n = std::min(kMaxBlock, b.bytes - done);
+        lens.push_back(static_cast<int>(n));
+        fdisp.push_back(static_cast<MPI_Aint>(b.file + done));
+        MPI_Aint a = 0;
+        MPI_Get_address(b.mem + done, &a);
+        mdisp.push_back(a);
+        done += n;
+      }
+    }
+    if (lens.empty()) {  // a rank with nothing to transfer still takes part
+      lens.push_back(0);
+      fdisp.push_back(0);
+      mdisp.push_back(0);
+    }
+    const int n = static_cast<int>(lens.size());
+    MPI_Type_create_hindexed(n, lens.data(), fdisp.data(), MPI_BYTE, &file);
+    MPI_Type_commit(&file);
+    MPI_Type_create_hindexed(n, lens.data(), mdisp.data(), MPI_BYTE, &mem);
+    MPI_Type_commit(&mem);
+  }
+  ~BlockTypes() {
+    if (file != MPI_DATATYPE_NULL) MPI_Type_free(&file);
+    if (mem != MPI_DATATYPE_NULL) MPI_Type_free(&mem);
+  }
+};
+
+std::uint64_t total_bytes(const std::vector<Block>& blocks) {
+  std::uint64_t t = 0;
+  for (const Block& b : blocks) t += b.bytes;
+  return t;
+}
+
+// Collective over the file's communicator: one collective write of the
+// blocks through a file view. Returns "" or what went wrong on this rank.
+std::string write_all(MPI_File fh, std::vector<Block> blocks) {
+  std::sort(blocks.begin(), blocks.end(),
+            [](const Block& a, const Block& b) { return a.file < b.file; });
+  blocks.erase(
+      std::remove_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.bytes == 0; }),
+      blocks.end());
+  const std::uint64_t expected = total_bytes(blocks);
+  BlockTypes types(blocks);
+  int rc = MPI_File_set_view(fh, 0, MPI_BYTE, types.file, "native", MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS) return "MPI_File_set_view failed: " + mpi_text(rc);
+  MPI_Status status;
+  rc = MPI_File_write_all(fh, MPI_BOTTOM, 1, types.mem, &status);
+  std::string error;
+  if (rc != MPI_SUCCESS) {
+    error = "MPI_File_write_all failed: " + mpi_text(rc);
+  } else {
+    MPI_Count done = 0;
+    MPI_Get_elements_x(&status, MPI_BYTE, &done);
+    if (expected > 0 && static_cast<std::uint64_t>(done) != expected)
+      error = "wrote " + std::to_string(done) + " of " + std::to_string(expected) +
+              " bytes (is the file system full?)";
+  }
+  // Back to the plain byte view (collective too).
+  rc = MPI_File_set_view(fh, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS && error.empty()) error = "MPI_File_set_view failed: " + mpi_text(rc);
+  return error;
+}
+
+// Local: reads the blocks, each with its own independent calls of at most
+// `piece` bytes, and hands every piece to after(block, offset in block,
+// bytes) while it is still in cache; stops at the first error after()
+// returns. Reads are independent rather than collective because the default
+// collective read component of Open MPI 4.1 (ompio's vulcan and dynamic)
+// returns wrong data for some sets of ranges (open-mpi/ompi#10546), which
+// the checksums catch but cannot repair. Returns "" or what went wrong.
+template <class After>
+std::string read_blocks(MPI_File fh, const std::vector<Block>& blocks, std::uint64_t piece,
+                        After&& after) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const Block& b = blocks[i];
+    for (std::uint64_t done = 0; done < b.bytes;) {
+      const std::uint64_t n = std::min(piece, b.bytes - done);
+      MPI_Status status;
+      const int rc = MPI_File_read_at(fh, static_cast<MPI_Offset>(b.file + done), b.mem + done,
+                                      static_cast<int>(n), MPI_BYTE, &status);
+      if (rc != MPI_SUCCESS) return "MPI_File_read_at failed: " + mpi_text(rc);
+      int got = 0;
+      MPI_Get_count(&status, MPI_BYTE, &got);
+      if (static_cast<std::uint64_t>(got) != n)
+        return "read " + std::to_string(got) + " of " + std::to_string(n) + " bytes at offset " +
+               std::to_string(b.file + done) + " (is the file truncated?)";
+      std::string error = after(i, done, n);
+      if (!error.empty()) return error;
+      done += n;
+    }
+  }
+  return {};
+}
+
+// Collective: throws on every rank unless every rank passed the same path.
+void agree_on_path(Communicator& comm, const std::string& path) {
+  if (shardopt::detail::all_equal(comm, {shardopt::detail::fingerprint(path)})) return;
+  agree_or_throw(comm, shardopt::detail::first_difference(comm, "path=" + path, "the file"),
+                 ErrorCode::invalid_argument,
+                 "pass the same path on every rank: a checkpoint is one file shared by the ranks");
+}
+
+// Every rank's copy of rank 0's string.
+std::string broadcast_string(Communicator& comm, std::string s) {
+  std::int64_t n = static_cast<std::int64_t>(s.size());
+  comm.broadcast(&n, 1, DType::i64, 0);
+  s.resize(static_cast<std::size_t>(n));
+  for (std::int64_t done = 0; done < n;) {
+    const int c = static_cast<int>(std::min<std::int64_t>(n - done, INT_MAX / 2));
+    SHARDOPT_CHECK_MPI(MPI_Bcast(s.data() + done, c, MPI_BYTE, 0, comm.mpi_comm()),
+                       "broadcasting a checkpoint header");
+    done += c;
+  }
+  return s;
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Rank 0: a fresh temporary name in path's directory, created with its
+// space reserved (so that a directory that cannot be written to, or a full
+// disk, is reported with its errno).
+std::string create_temporary(const std::string& path, std::uint64_t bytes, std::string& error) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp-%08x", static_cast<unsigned>(rd()));
+    const std::string tmp = path + suffix;
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+      // Reserve the space now: a full disk or a file size limit is then
+      // reported here, plainly, rather than by writes in the middle of the
+      // collective one (which some MPI-IO implementations only print).
+      // File systems without fallocate (some parallel ones) skip this.
+      if (::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP &&
+          errno != ENOSYS) {
+        error = "cannot reserve " + std::to_string(bytes) + " bytes for '" + tmp +
+                "': " + errno_text(errno);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return {};
+      }
+      ::close(fd);
+      return tmp;
+    }
+    if (errno != EEXIST) {
+      error =
+          "cannot create '" + tmp + "' in directory '" + dir_of(path) + "': " + errno_text(errno);
+      return {};
+    }
+  }
+  error = "cannot find a free temporary name beside '" + path + "'";
+  return {};
+}
+
+// Rank 0: the rotation of WriteOptions::keep_last, then the atomic rename of
+// tmp to path and a sync of the directory. "" or the error.
+std::string publish(const std::string& tmp, const std::string& path, int keep_last) {
+  const auto exists = [](const std::string& p) { return ::access(p.c_str(), F_OK) == 0; };
+  if (keep_last > 1 && exists(path)) {
+    for (int i = keep_last - 1; i >= 2; --i) {
+      const std::string from = path + "." + std::to_string(i - 1);
+      const std::string to = path + "." + std::to_string(i);
+      if (exists(from) && std::rename(from.c_str(), to.c_str()) != 0)
+        return "cannot rename '" + from + "' to '" + to + "': " + errno_text(errno);
+    }
+    // A second name for the current file; the rename below then replaces
+    // `path` atomically, so a valid checkpoint is always at `path`.
+    const std::string one = path + ".1";
+    if (exists(one) && ::unlink(one.c_str()) != 0)
+      return "cannot remove '" + one + "': " + errno_text(errno);
+    if (::link(path.c_str(), one.c_str()) != 0)
+      return "cannot link '" + path + "' to '" + one + "': " + errno_text(errno);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return "cannot rename '" + tmp + "' to '" + path + "': " + errno_text(errno);
+  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+// The pieces of each tensor sorted by offset; throws InvalidArgument unless
+// they cover every tensor exactly.
+std::vector<std::vector<const Piece*>> pieces_by_tensor(const std::vector<WriteTensor>& tensors,
+                                                        const std::vector<std::uint64_t>& sizes,
+                                                        const std::vector<Piece>& pieces,
+                                                        int nranks, int rank) {
+  std::vector<std::vector<const Piece*>> by(tensors.size());
+  for (const Piece& p : pieces) {
+    if (p.tensor >= tensors.size())
+      SHARDOPT_THROW(invalid_argument,
+                     "write_file: a piece names tensor " + std::to_string(p.tensor) + " of " +
+                         std::to_string(tensors.size()),
+                     "pass pieces whose tensor indices are below the number of tensors");
+    if (p.owner < 0 || p.owner >= nranks)
+      SHARDOPT_THROW(invalid_argument,
+                     "write_file: a piece of tensor '" + tensors[p.tensor].name + "' has owner " +
+                         std::to_string(p.owner),
+                     "owners are ranks of the communicator, 0 to size() - 1");
+    if (p.owner == rank && p.bytes > 0 && p.data == nullptr)
+      SHARDOPT_THROW(
+          invalid_argument,
+          "write_file: this rank's piece of tensor '" + tensors[p.tensor].name + "' has no data",
+          "set Piece::data on the pieces the calling rank owns");
+    if (p.bytes > 0) by[p.tensor].push_back(&p);
+  }
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    auto& v = by[t];
+    std::sort(v.begin(), v.end(),
+              [](const Piece* a, const Piece* b) { return a->offset < b->offset; });
+    std::uint64_t at = 0;
+    for (const Piece* p : v) {
+      if (p->offset != at) break;
+      at += p->bytes;
+    }
+    if (at != sizes[t] || (!v.empty() && v.back()->offset + v.back()->bytes != sizes[t]))
+      SHARDOPT_THROW(invalid_argument,
+                     "write_file: the pieces of tensor '" + tensors[t].name +
+                         "' do not cover its " + std::to_string(sizes[t]) +
+                         " bytes exactly (a gap or an overlap near byte " + std::to_string(at) +
+                         ")",
+                     "give every byte of every tensor to exactly one piece");
+  }
+  return by;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// write_file
+
+void write_file(Communicator& comm, const std::string& path,
+                const std::vector<WriteTensor>& tensors, const std::vector<Piece>& pieces,
+                const std::map<std::string, std::string>& metadata, const WriteOptions& options) {
+  agree_on_path(comm, path);
+  const int rank = comm.rank(), nranks = comm.size();
+  const std::uint64_t chunk = options.chunk_bytes;
+  // Arguments are checked on every rank and the verdict agreed, so that a
+  // bad argument on one rank stops them all instead of leaving them waiting.
+  std::string error;
+  std::vector<TensorInfo> infos(tensors.size());
+  std::vector<std::uint64_t> sizes(tensors.size());
+  std::vector<std::vector<const Piece*>> by;
+  std::uint64_t data_start = 0;
+  try {
+    if (path.empty())
+      SHARDOPT_THROW(invalid_argument, "write_file: the path is empty", "pass a file path");
+    if (chunk == 0 || chunk > kMaxBlock)
+      SHARDOPT_THROW(invalid_argument, "write_file: chunk_bytes is " + std::to_string(chunk),
+                     "use a checksum chunk size between 1 byte and 1 GiB (default 1 MiB)");
+    if (options.keep_last < 1)
+      SHARDOPT_THROW(invalid_argument, "keep_last is " + std::to_string(options.keep_last),
+                     "keep at least 1 checkpoint (1: replace the file)");
+    // The header, with placeholder checksums (as long as the real ones).
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      infos[t].name = tensors[t].name;
+      infos[t].dtype = tensors[t].dtype;
+      infos[t].shape = tensors[t].shape;
+      std::uint64_t n = dtype_bytes(tensors[t].dtype);
+      for (std::uint64_t d : tensors[t].shape) n *= d;
+      sizes[t] = n;
+      infos[t].chunks.assign(detail::chunk_count(n, chunk), 0);
+    }
+    data_start = detail::build_header(infos, metadata, chunk).size();
+    by = pieces_by_tensor(tensors, sizes, pieces, nranks, rank);
+  } catch (const Error& e) {
+    error = e.message() + " (" + e.hint() + ")";
+  }
+  agree_or_throw(comm, error, ErrorCode::invalid_argument,
+                 "fix the argument named on the rank(s) named");
+  if (!shardopt::detail::all_equal(
+          comm, {static_cast<std::int64_t>(chunk), options.keep_last,
+                 static_cast<std::int64_t>(tensors.size()),
+                 static_cast<std::int64_t>(pieces.size()), static_cast<std::int64_t>(data_start)}))
+    agree_or_throw(comm, "the ranks passed different tensors, pieces or options",
+                   ErrorCode::invalid_argument,
+                   "pass the same tensors, pieces (the whole map) and options on every rank");
+
+  // The checksum plan, walked in the same order by every rank: tensor by
+  // tensor, piece by piece, chunk by chunk. Chunk (t, k) is checksummed by
+  // the owner of its first byte.
+  const auto assignee = [&](std::size_t t, std::uint64_t k) {
+    const std::uint64_t at = k * chunk;
+    const auto& v = by[t];
+    auto it = std::upper_bound(v.begin(), v.end(), at,
+                               [](std::uint64_t x, const Piece* p) { return x < p->offset; });
+    return (*(it - 1))->owner;
+  };
+  struct Part {  // the part of piece p inside chunk k
+    std::size_t t;
+    std::uint64_t k, lo, hi;  // tensor bytes [lo, hi)
+    const Piece* p;
+    int to;
+  };
+  std::vector<Part> plan;
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    for (const Piece* p : by[t])
+      for (std::uint64_t k = p->offset / chunk; k * chunk < p->offset + p->bytes; ++k) {
+        const std::uint64_t lo = std::max(p->offset, k * chunk);
+        const std::uint64_t hi = std::min(p->offset + p->bytes, (k + 1) * chunk);
+        plan.push_back({t, k, lo, hi, p, assignee(t, k)});
+      }
+  std::vector<std::int64_t> sendc(nranks, 0), recvc(nranks, 0);
+  for (const Part& x : plan) {
+    if (x.p->owner == x.to) continue;
+    if (x.p->owner == rank) sendc[x.to] += static_cast<std::int64_t>(x.hi - x.lo);
+    if (x.to == rank) recvc[x.p->owner] += static_cast<std::int64_t>(x.hi - x.lo);
+  }
+  std::vector<int> sc(nranks), rc(nranks), sd(nranks), rd(nranks);
+  std::int64_t stotal = 0, rtotal = 0;
+  for (int r = 0; r < nranks; ++r) {
+    if (stotal + sendc[r] > INT_MAX || rtotal + recvc[r] > INT_MAX)
+      SHARDOPT_THROW(unsupported, "write_file: over 2 GiB of chunk boundaries to exchange",
+                     "use a smaller chunk_bytes");
+    sd[r] = static_cast<int>(stotal);
+    rd[r] = static_cast<int>(rtotal);
+    sc[r] = static_cast<int>(sendc[r]);
+    rc[r] = static_cast<int>(recvc[r]);
+    stotal += sendc[r];
+    rtotal += recvc[r];
+  }
+  std::vector<std::byte> sendbuf(static_cast<std::size_t>(stotal)),
+      recvbuf(static_cast<std::size_t>(rtotal));
+  {
+    std::vector<int> at = sd;
+    for (const Part& x : plan)
+      if (x.p->owner == rank && x.to != rank) {
+        std::memcpy(sendbuf.data() + at[x.to],
+                    static_cast<const std::byte*>(x.p->data) + (x.lo - x.p->offset), x.hi - x.lo);
+        at[x.to] += static_cast<int>(x.hi - x.lo);
+      }
+  }
+  SHARDOPT_CHECK_MPI(MPI_Alltoallv(sendbuf.data(), sc.data(), sd.data(), MPI_BYTE, recvbuf.data(),
+                                   rc.data(), rd.data(), MPI_BYTE, comm.mpi_comm()),
+                     "exchanging the bytes of checksum chunks that straddle ranks");
+
+  // This rank's chunks, streamed in order, then summed onto every rank
+  // (each chunk has one non-zero contributor).
+  std::vector<std::uint64_t> first_chunk(tensors.size() + 1, 0);
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    first_chunk[t + 1] = first_chunk[t] + infos[t].chunks.size();
+  std::vector<std::int64_t> sums(first_chunk.back(), 0);
+  {
+    XXH3_state_t* st = XXH3_createState();
+    std::vector<int> at = rd;
+    bool open = false;
+    std::uint64_t index = 0;
+    for (const Part& x : plan) {
+      if (x.to != rank) continue;
+      const std::uint64_t id = first_chunk[x.t] + x.k;
+      if (!open || id != index) {
+        if (open) sums[index] = static_cast<std::int64_t>(XXH3_64bits_digest(st));
+        XXH3_64bits_reset(st);
+        open = true;
+        index = id;
+      }
+      if (x.p->owner == rank) {
+        XXH3_64bits_update(st, static_cast<const std::byte*>(x.p->data) + (x.lo - x.p->offset),
+                           x.hi - x.lo);
+      } else {
+        XXH3_64bits_update(st, recvbuf.data() + at[x.p->owner], x.hi - x.lo);
+        at[x.p->owner] += static_cast<int>(x.hi - x.lo);
+      }
+    }
+    if (open) sums[index] = static_cast<std::int64_t>(XXH3_64bits_digest(st));
+    XXH3_freeState(st);
+  }
+  if (!sums.empty())
+    comm.allreduce(sums.data(), sums.data(), sums.size(), DType::i64, ReduceOp::sum);
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    for (std::size_t k = 0; k < infos[t].chunks.size(); ++k)
+      infos[t].chunks[k] = static_cast<std::uint64_t>(sums[first_chunk[t] + k]);
+  std::string header;
+  if (rank == 0) {
+    header = detail::build_header(infos, metadata, chunk);
+    if (header.size() != data_start)
+      SHARDOPT_THROW(internal, "write_file: the header changed length with its checksums",
+                     "report this as a bug in shardopt");
+  }
+
+  // The temporary file, created by rank 0 and agreed on.
+  std::uint64_t file_bytes = data_start;
+  for (std::uint64_t n : sizes) file_bytes += n;
+  std::string tmp = rank == 0 ? create_temporary(path, file_bytes, error) : std::string();
+  agree_or_throw(comm, error, ErrorCode::io,
+                 "check that the checkpoint's directory exists and is writable by the job, "
+                 "and that its file system has room for the checkpoint (and the job's file size "
+                 "limit, ulimit -f, allows it); the previous checkpoint is untouched");
+  tmp = broadcast_string(comm, tmp);
+  const auto remove_tmp = [&] {
+    if (rank == 0) ::unlink(tmp.c_str());
+  };
+
+  MPI_File fh = MPI_FILE_NULL;
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(tmp, ec).string();
+  int mrc = MPI_File_open(comm.mpi_comm(), ec ? tmp.c_str() : abs.c_str(), MPI_MODE_WRONLY,
+                          MPI_INFO_NULL, &fh);
+  if (mrc != MPI_SUCCESS) error = "cannot open '" + tmp + "' for writing: " + mpi_text(mrc);
+  std::int64_t failed = error.empty() ? 0 : 1;
+  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
+  if (failed != 0) {
+    // The ranks that opened it must close it (collectively) before the error.
+    if (fh != MPI_FILE_NULL) MPI_File_close(&fh);
+    remove_tmp();
+    agree_or_throw(comm, error.empty() ? std::string() : error, ErrorCode::io,
+                   "every rank must see the checkpoint's directory (a shared file system)");
+  }
+
+  std::vector<Block> blocks;
+  if (rank == 0) blocks.push_back({0, reinterpret_cast<std::byte*>(header.data()), header.size()});
+  std::vector<std::uint64_t> begin(tensors.size(), 0);
+  for (std::size_t t = 0; t < tensors.size(); ++t) begin[t] = infos[t].begin;
+  for (const Piece& p : pieces)
+    if (p.owner == rank && p.bytes > 0)
+      blocks.push_back({data_start + begin[p.tensor] + p.offset,
+                        static_cast<std::byte*>(const_cast<void*>(p.data)), p.bytes});
+  error = write_all(fh, std::move(blocks));
+  if (error.empty()) {
+    mrc = MPI_File_sync(fh);
+    if (mrc != MPI_SUCCESS) error = "MPI_File_sync failed: " + mpi_text(mrc);
+  } else {
+    MPI_File_sync(fh);  // collective: the other ranks call it
+  }
+  mrc = MPI_File_close(&fh);
+  if (mrc != MPI_SUCCESS && error.empty()) error = "MPI_File_close failed: " + mpi_text(mrc);
+  if (!error.empty()) error = "writing '" + tmp + "': " + error;
+  failed = error.empty() ? 0 : 1;
+  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
+  if (failed != 0) {
+    remove_tmp();
+    agree_or_throw(comm, error, ErrorCode::io,
+                   "free space on the checkpoint's file system (or raise the job's file size "
+                   "limit) and save again; the previous checkpoint is untouched");
+  }
+
+  // Every rank's data is on disk: rank 0 renames, everybody learns how it went.
+  if (rank == 0) {
+    error = publish(tmp, path, options.keep_last);
+    if (!error.empty()) remove_tmp();
+  }
+  error = broadcast_string(comm, error);
+  if (!error.empty())
+    agree_or_throw(comm, rank == 0 ? error : std::string(), ErrorCode::io,
+                   "check the permissions of the checkpoint's directory; the previous "
+                   "checkpoint is untouched");
+}
+
+// ---------------------------------------------------------------------------
+// Reader
+
+struct Reader::Impl {
+  Communicator* comm = nullptr;
+  std::string path;
+  Header header;
+  MPI_File fh = MPI_FILE_NULL;
+};
+
+namespace {
+
+// Rank 0: the file's size and header text, or an error.
+std::string read_header_text(const std::string& path, std::uint64_t& file_bytes,
+                             std::string& error) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    error = "cannot read '" + path + "': it is a directory, not a checkpoint file";
+    return {};
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = "cannot open '" + path + "': " + errno_text(errno);
+    return {};
+  }
+  in.seekg(0, std::ios::end);
+  file_bytes = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char len[8];
+  if (file_bytes < 8 || !in.read(reinterpret_cast<char*>(len), 8)) {
+    error = "'" + path + "' is " + std::to_string(file_bytes) +
+            " bytes long, too short for a safetensors file (it starts with an 8-byte header "
+            "length)";
+    return {};
+  }
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > kMaxHeaderBytes) {
+    error = "'" + path + "' declares a header of " + std::to_string(n) +
+            " bytes, over the limit of " + std::to_string(kMaxHeaderBytes) +
+            " (not a safetensors file, or a corrupted first 8 bytes)";
+    return {};
+  }
+  if (8 + n > file_bytes) {
+    error = "'" + path + "' declares a header of " + std::to_string(n) + " bytes but the file is " +
+            std::to_string(file_bytes) + " bytes long (truncated, or not a safetensors file)";
+    return {};
+  }
+  std::string text(static_cast<std::size_t>(n), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n))) {
+    error = "cannot read the header of '" + path + "': " + errno_text(errno);
+    return {};
+  }
+  return text;
+}
+
+}  // namespace
+
+Reader::Reader(Communicator& comm, const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->comm = &comm;
+  impl_->path = path;
+  agree_on_path(comm, path);
+  std::string error, text;
+  std::uint64_t file_bytes = 0;
+  ErrorCode code = ErrorCode::checkpoint;
+  if (comm.rank() == 0) {
+    text = read_header_text(path, file_bytes, error);
+    if (!error.empty() && error.rfind("cannot", 0) == 0) code = ErrorCode::io;
+  }
+  // Rank 0's verdict, on every rank.
+  std::int64_t info[2] = {static_cast<std::int64_t>(file_bytes), static_cast<std::int64_t>(code)};
+  comm.broadcast(info, 2, DType::i64, 0);
+  error = broadcast_string(comm, error);
+  if (!error.empty())
+    throw_error(static_cast<ErrorCode>(info[1]), error,
+                static_cast<ErrorCode>(info[1]) == ErrorCode::io
+                    ? "check the path and that the job can read it"
+                    : "pass a checkpoint written by shardopt (or another safetensors file)",
+                __FILE__, __LINE__);
+  text = broadcast_string(comm, std::move(text));
+  // Every rank parses the same bytes: the same header or the same error.
+  impl_->header = parse_header(text, static_cast<std::uint64_t>(info[0]));
+  // An absolute name: Open MPI 4.1 fails to open some short relative ones
+  // (a one-character file name).
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(path, ec).string();
+  int rc = MPI_File_open(comm.mpi_comm(), ec ? path.c_str() : abs.c_str(), MPI_MODE_RDONLY,
+                         MPI_INFO_NULL, &impl_->fh);
+  error = rc == MPI_SUCCESS ? std::string() : "cannot open '" + path + "': " + mpi_text(rc);
+  std::int64_t failed = error.empty() ? 0 : 1;
+  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
+  if (failed != 0) {
+    if (impl_->fh != MPI_FILE_NULL) MPI_File_close(&impl_->fh);
+    agree_or_throw(comm, error, ErrorCode::io,
+                   "every rank must see the file (a shared file system)");
+  }
+}
+
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
+
+Reader::~Reader() {
+  if (impl_ && impl_->fh != MPI_FILE_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_File_close(&impl_->fh);
+  }
+}
+
+const Header& Reader::header() const noexcept { return impl_->header; }
+const std::string& Reader::path() const noexcept { return impl_->path; }
+
+void Reader::read(const std::vector<ReadRange>& ranges, bool verify) {
+  Communicator& comm = *impl_->comm;
+  const Header& h = impl_->header;
+  const std::uint64_t chunk = verify ? h.chunk_bytes : 0;
+  std::string error;
+  for (const ReadRange& r : ranges) {
+    if (r.tensor >= h.tensors.size() || r.offset > h.tensors[r.tensor].bytes() ||
+        r.bytes > h.tensors[r.tensor].bytes() - r.offset || (r.bytes > 0 && r.dst == nullptr)) {
+      error = "read: a range (tensor " + std::to_string(r.tensor) + ", offset " +
+              std::to_string(r.offset) + ", " + std::to_string(r.bytes) +
+              " bytes) is outside the file's tensors or has no buffer";
+      break;
+    }
+  }
+  agree_or_throw(comm, error, ErrorCode::invalid_argument,
+                 "pass ranges inside the header's tensors, each with a buffer");
+
+  // Sorted ranges; direct blocks (whole chunks, or everything without
+  // checksums) and the partly covered chunks, each read once into scratch.
+  std::vector<const ReadRange*> sorted;
+  for (const ReadRange& r : ranges)
+    if (r.bytes > 0) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const ReadRange* a, const ReadRange* b) {
+    return a->tensor != b->tensor ? a->tensor < b->tensor : a->offset < b->offset;
+  });
+  struct Staged {  // a chunk read into scratch
+    std::size_t tensor;
+    std::uint64_t k, lo, hi;
+    std::size_t at;  // in scratch
+  };
+  std::vector<Staged> staged;
+  std::vector<Block> blocks;
+  std::vector<std::pair<std::size_t, std::uint64_t>> first_chunk;  // per block: tensor, chunk
+  std::size_t scratch_bytes = 0;
+  const auto stage = [&](std::size_t t, std::uint64_t k) {
+    if (!staged.empty() && staged.back().tensor == t && staged.back().k == k) return;
+    const std::uint64_t lo = k * chunk, hi = std::min(lo + chunk, h.tensors[t].bytes());
+    staged.push_back({t, k, lo, hi, scratch_bytes});
+    scratch_bytes += hi - lo;
+  };
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const ReadRange& r = *sorted[i];
+    if (i > 0 && sorted[i - 1]->tensor == r.tensor &&
+        sorted[i - 1]->offset + sorted[i - 1]->bytes > r.offset)
+      error = "read: two ranges of tensor '" + h.tensors[r.tensor].name + "' overlap";
+    const std::uint64_t end = r.offset + r.bytes, tbytes = h.tensors[r.tensor].bytes();
+    if (chunk == 0) {
+      blocks.push_back({h.data_start + h.tensors[r.tensor].begin + r.offset,
+                        static_cast<std::byte*>(r.dst), r.bytes});
+      continue;
+    }
+    // Whole chunks inside [offset, end): [a, b) in tensor bytes (the last
+    // chunk of a tensor may be short). They are read straight into dst; the
+    // other chunks the range touches are staged.
+    const std::uint64_t a = (r.offset + chunk - 1) / chunk * chunk;
+    const std::uint64_t b = end == tbytes ? end : end / chunk * chunk;
+    if (a < b) {
+      blocks.push_back({h.data_start + h.tensors[r.tensor].begin + a,
+                        static_cast<std::byte*>(r.dst) + (a - r.offset), b - a});
+      first_chunk.emplace_back(r.tensor, a / chunk);
+    }
+    for (std::uint64_t k = r.offset / chunk; k <= (end - 1) / chunk; ++k)
+      if (!(a < b && k * chunk >= a && k * chunk < b)) stage(r.tensor, k);
+  }
+  std::vector<std::byte> scratch(scratch_bytes);
+  // Two ranges may share a chunk: stage it once.
+  std::sort(staged.begin(), staged.end(), [](const Staged& x, const Staged& y) {
+    return x.tensor != y.tensor ? x.tensor < y.tensor : x.k < y.k;
+  });
+  staged.erase(std::unique(staged.begin(), staged.end(),
+                           [](const Staged& x, const Staged& y) {
+                             return x.tensor == y.tensor && x.k == y.k;
+                           }),
+               staged.end());
+  for (const Staged& s : staged) {
+    blocks.push_back(
+        {h.data_start + h.tensors[s.tensor].begin + s.lo, scratch.data() + s.at, s.hi - s.lo});
+    first_chunk.emplace_back(s.tensor, s.k);
+  }
+  // Every chunk touched is hashed right after its read, while it is in
+  // cache: the direct blocks start on a chunk and are read a chunk at a time.
+  bool corrupt = false;
+  const auto verify_piece = [&](std::size_t i, std::uint64_t off, std::uint64_t n) -> std::string {
+    if (chunk == 0) return {};
+    const TensorInfo& ti = h.tensors[first_chunk[i].first];
+    const std::uint64_t k = first_chunk[i].second + off / chunk;
+    const std::uint64_t got = XXH3_64bits(blocks[i].mem + off, n);
+    if (got == ti.chunks[k]) return {};
+    corrupt = true;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%016llx, expected %016llx",
+                  static_cast<unsigned long long>(got),
+                  static_cast<unsigned long long>(ti.chunks[k]));
+    return "checksum mismatch in tensor '" + ti.name + "', chunk " + std::to_string(k) +
+           " (its bytes " + std::to_string(k * chunk) + " to " + std::to_string(k * chunk + n) +
+           ", file offset " + std::to_string(h.data_start + ti.begin + k * chunk) +
+           "): the data is corrupted (XXH3 " + buf + ")";
+  };
+  agree_or_throw(comm, error, ErrorCode::invalid_argument, "pass ranges that do not overlap");
+  error = read_blocks(impl_->fh, blocks, chunk ? chunk : kMaxBlock, verify_piece);
+  // Two agreed verdicts, each with one code and hint on every rank: the
+  // I/O errors first (a rank that met corrupted data stopped reading).
+  agree_or_throw(
+      comm, corrupt || error.empty() ? std::string() : "reading '" + impl_->path + "': " + error,
+      ErrorCode::io, "check that the file is complete and readable");
+  agree_or_throw(comm, corrupt ? error : std::string(), ErrorCode::checkpoint,
+                 "the file is corrupted: restore it from a copy, or load an older checkpoint "
+                 "(path.1, ... with keep_last)");
+  if (chunk == 0) return;
+
+  // Copy the staged parts of the partly covered chunks into the buffers.
+  for (const ReadRange* r : sorted) {
+    const std::uint64_t end = r->offset + r->bytes, tbytes = h.tensors[r->tensor].bytes();
+    const std::uint64_t a = (r->offset + chunk - 1) / chunk * chunk;
+    const std::uint64_t b = end == tbytes ? end : end / chunk * chunk;
+    for (const Staged& s : staged) {
+      if (s.tensor != r->tensor) continue;
+      const std::uint64_t lo = std::max(s.lo, r->offset), hi = std::min(s.hi, end);
+      if (lo >= hi) continue;
+      if (lo >= a && hi <= b) continue;  // read directly
+      std::memcpy(static_cast<std::byte*>(r->dst) + (lo - r->offset),
+                  scratch.data() + s.at + (lo - s.lo), hi - lo);
+    }
+  }
+}
+
+}  // namespace shardopt::ckpt

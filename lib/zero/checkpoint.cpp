@@ -1,0 +1,483 @@
+// shardopt: checkpoints of the ZeRO engine (save, load, export_params).
+//
+// A checkpoint holds every tensor in its canonical, unsharded layout, so the
+// shards of the saving run are invisible in it: each segment (one
+// parameter's part of one rank's piece of one bucket) is one contiguous run
+// of each of its tensors. Saving, every rank writes its segments; loading,
+// at any rank count, every rank reads the segments of its own new layout.
+#include "shardopt/checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ckpt/format.hpp"
+#include "common/check.hpp"
+#include "shardopt/cast.hpp"
+#include "shardopt/version.hpp"
+#include "zero/agree.hpp"
+#include "zero/engine.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr const char* kScalerTensor = "shardopt.loss_scaler";
+
+const char* kind_key(OptKind k) {
+  static const char* const names[] = {"sgd",     "adam", "adamw", "adagrad",
+                                      "rmsprop", "lion", "lamb",  "custom"};
+  return names[static_cast<int>(k)];
+}
+
+std::string hex64(std::uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::vector<std::uint64_t> shape_of(const Param& p) {
+  if (p.shape.empty()) return {p.numel};
+  return {p.shape.begin(), p.shape.end()};
+}
+
+std::string shape_text(const std::vector<std::uint64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// Every hyper-parameter of a group, by the names of its struct's fields.
+json group_json(const OptimizerConfig& g) {
+  json j = json::object();
+  std::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, CustomOptimizer>) {
+          j["name"] = o.name;
+          j["state_names"] = o.state_names;
+        }
+        j["lr"] = o.lr;
+        if constexpr (requires { o.betas; }) j["betas"] = {o.betas.first, o.betas.second};
+        if constexpr (requires { o.eps; }) j["eps"] = o.eps;
+        if constexpr (requires { o.weight_decay; }) j["weight_decay"] = o.weight_decay;
+        if constexpr (requires { o.amsgrad; }) j["amsgrad"] = o.amsgrad;
+        if constexpr (requires { o.momentum; }) j["momentum"] = o.momentum;
+        if constexpr (requires { o.dampening; }) j["dampening"] = o.dampening;
+        if constexpr (requires { o.nesterov; }) j["nesterov"] = o.nesterov;
+        if constexpr (requires { o.lr_decay; }) j["lr_decay"] = o.lr_decay;
+        if constexpr (requires { o.initial_accumulator_value; })
+          j["initial_accumulator_value"] = o.initial_accumulator_value;
+        if constexpr (requires { o.alpha; }) j["alpha"] = o.alpha;
+        if constexpr (requires { o.centered; }) j["centered"] = o.centered;
+        if constexpr (requires { o.maximize; }) j["maximize"] = o.maximize;
+      },
+      g);
+  return j;
+}
+
+// The inverse of group_json for a group of the same kind; a custom
+// optimizer takes its learning rate only. Throws json exceptions on a field
+// of the wrong type.
+void apply_group_json(OptimizerConfig& g, const json& j) {
+  std::visit(
+      [&](auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        const auto take = [&](const char* key, auto& field) {
+          if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
+        };
+        take("lr", o.lr);
+        if constexpr (!std::is_same_v<O, CustomOptimizer>) {
+          if constexpr (requires { o.betas; })
+            if (j.contains("betas"))
+              o.betas = {j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()};
+          if constexpr (requires { o.eps; }) take("eps", o.eps);
+          if constexpr (requires { o.weight_decay; }) take("weight_decay", o.weight_decay);
+          if constexpr (requires { o.amsgrad; }) take("amsgrad", o.amsgrad);
+          if constexpr (requires { o.momentum; }) take("momentum", o.momentum);
+          if constexpr (requires { o.dampening; }) take("dampening", o.dampening);
+          if constexpr (requires { o.nesterov; }) take("nesterov", o.nesterov);
+          if constexpr (requires { o.lr_decay; }) take("lr_decay", o.lr_decay);
+          if constexpr (requires { o.initial_accumulator_value; })
+            take("initial_accumulator_value", o.initial_accumulator_value);
+          if constexpr (requires { o.alpha; }) take("alpha", o.alpha);
+          if constexpr (requires { o.centered; }) take("centered", o.centered);
+          if constexpr (requires { o.maximize; }) take("maximize", o.maximize);
+        }
+      },
+      g);
+}
+
+// What must match for a checkpoint to load, independent of the rank count,
+// the stage and the bucket size.
+std::string layout_fingerprint(const std::vector<Param>& params, DType dtype, OptKind kind) {
+  std::ostringstream s;
+  s << "kind=" << kind_key(kind) << "\ndtype=" << dtype_name(dtype) << "\n";
+  for (const Param& p : params)
+    s << p.name << " " << p.numel << " " << shape_text(shape_of(p)) << " " << p.group << "\n";
+  const std::string t = s.str();
+  return hex64(ckpt::checksum(t.data(), t.size()));
+}
+
+std::string list(const std::vector<std::string>& v, std::size_t max = 8) {
+  std::string t;
+  for (std::size_t i = 0; i < v.size() && i < max; ++i) t += (i ? ", " : "") + v[i];
+  if (v.size() > max) t += ", ... (" + std::to_string(v.size() - max) + " more)";
+  return t;
+}
+
+const std::string& meta(const ckpt::Header& h, const std::string& path, const char* key) {
+  const auto it = h.metadata.find(key);
+  if (it == h.metadata.end())
+    SHARDOPT_THROW(checkpoint,
+                   "'" + path + "' has no '" + key +
+                       "' in its metadata: it is not a complete "
+                       "shardopt checkpoint",
+                   "load a file written by ZeroRedundancyOptimizer::save()");
+  return it->second;
+}
+
+std::int64_t meta_int(const ckpt::Header& h, const std::string& path, const char* key) {
+  const std::string& v = meta(h, path, key);
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty())
+    SHARDOPT_THROW(checkpoint,
+                   "'" + path + "': metadata '" + key + "' is '" + v + "', not an integer",
+                   "the header is corrupted; load another checkpoint");
+  return x;
+}
+
+json meta_json(const ckpt::Header& h, const std::string& path, const char* key) {
+  try {
+    return json::parse(meta(h, path, key));
+  } catch (const json::exception& e) {
+    SHARDOPT_THROW(checkpoint,
+                   "'" + path + "': metadata '" + key + "' is not valid JSON (" + e.what() + ")",
+                   "the header is corrupted; load another checkpoint");
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ZeroEngine::checkpoint_metadata(const char* content) const {
+  std::map<std::string, std::string> m;
+  m["format"] = "pt";
+  m[ckpt::detail::kKeyFormatVersion] = std::to_string(ckpt::kFormatVersion);
+  m[ckpt::detail::kKeyVersion] = SHARDOPT_VERSION_STRING;
+  m["shardopt.content"] = content;
+  m["shardopt.dtype"] = dtype_name(dtype_);
+  m["shardopt.step"] = std::to_string(steps_);
+  return m;
+}
+
+// The pieces of tensor `first + p` for each parameter p, from every rank's
+// segments: `bytes` bytes an element, this rank's data from `data(s)`.
+void ZeroEngine::add_pieces(std::size_t first, std::size_t bytes,
+                            const std::function<const void*(const Segment&)>& data,
+                            std::vector<ckpt::Piece>& pieces) const {
+  for (const Segment& s : segments_) {
+    if (s.count == 0) continue;
+    pieces.push_back({first + s.param, s.offset * bytes, s.count * bytes, s.rank,
+                      s.rank == rank_ ? data(s) : nullptr});
+  }
+}
+
+// This rank's fp32 master values of segment s: the master buffer, the fp32
+// parameters, or (remainders) decoded into `decoded`.
+std::function<const void*(const Segment&)> ZeroEngine::master_source(
+    std::vector<float>& decoded) const {
+  if (remainders_) {
+    std::size_t n = 0;
+    for (const Segment& s : segments_)
+      if (s.rank == rank_) n += s.count;
+    decoded.resize(n);
+    std::size_t at = 0;
+    for (const Segment& s : segments_) {
+      if (s.rank != rank_) continue;
+      functional::decode_param_remainders(
+          {reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
+          {master_buf_.as<std::uint16_t>() + s.storage, s.count}, {decoded.data() + at, s.count});
+      at += s.count;
+    }
+  }
+  // Segments are visited in the same order by add_pieces.
+  auto cursor = std::make_shared<std::size_t>(0);
+  return [this, &decoded, cursor](const Segment& s) -> const void* {
+    if (master_) return master_buf_.as<float>() + s.storage;
+    if (remainders_) {
+      const float* p = decoded.data() + *cursor;
+      *cursor += s.count;
+      return p;
+    }
+    return user_param(s);
+  };
+}
+
+void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
+  const std::size_t np = params_.size();
+  std::vector<ckpt::WriteTensor> tensors;
+  std::set<std::string> names;
+  std::string error;
+  const auto add = [&](std::string name, const char* dtype, std::vector<std::uint64_t> shape) {
+    if (!names.insert(name).second && error.empty())
+      error = "two tensors of the checkpoint would be named '" + name +
+              "' (a parameter's name equals another's name plus '.<state>')";
+    tensors.push_back({std::move(name), dtype, std::move(shape)});
+  };
+  for (const Param& p : params_) add(p.name, "F32", shape_of(p));
+  for (const std::string& slot : slots_)
+    for (const Param& p : params_) add(p.name + "." + slot, "F32", shape_of(p));
+  if (opt_.loss_scaler) add(kScalerTensor, "F64", {3});
+  if (!error.empty())
+    throw_error(ErrorCode::invalid_argument, "save('" + path + "'): " + error,
+                "rename the parameter so that no tensor name repeats", __FILE__, __LINE__);
+
+  std::vector<ckpt::Piece> pieces;
+  std::vector<float> decoded;
+  add_pieces(0, 4, master_source(decoded), pieces);
+  for (std::size_t k = 0; k < slots_.size(); ++k)
+    add_pieces((k + 1) * np, 4,
+               [&](const Segment& s) { return states_[k].as<float>() + s.storage; }, pieces);
+  const double scaler[3] = {scale_, static_cast<double>(good_steps_),
+                            static_cast<double>(hysteresis_left_)};
+  if (opt_.loss_scaler)
+    pieces.push_back({tensors.size() - 1, 0, sizeof scaler, 0, rank_ == 0 ? scaler : nullptr});
+
+  auto m = checkpoint_metadata("checkpoint");
+  m["shardopt.optimizer"] = kind_key(kind_);
+  json groups = json::array();
+  for (const OptimizerConfig& g : groups_) groups.push_back(group_json(g));
+  m["shardopt.groups"] = groups.dump();
+  json plist = json::array();
+  for (const Param& p : params_)
+    plist.push_back({{"name", p.name}, {"group", p.group}, {"numel", p.numel}});
+  m["shardopt.params"] = plist.dump();
+  m["shardopt.states"] = json(slots_).dump();
+  m["shardopt.stage"] = std::to_string(opt_.stage);
+  m["shardopt.ranks"] = std::to_string(nranks_);
+  m["shardopt.param_remainders"] = remainders_ ? "true" : "false";
+  m["shardopt.layout_fingerprint"] = layout_fingerprint(params_, dtype_, kind_);
+  for (const auto& [k, v] : o.metadata) m["user." + k] = v;
+  ckpt::WriteOptions w;
+  w.chunk_bytes = o.chunk_bytes;
+  w.keep_last = o.keep_last;
+  ckpt::write_file(ctl_, path, tensors, pieces, m, w);
+}
+
+void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) {
+  const bool fp32 = o.fp32 || dtype_ == DType::f32;
+  std::vector<ckpt::WriteTensor> tensors;
+  for (const Param& p : params_)
+    tensors.push_back({p.name, fp32 ? "F32" : ckpt::dtype_name(dtype_), shape_of(p)});
+  std::vector<ckpt::Piece> pieces;
+  std::vector<float> decoded;
+  if (fp32)
+    add_pieces(0, 4, master_source(decoded), pieces);
+  else
+    add_pieces(
+        0, elem_, [this](const Segment& s) { return user_param(s); }, pieces);
+  auto m = checkpoint_metadata("export");
+  ckpt::write_file(ctl_, path, tensors, pieces, m, {});
+}
+
+LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
+  if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
+    agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
+                   "pass the same LoadOptions on every rank");
+  ckpt::Reader reader(ctl_, path);
+  const ckpt::Header& h = reader.header();
+  // From here on every decision depends on the header and the agreed
+  // layout only, so every rank takes it alike without communicating.
+  const auto fail = [&](const std::string& what, const char* hint) {
+    throw_error(ErrorCode::checkpoint, "cannot load '" + path + "': " + what, hint, __FILE__,
+                __LINE__);
+  };
+  if (h.format_version == 0)
+    fail("it has no shardopt metadata (a plain safetensors file, not a shardopt checkpoint)",
+         "load a file written by ZeroRedundancyOptimizer::save()");
+  const std::string& content = meta(h, path, "shardopt.content");
+  if (content != "checkpoint")
+    fail("it is a shardopt " + content + ", not a checkpoint (it holds " +
+             (content == "export" ? "the parameters only" : "something else") + ")",
+         "load a file written by save(); an export is read by inference codes directly");
+  LoadReport report;
+  report.step = meta_int(h, path, "shardopt.step");
+  report.saved_ranks = static_cast<int>(meta_int(h, path, "shardopt.ranks"));
+  for (const auto& [k, v] : h.metadata)
+    if (k.rfind("user.", 0) == 0) report.metadata[k.substr(5)] = v;
+  const std::string kind = meta(h, path, "shardopt.optimizer");
+  const json groups = meta_json(h, path, "shardopt.groups");
+  std::vector<std::string> problems;
+  if (kind != kind_key(kind_))
+    problems.push_back("it was saved by optimizer '" + kind + "', this one is '" + kind_key(kind_) +
+                       "'");
+  if (!groups.is_array() || groups.size() != groups_.size())
+    problems.push_back("it has " + std::to_string(groups.is_array() ? groups.size() : 0) +
+                       " parameter group(s), this optimizer " + std::to_string(groups_.size()));
+
+  // The tensors this optimizer has, against the file's.
+  struct Want {
+    std::string name;
+    std::size_t slot;  // 0 master, k state k-1, npos the loss scaler
+    std::size_t param;
+    const ckpt::TensorInfo* have = nullptr;
+  };
+  std::vector<Want> want;
+  for (std::size_t k = 0; k <= slots_.size(); ++k)
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      want.push_back({k == 0 ? params_[i].name : params_[i].name + "." + slots_[k - 1], k, i});
+  if (opt_.loss_scaler) want.push_back({kScalerTensor, std::string::npos, 0});
+  std::set<std::string> wanted;
+  for (Want& w : want) {
+    wanted.insert(w.name);
+    const ckpt::TensorInfo* t = h.find(w.name);
+    if (t == nullptr) {
+      report.missing.push_back(w.name);
+      continue;
+    }
+    const bool scaler = w.slot == std::string::npos;
+    const std::vector<std::uint64_t> shape =
+        scaler ? std::vector<std::uint64_t>{3} : shape_of(params_[w.param]);
+    const std::string dtype = scaler ? "F64" : "F32";
+    if (t->dtype != dtype || t->shape != shape) {
+      report.mismatched.push_back(w.name + ": " + t->dtype + " " + shape_text(t->shape) +
+                                  " in the file, " + dtype + " " + shape_text(shape) + " here");
+      continue;
+    }
+    w.have = t;
+    report.loaded.push_back(w.name);
+  }
+  for (const ckpt::TensorInfo& t : h.tensors)
+    if (!wanted.count(t.name)) report.unexpected.push_back(t.name);
+  if (!report.missing.empty())
+    problems.push_back(
+        std::to_string(report.missing.size()) +
+        " tensor(s) of this optimizer missing from the file: " + list(report.missing));
+  if (!report.unexpected.empty())
+    problems.push_back(
+        std::to_string(report.unexpected.size()) +
+        " tensor(s) of the file this optimizer does not have: " + list(report.unexpected));
+  if (!report.mismatched.empty())
+    problems.push_back(std::to_string(report.mismatched.size()) +
+                       " tensor(s) of another dtype or shape: " + list(report.mismatched, 4));
+  if (o.strict && !problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += "\n  " + p;
+    fail("it does not match this optimizer:" + all,
+         "register the same parameters (names, shapes, dtype) and optimizer as the run that "
+         "saved it, or load with LoadOptions::strict = false to take the tensors that match");
+  }
+  const bool restore_groups = o.hyper_parameters && kind == kind_key(kind_) && groups.is_array() &&
+                              groups.size() == groups_.size();
+  std::vector<OptimizerConfig> new_groups = groups_;
+  if (restore_groups) {
+    try {
+      for (std::size_t g = 0; g < groups_.size(); ++g) apply_group_json(new_groups[g], groups[g]);
+    } catch (const json::exception& e) {
+      fail(std::string("its group hyper-parameters are malformed (") + e.what() + ")",
+           "the header is corrupted; load another checkpoint");
+    }
+  }
+
+  // Read this rank's segments of every tensor to load into staging buffers
+  // laid out like the state (huge pages, touched once), verified, before
+  // anything changes. A slot loaded for every parameter becomes the state
+  // buffer itself; the others are copied parameter by parameter.
+  std::vector<HostBuffer> staging(slots_.size() + 1);
+  std::vector<std::vector<const Want*>> by_slot(slots_.size() + 1);
+  const Want* scaler_want = nullptr;
+  std::vector<ckpt::ReadRange> ranges;
+  for (const Want& w : want) {
+    if (w.have == nullptr) continue;
+    if (w.slot == std::string::npos) {
+      scaler_want = &w;
+      continue;
+    }
+    by_slot[w.slot].push_back(&w);
+  }
+  std::vector<std::vector<char>> load_param(slots_.size() + 1,
+                                            std::vector<char>(params_.size(), 0));
+  for (std::size_t k = 0; k <= slots_.size(); ++k) {
+    if (by_slot[k].empty()) continue;
+    staging[k] = HostBuffer(storage_ * 4);
+    for (const Want* w : by_slot[k]) load_param[k][w->param] = 1;
+  }
+  const auto index_of = [&](const ckpt::TensorInfo* t) {
+    return static_cast<std::size_t>(t - h.tensors.data());
+  };
+  std::vector<const ckpt::TensorInfo*> tensor_of((slots_.size() + 1) * params_.size(), nullptr);
+  for (const Want& w : want)
+    if (w.have && w.slot != std::string::npos)
+      tensor_of[w.slot * params_.size() + w.param] = w.have;
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    for (std::size_t k = 0; k <= slots_.size(); ++k) {
+      const ckpt::TensorInfo* t = tensor_of[k * params_.size() + s.param];
+      if (t == nullptr || s.count == 0) continue;
+      ranges.push_back(
+          {index_of(t), s.offset * 4, s.count * 4, staging[k].as<float>() + s.storage});
+    }
+  }
+  double scaler[3] = {0, 0, 0};
+  if (scaler_want) ranges.push_back({index_of(scaler_want->have), 0, sizeof scaler, scaler});
+  reader.read(ranges);
+
+  // Everything is read and verified on every rank: commit.
+  discard_reduction();
+  const auto whole = [&](std::size_t k) {
+    return std::all_of(load_param[k].begin(), load_param[k].end(), [](char c) { return c != 0; });
+  };
+  if (master_ && whole(0)) master_buf_ = std::move(staging[0]);
+  for (std::size_t k = 1; k <= slots_.size(); ++k)
+    if (whole(k)) states_[k - 1] = std::move(staging[k]);
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    if (load_param[0][s.param]) {
+      if (master_) {
+        float* m = master_buf_.as<float>() + s.storage;
+        if (staging[0].data() != nullptr)
+          std::memcpy(m, staging[0].as<float>() + s.storage, s.count * 4);
+        cast(m, DType::f32, user_param(s), dtype_, s.count);
+      } else if (remainders_) {
+        functional::encode_param_remainders({staging[0].as<float>() + s.storage, s.count},
+                                            {reinterpret_cast<bfloat16*>(user_param(s)), s.count},
+                                            {master_buf_.as<std::uint16_t>() + s.storage, s.count});
+      } else {
+        std::memcpy(user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
+      }
+    }
+    for (std::size_t k = 1; k <= slots_.size(); ++k)
+      if (load_param[k][s.param] && staging[k].data() != nullptr)
+        std::memcpy(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
+                    s.count * 4);
+  }
+  if (opt_.stage > 0) gather_params();
+  steps_ = report.step;
+  if (scaler_want) {
+    scale_ = scaler[0];
+    good_steps_ = static_cast<int>(scaler[1]);
+    hysteresis_left_ = static_cast<int>(scaler[2]);
+  }
+  if (restore_groups) {
+    groups_ = std::move(new_groups);
+    report.hyper_parameters = true;
+  }
+  clip_coef_ = 1.0;
+  grad_norm_ = -1.0;
+  return report;
+}
+
+}  // namespace shardopt::detail
