@@ -15,8 +15,11 @@
 //
 // Rank 0 prints the configuration, the memory per rank beside the ZeRO
 // formula, a line every --log-every steps and a summary; docs/train.md
-// describes the options, the output and the --save-params file. Uses only
-// the public API of shardopt, MPI, OpenBLAS and the standard library.
+// describes the options, the output and the --save-params file. With
+// --checkpoint the optimizer saves checkpoints (save()), which --resume
+// loads (load()) at any rank count; --export writes the parameters
+// (export_params()). Uses only the public API of shardopt, MPI, OpenBLAS
+// and the standard library.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -123,6 +126,11 @@ struct Options {
   bool reduce_in_fp32 = false;
   bool scattered = false;
   std::string save_params;
+  std::string checkpoint;  // --checkpoint: where checkpoints go
+  int checkpoint_every = 0;
+  std::optional<int> keep_last;
+  std::string resume;  // --resume: the checkpoint to start from
+  std::string export_path;
   bool json = false;
   Progress progress = Progress::automatic;
   bool help = false;
@@ -158,7 +166,8 @@ constexpr const char* kUsage =
     "      --reduce-fp32      reduce 16-bit gradients in fp32\n"
     "\n"
     "Training:\n"
-    "  -n, --steps N          optimizer steps (default 500)\n"
+    "  -n, --steps N          optimizer steps, in all: those before a --resume checkpoint\n"
+    "                         included (default 500)\n"
     "  -b, --batch N          samples per rank and step (default 128)\n"
     "  -m, --micro-batches N  split each rank's batch into N micro-batches, gradients\n"
     "                         accumulated (default 1)\n"
@@ -183,12 +192,28 @@ constexpr const char* kUsage =
     "      --save-params FILE write the final parameters to FILE (format: docs/train.md)\n"
     "  -h, --help             this text\n"
     "\n"
+    "Checkpoints (safetensors files, docs/train.md):\n"
+    "      --checkpoint PATH  write a checkpoint of the optimizer (master weights, optimizer\n"
+    "                         state, step count, loss scaler) to PATH at the end\n"
+    "      --checkpoint-every N\n"
+    "                         also every N steps (default 0: at the end only)\n"
+    "      --keep-last K      keep the K newest checkpoints: PATH, then the older ones at\n"
+    "                         PATH.1, PATH.2, ... (default 1)\n"
+    "      --resume PATH      load the checkpoint PATH (written at any rank count and stage)\n"
+    "                         and go on from its step count to --steps steps in all\n"
+    "      --export PATH      write the final fp32 parameters to PATH, for inference\n"
+    "\n"
     "Each log line shows the step, the training loss of the step's batch averaged over the\n"
     "ranks, the learning rate, and the mean time per step since the previous line of the\n"
     "slowest rank: compute (forward and backward), reduce (finishing the gradient\n"
     "reduction, clip_grad_norm included), update, gather (the allgather of the\n"
     "parameters), the whole step, and the samples per second over all ranks. The summary\n"
     "gives the loss on held-out samples before and after training.\n"
+    "\n"
+    "A step the loss scaler skips (non-finite gradients) is tried again on the same batch\n"
+    "at the lower scale: --steps counts the steps applied, so that the batch and the\n"
+    "learning rate of step s depend on the seed, the rank and s only, and a run resumed\n"
+    "from a checkpoint takes the same steps as one that was never stopped.\n"
     "\n"
     "Exit status: 0 done, 1 an error, 2 a bad option.\n";
 
@@ -228,6 +253,11 @@ constexpr OptionSpec kOptionSpecs[] = {
     {0, "json", false},
     {0, "progress", true},
     {0, "save-params", true},
+    {0, "checkpoint", true},
+    {0, "checkpoint-every", true},
+    {0, "keep-last", true},
+    {0, "resume", true},
+    {0, "export", true},
     {'h', "help", false},
 };
 
@@ -323,6 +353,19 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   } else if (name == "save-params") {
     if (v.empty()) bad_value(label, v, "a file name");
     o.save_params = std::string(v);
+  } else if (name == "checkpoint") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.checkpoint = std::string(v);
+  } else if (name == "checkpoint-every") {
+    o.checkpoint_every = parse_int(label, v, 0, 1 << 30, "an integer >= 0");
+  } else if (name == "keep-last") {
+    o.keep_last = parse_int(label, v, 1, 1000, "an integer from 1 to 1000");
+  } else if (name == "resume") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.resume = std::string(v);
+  } else if (name == "export") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.export_path = std::string(v);
   } else if (name == "help") {
     o.help = true;
   }
@@ -344,6 +387,10 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "--param-remainders needs -p (--precision) bf16: the remainders complete "
         "bf16 parameters to the fp32 master"};
+  }
+  if (o.checkpoint.empty() && (o.checkpoint_every > 0 || o.keep_last)) {
+    throw UsageError{std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last") +
+                     " needs --checkpoint PATH: where the checkpoints go"};
   }
   // Every layer's activations and gradients are [batch, width] fp32 arrays
   // indexed with int by BLAS.
@@ -509,6 +556,10 @@ class ModelTensors {
       p.numel = t.numel;
       p.dtype = dtype_;
       p.grad = t.grad;
+      // [out, in] for a weight, [out] for a bias: the shapes of checkpoints
+      // and exports.
+      p.shape = {t.dims[0]};
+      if (t.dims[1] != 0) p.shape.push_back(t.dims[1]);
       out.push_back(std::move(p));
     }
     return out;
@@ -891,6 +942,19 @@ std::string check_writable(const std::string& path) {
   return {};
 }
 
+// Before training: fails early where no file can be created beside PATH
+// (checkpoints and exports are written under a temporary name in PATH's
+// directory, then renamed to PATH).
+std::string check_directory(const std::string& option, const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return option + " " + path + ": cannot create files in '" + dir.string() +
+           "': " + std::strerror(errno);
+  }
+  return {};
+}
+
 // ---------------------------------------------------------------------------
 // Training
 
@@ -928,6 +992,121 @@ struct RunContext {
   bool printer;
   bool live;  // a progress line redrawn in place
 };
+
+// ---------------------------------------------------------------------------
+// Checkpoints
+
+// The slowest rank's value of `seconds`.
+double slowest_seconds(double seconds, MPI_Comm comm) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return seconds;
+}
+
+// Ends a collective library call (save, load, export) that throws the same
+// error on every rank: each rank that failed prints the error (a job's ranks
+// often log to files of their own), and the ranks agree, so that no rank
+// goes on alone into a collective the others have left. True if it
+// succeeded on every rank.
+bool collective_ok(const RunContext& c, const std::string& error) {
+  if (!error.empty()) cli::print_error(kProgram, c.rank, error);
+  return all_ok(error.empty(), c.stats);
+}
+
+// Runs a collective call of the optimizer that writes or reads `path`:
+// returns its slowest rank's seconds, or nullopt after an error on any rank
+// (printed by every rank that saw it).
+template <class Call>
+std::optional<double> timed_collective(const RunContext& c, const std::string& what,
+                                       const std::string& path, Call&& call) {
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    call();
+  } catch (const shardopt::Error& e) {
+    error = what + " '" + path + "': " + e.what();
+  }
+  const double seconds = seconds_since(t0);
+  if (!collective_ok(c, error)) return std::nullopt;
+  return slowest_seconds(seconds, c.stats);
+}
+
+// A JSON string: quotes, backslashes and control characters escaped.
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", u);
+      out += esc;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// What --resume loaded, for the output.
+struct Resumed {
+  std::string path;
+  shardopt::LoadReport report;
+  double seconds = 0.0;  // the slowest rank's
+};
+
+// LoadReport::summary() on one line: its lines joined with "; ".
+std::string one_line(const std::string& text) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line = std::string_view(text).substr(at, end - at);
+    const std::size_t first = line.find_first_not_of(" \t");
+    if (first != std::string_view::npos) {
+      if (!out.empty()) out += "; ";
+      out += line.substr(first);
+    }
+    at = end + 1;
+  }
+  return out;
+}
+
+void print_resumed(const RunContext& c, const Resumed& r) {
+  const shardopt::LoadReport& rep = r.report;
+  const std::string summary = one_line(rep.summary());
+  if (c.o.json) {
+    std::printf(
+        "{\"type\":\"resume\",\"path\":%s,\"step\":%lld,\"saved_ranks\":%d,\"ranks\":%d,"
+        "\"loaded\":%zu,\"missing\":%zu,\"unexpected\":%zu,\"mismatched\":%zu,"
+        "\"hyper_parameters\":%s,\"seconds\":%.6f,\"summary\":%s}\n",
+        json_string(r.path).c_str(), static_cast<long long>(rep.step), rep.saved_ranks, c.ranks,
+        rep.loaded.size(), rep.missing.size(), rep.unexpected.size(), rep.mismatched.size(),
+        rep.hyper_parameters ? "true" : "false", r.seconds, json_string(summary).c_str());
+  } else {
+    // The summary gives the step and the rank count the file was saved at.
+    std::printf("# resumed from %s at %d rank%s: %s; read in %.3f s\n", r.path.c_str(), c.ranks,
+                c.ranks == 1 ? "" : "s", summary.c_str(), r.seconds);
+  }
+  std::fflush(stdout);
+}
+
+// A checkpoint (kind "checkpoint") or an export written at `step`.
+void print_written(const RunContext& c, const char* kind, const std::string& path,
+                   std::int64_t step, double seconds) {
+  if (c.o.json) {
+    std::printf("{\"type\":\"%s\",\"step\":%lld,\"path\":%s,\"seconds\":%.6f}\n", kind,
+                static_cast<long long>(step), json_string(path).c_str(), seconds);
+  } else {
+    std::printf("%s# step %lld: %s written to %s in %.3f s\n", c.live ? "\r\033[K" : "",
+                static_cast<long long>(step),
+                std::string_view(kind) == "export" ? "parameters" : "checkpoint", path.c_str(),
+                seconds);
+  }
+  std::fflush(stdout);
+}
 
 void print_start(const RunContext& c, const ModelTensors& m,
                  const shardopt::ZeroRedundancyOptimizer& opt,
@@ -1097,6 +1276,48 @@ int run(const RunContext& c) {
   const std::vector<train::LayerParams> params = model.layer_params();
   const std::vector<train::LayerGrads> grads = model.layer_grads();
 
+  // --resume: the parameters, the optimizer state, the step count and the
+  // loss scaler as the checkpoint has them; training goes on from its step.
+  std::optional<Resumed> resumed;
+  if (!o.resume.empty()) {
+    Resumed r;
+    r.path = o.resume;
+    const std::optional<double> seconds =
+        timed_collective(c, "cannot resume from", o.resume, [&] { r.report = opt.load(o.resume); });
+    if (!seconds) return 1;
+    r.seconds = *seconds;
+    // The report is the same on every rank: every rank stops here alike.
+    if (r.report.step > o.steps) {
+      if (c.rank == 0) {
+        cli::print_error(kProgram, c.rank,
+                         "the checkpoint '" + o.resume + "' is at step " +
+                             std::to_string(r.report.step) + ", past -n (--steps) " +
+                             std::to_string(o.steps) +
+                             ": --steps counts the steps in all, those before the checkpoint "
+                             "included");
+      }
+      return 1;
+    }
+    resumed = std::move(r);
+  }
+  const std::int64_t start_step = opt.steps();
+
+  int checkpoints = 0;
+  double checkpoint_seconds = 0.0;
+  std::int64_t last_checkpoint = -1;  // the step of the newest checkpoint this run wrote
+  const auto write_checkpoint = [&]() -> bool {
+    shardopt::SaveOptions so;
+    so.keep_last = o.keep_last.value_or(1);
+    const std::optional<double> seconds = timed_collective(
+        c, "cannot write the checkpoint", o.checkpoint, [&] { opt.save(o.checkpoint, so); });
+    if (!seconds) return false;
+    ++checkpoints;
+    checkpoint_seconds += *seconds;
+    last_checkpoint = opt.steps();
+    if (c.printer) print_written(c, "checkpoint", o.checkpoint, opt.steps(), *seconds);
+    return true;
+  };
+
   Batch eval;
   draw_batch(eval, o.eval_samples,
              train::stream_key(o.seed, kEvalStream, static_cast<std::uint64_t>(c.rank)), teacher,
@@ -1104,7 +1325,10 @@ int run(const RunContext& c) {
   model.refresh_working();
   const double initial_loss = mean_over_ranks(evaluate(student, params, eval), c.stats);
 
-  if (c.printer) print_start(c, model, opt, config);
+  if (c.printer) {
+    print_start(c, model, opt, config);
+    if (resumed) print_resumed(c, *resumed);
+  }
 
   Batch batch;
   std::vector<float> dy(static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.outputs));
@@ -1115,10 +1339,18 @@ int run(const RunContext& c) {
   int interval_steps = 0;
   int interval_skipped = 0;
   int skipped = 0;
+  int attempts = 0;  // steps tried, skipped ones included
   double last_norm = -1.0;
   auto last_redraw = std::chrono::steady_clock::now();
 
-  for (int s = 0; s < o.steps; ++s) {
+  // Step s (the steps applied so far) trains on a batch drawn from the
+  // seed, the rank and s alone, at the learning rate of s: no state carries
+  // from one step to the next but what the optimizer holds (and a
+  // checkpoint restores), so a resumed run takes the steps of one that was
+  // never stopped. A step the loss scaler skips is tried again, on the same
+  // batch, at the lower scale.
+  while (opt.steps() < o.steps) {
+    const int s = static_cast<int>(opt.steps());
     // The data is drawn outside the timed step: it stands for the input
     // pipeline, which a real code overlaps with training.
     draw_batch(batch, o.batch,
@@ -1177,6 +1409,7 @@ int run(const RunContext& c) {
     t.update = info.update_seconds;
     t.gather = info.gather_seconds;
 
+    ++attempts;
     if (!info.applied) {
       ++skipped;
       ++interval_skipped;
@@ -1185,12 +1418,27 @@ int run(const RunContext& c) {
     all.add(t);
     interval_loss += loss;
     ++interval_steps;
+    if (!info.applied && info.loss_scale <= zopt.loss_scaler->min_scale) {
+      // The next try would repeat this one: the same batch, parameters and
+      // scale. Whether the step was applied is agreed across ranks, so
+      // every rank stops here.
+      if (c.rank == 0) {
+        cli::print_error(kProgram, c.rank,
+                         "step " + std::to_string(s + 1) +
+                             ": the gradients are not finite even at the smallest loss scale (" +
+                             json_number(info.loss_scale) +
+                             "): the training diverged; lower --lr or clip the gradients (--clip)");
+      }
+      return 1;
+    }
 
-    const bool log = s == 0 || (s + 1) % o.log_every == 0 || s + 1 == o.steps;
+    const std::int64_t done = info.step;  // steps applied, this one included
+    const bool log =
+        info.applied && (s == start_step || done % o.log_every == 0 || done == o.steps);
     if (log) {
       const Times worst = slowest(interval, c.stats);
       LogLine line;
-      line.step = s + 1;
+      line.step = static_cast<int>(done);
       line.loss = mean_over_ranks(interval_loss / interval_steps, c.stats);
       line.lr = lr;
       line.per_step = {worst.compute / interval_steps, worst.reduce / interval_steps,
@@ -1211,12 +1459,18 @@ int run(const RunContext& c) {
       std::fflush(stdout);
       last_redraw = std::chrono::steady_clock::now();
     }
+    if (info.applied && !o.checkpoint.empty() && o.checkpoint_every > 0 &&
+        done % o.checkpoint_every == 0 && !write_checkpoint()) {
+      return 1;
+    }
   }
 
   model.refresh_working();
   const double final_loss = mean_over_ranks(evaluate(student, params, eval), c.stats);
   const Times worst = slowest(all, c.stats);
-  const double n = static_cast<double>(o.steps);
+  // Means per step tried in this run (none: zero times).
+  const double n = std::max(1.0, static_cast<double>(attempts));
+  const std::int64_t applied = opt.steps() - start_step;
   const double samples_per_s = worst.total > 0.0 ? global_batch * n / worst.total : 0.0;
 
   // step() leaves every rank's parameters identical, so rank 0 writes its
@@ -1230,6 +1484,27 @@ int run(const RunContext& c) {
   }
   const bool saved = all_ok(save_error.empty(), c.stats);
 
+  // The checkpoint at the end, unless this run already wrote it, or the
+  // run took no step from the checkpoint it resumed at that very path.
+  std::error_code same_ec;
+  const bool unchanged_resume = applied == 0 && !o.resume.empty() && !o.checkpoint.empty() &&
+                                std::filesystem::equivalent(o.resume, o.checkpoint, same_ec);
+  if (!o.checkpoint.empty() && last_checkpoint != opt.steps() && !unchanged_resume &&
+      !write_checkpoint()) {
+    return 1;
+  }
+  double export_seconds = 0.0;
+  if (!o.export_path.empty()) {
+    shardopt::ExportOptions eo;
+    eo.fp32 = true;
+    const std::optional<double> seconds =
+        timed_collective(c, "cannot export the parameters to", o.export_path,
+                         [&] { opt.export_params(o.export_path, eo); });
+    if (!seconds) return 1;
+    export_seconds = *seconds;
+    if (c.printer) print_written(c, "export", o.export_path, opt.steps(), export_seconds);
+  }
+
   if (c.printer) {
     const double ratio = final_loss > 0.0 ? initial_loss / final_loss : 0.0;
     const char* verdict = final_loss < kDemoThreshold ? "below" : "not below";
@@ -1238,19 +1513,25 @@ int run(const RunContext& c) {
           "{\"type\":\"summary\",\"steps\":%d,\"applied\":%lld,\"skipped\":%d,"
           "\"initial_loss\":%s,\"final_loss\":%s,\"eval_samples\":%lld,\"compute_ms\":%.4f,"
           "\"reduce_ms\":%.4f,\"update_ms\":%.4f,\"gather_ms\":%.4f,\"step_ms\":%.4f,"
-          "\"samples_per_s\":%.1f,\"wall_s\":%.3f,\"params_identical\":%s,\"saved\":%s}\n",
-          o.steps, static_cast<long long>(opt.steps()), skipped,
+          "\"samples_per_s\":%.1f,\"wall_s\":%.3f,\"params_identical\":%s,\"saved\":%s,"
+          "\"start_step\":%lld,\"final_step\":%lld,\"checkpoints\":%d,\"checkpoint_s\":%.6f,"
+          "\"exported\":%s,\"export_s\":%.6f}\n",
+          attempts, static_cast<long long>(applied), skipped,
           json_number(initial_loss, "%.6e").c_str(), json_number(final_loss, "%.6e").c_str(),
           static_cast<long long>(o.eval_samples) * c.ranks, worst.compute / n * 1e3,
           worst.reduce / n * 1e3, worst.update / n * 1e3, worst.gather / n * 1e3,
           worst.total / n * 1e3, samples_per_s, worst.total, identical ? "true" : "false",
-          !o.save_params.empty() && save_error.empty() ? "true" : "false");
+          !o.save_params.empty() && save_error.empty() ? "true" : "false",
+          static_cast<long long>(start_step), static_cast<long long>(opt.steps()), checkpoints,
+          checkpoint_seconds, o.export_path.empty() ? "false" : "true", export_seconds);
     } else {
       std::printf("%s#\n", c.live ? "\r\033[K" : "");
+      std::string from;
+      if (resumed) from = ", resumed at step " + std::to_string(start_step);
       std::printf(
-          "# summary: %d steps (%lld applied, %d skipped); loss on %lld held-out samples: "
+          "# summary: %d steps (%lld applied, %d skipped%s); loss on %lld held-out samples: "
           "initial %.4e, final %.4e (%.0fx lower)\n",
-          o.steps, static_cast<long long>(opt.steps()), skipped,
+          attempts, static_cast<long long>(applied), skipped, from.c_str(),
           static_cast<long long>(o.eval_samples) * c.ranks, initial_loss, final_loss, ratio);
       std::printf(
           "# mean step (ms, slowest rank): compute %.3f, reduce %.3f, update %.3f, gather %.3f, "
@@ -1259,6 +1540,11 @@ int run(const RunContext& c) {
           worst.gather / n * 1e3, worst.total / n * 1e3, samples_per_s, worst.total);
       std::printf("# final loss %.4e: %s %g, the threshold the default run must reach\n",
                   final_loss, verdict, kDemoThreshold);
+      if (checkpoints > 0) {
+        std::printf("# %d checkpoint%s written to %s: %.3f s of saving (slowest rank)\n",
+                    checkpoints, checkpoints == 1 ? "" : "s", o.checkpoint.c_str(),
+                    checkpoint_seconds);
+      }
       if (identical) {
         std::printf("# parameters identical on every rank%s%s\n",
                     saved && !o.save_params.empty() ? "; written to " : "",
@@ -1297,6 +1583,12 @@ int train_main(int argc, char** argv) {
   try {
     (void)shardopt::settings();
     if (rank == 0 && !opt.save_params.empty()) local_error = check_writable(opt.save_params);
+    if (rank == 0 && local_error.empty() && !opt.checkpoint.empty()) {
+      local_error = check_directory("--checkpoint", opt.checkpoint);
+    }
+    if (rank == 0 && local_error.empty() && !opt.export_path.empty()) {
+      local_error = check_directory("--export", opt.export_path);
+    }
   } catch (const std::exception& e) {
     local_error = e.what();
   }

@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# shardopt-train's checkpoints end to end under mpirun:
+# - at the same rank count, 40 steps in one run and 20 steps, a checkpoint,
+#   then --resume for the other 20 give bitwise the same parameters
+#   (--save-params files compared with cmp), at stages 0, 1 and 2, in fp32,
+#   bf16 with a loss scaler (with and without remainders) and f16 (with
+#   steps skipped before the checkpoint); with the cosine schedule, from a
+#   checkpoint a 40-step run wrote on its way;
+# - a checkpoint written at 2 ranks resumes at 1 and 3 ranks (and another
+#   stage): the step count goes on from 20 and the loss keeps falling;
+# - --checkpoint-every 10 --keep-last 3 leaves PATH, PATH.1 and PATH.2 of
+#   steps 40, 30 and 20, and nothing else;
+# - a missing, foreign, truncated or corrupted checkpoint, or one of another
+#   model, stops every rank with a message and exit status 1, no hang.
+# Usage: test_train_resume.sh MPIEXEC PROGRAM
+set -u
+mpiexec=$1
+program=$2
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+# A small model (16 -> 256 -> 256 -> 4, 71,172 parameters), as test_train.sh
+# uses for everything but the demo, and few log lines.
+small=(--hidden 256 --layers 3 --log-every 100000)
+
+# Runs the trainer with --json at RANKS ranks, its output (stdout and
+# stderr) into OUT; returns its exit status (124: it hung).
+train() {  # RANKS OUT ARGS...
+  local n=$1 out=$2
+  shift 2
+  timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" --json "${small[@]}" "$@" >"$out" 2>&1
+}
+
+# Checks a --json output: each EXPR (Python) must hold, with start, resume,
+# summary (the objects of those types, None if absent), steps, checkpoints
+# (lists of the objects of those types) and isfinite in scope.
+expect() {  # OUT EXPR...
+  python3 - "$@" <<'EOF'
+import json, math, sys
+path, exprs = sys.argv[1], sys.argv[2:]
+objs = [json.loads(l) for l in open(path) if l.startswith("{")]
+def first(t):
+    return next((o for o in objs if o["type"] == t), None)
+scope = {"start": first("start"), "resume": first("resume"), "summary": first("summary"),
+         "steps": [o for o in objs if o["type"] == "step"],
+         "checkpoints": [o for o in objs if o["type"] == "checkpoint"],
+         "isfinite": lambda x: x is not None and math.isfinite(x)}
+for e in exprs:
+    try:
+        good = eval(e, scope)
+    except Exception as ex:
+        sys.exit(f"{e}: {type(ex).__name__}: {ex}")
+    if not good:
+        sys.exit(f"not true: {e}")
+EOF
+}
+
+# The step count in a checkpoint's header (safetensors: a little-endian u64
+# length, then the JSON header), read without shardopt.
+ckpt_step() {  # FILE
+  python3 - "$1" <<'EOF'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n, = struct.unpack("<Q", f.read(8))
+    print(json.loads(f.read(n))["__metadata__"]["shardopt.step"])
+EOF
+}
+
+# The names of everything in DIR, sorted, each followed by a space.
+listing() {  # DIR
+  (cd "$1" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort | tr '\n' ' ')
+}
+
+# (a), (b): 40 steps straight (A) against 20 steps, a checkpoint and 20 more
+# resumed from it (B), at 2 ranks. The constant schedule: the cosine one
+# spans --steps, which differs between a 20-step and a 40-step run.
+resume_identical() {  # NAME ARGS...
+  local name=$1
+  shift
+  local d="$tmp/$name"
+  mkdir -p "$d"
+  if ! train 2 "$d/a.out" "$@" --schedule constant --steps 40 --save-params "$d/A"; then
+    fail "$name: the 40-step run failed" "$d/a.out"; return
+  fi
+  if ! train 2 "$d/c.out" "$@" --schedule constant --steps 20 --checkpoint "$d/C"; then
+    fail "$name: the 20-step run failed" "$d/c.out"; return
+  fi
+  if ! train 2 "$d/b.out" "$@" --schedule constant --steps 40 --resume "$d/C" \
+         --save-params "$d/B"; then
+    fail "$name: the resumed run failed" "$d/b.out"; return
+  fi
+  local msg
+  if ! msg=$(expect "$d/c.out" 'summary["final_step"] == 20' 'len(checkpoints) == 1' \
+               'checkpoints[0]["step"] == 20' 'checkpoints[0]["seconds"] >= 0' 2>&1) ||
+     ! msg=$(expect "$d/b.out" 'resume["step"] == 20' 'resume["saved_ranks"] == 2' \
+               'summary["start_step"] == 20' 'summary["final_step"] == 40' \
+               'steps[0]["step"] == 21' 'summary["applied"] == 20' 2>&1); then
+    fail "$name: $msg" "$d/b.out"; return
+  fi
+  if ! cmp "$d/A" "$d/B"; then
+    fail "$name: the resumed run's parameters differ from the straight run's" "$d/b.out"; return
+  fi
+  ok "$name: 40 steps = 20 steps + checkpoint + 20 resumed, bitwise"
+}
+
+resume_identical s2-f32 -s 2
+resume_identical s1-f32 -s 1
+resume_identical s0-f32 -s 0
+resume_identical s2-bf16-scaler -s 2 -p bf16 --loss-scale dynamic
+resume_identical s1-bf16-remainders -s 1 -p bf16 --param-remainders --loss-scale dynamic -m 2
+resume_identical s2-f16 -s 2 -p f16 -o adam -m 2
+# One sample a step: the first steps' gradients overflow f16 at the initial
+# scale, so steps are skipped before the checkpoint and the scale it holds is
+# not the initial one.
+resume_identical s1-f16-skips -s 1 -p f16 -o adam -b 1 --outputs 1
+if [ -f "$tmp/s1-f16-skips/a.out" ] &&
+   ! msg=$(expect "$tmp/s1-f16-skips/a.out" 'summary["skipped"] >= 1' 2>&1); then
+  fail "s1-f16-skips: no step was skipped, the case tests nothing ($msg)" "$tmp/s1-f16-skips/a.out"
+fi
+
+# (d) and the cosine schedule: a 40-step run that saves every 10 steps,
+# keeping 3, leaves exactly C (step 40), C.1 (30) and C.2 (20); resumed from
+# C.2 it ends as it did; and saving does not change the run.
+d="$tmp/every"
+mkdir -p "$d/ckpt"
+if ! train 2 "$d/run.out" --steps 40 --checkpoint "$d/ckpt/C" --checkpoint-every 10 \
+       --keep-last 3 --save-params "$d/A"; then
+  fail "--checkpoint-every 10 --keep-last 3: the run failed" "$d/run.out"
+else
+  left=$(listing "$d/ckpt")
+  steps_found="$(ckpt_step "$d/ckpt/C" 2>&1) $(ckpt_step "$d/ckpt/C.1" 2>&1) $(ckpt_step "$d/ckpt/C.2" 2>&1)"
+  if [ "$left" != "C C.1 C.2 " ]; then
+    fail "--checkpoint-every 10 --keep-last 3 left: $left(expected C C.1 C.2)" "$d/run.out"
+  elif [ "$steps_found" != "40 30 20" ]; then
+    fail "C, C.1, C.2 hold steps $steps_found (expected 40 30 20)" "$d/run.out"
+  elif ! msg=$(expect "$d/run.out" 'len(checkpoints) == 4' \
+                 '[c["step"] for c in checkpoints] == [10, 20, 30, 40]' \
+                 'summary["checkpoints"] == 4' 2>&1); then
+    fail "--checkpoint-every 10: $msg" "$d/run.out"
+  else
+    ok "--checkpoint-every 10 --keep-last 3 leaves C, C.1, C.2 of steps 40, 30, 20 and nothing else"
+  fi
+  if ! train 2 "$d/straight.out" --steps 40 --save-params "$d/S"; then
+    fail "the 40-step run without checkpoints failed" "$d/straight.out"
+  elif ! cmp "$d/A" "$d/S"; then
+    fail "writing checkpoints changed the run's parameters" "$d/run.out"
+  else
+    ok "writing checkpoints leaves the run's parameters unchanged"
+  fi
+  if ! train 2 "$d/b.out" --steps 40 --resume "$d/ckpt/C.2" --save-params "$d/B"; then
+    fail "resuming from C.2 failed" "$d/b.out"
+  elif ! cmp "$d/A" "$d/B"; then
+    fail "cosine schedule: resumed from step 20, the parameters differ" "$d/b.out"
+  else
+    ok "cosine schedule: resumed from the step-20 checkpoint of a 40-step run, bitwise"
+  fi
+  # The restart of a run that had finished: no step, the checkpoint left as
+  # it is (not rotated).
+  cp "$d/ckpt/C" "$d/C.before"
+  msg=
+  if ! train 2 "$d/again.out" --steps 40 --checkpoint "$d/ckpt/C" --checkpoint-every 10 \
+         --keep-last 3 --resume "$d/ckpt/C"; then
+    fail "resuming a finished run failed" "$d/again.out"
+  elif ! msg=$(expect "$d/again.out" 'summary["applied"] == 0' 'summary["final_step"] == 40' \
+                 'len(checkpoints) == 0' 2>&1) ||
+       [ "$(listing "$d/ckpt")" != "C C.1 C.2 " ] ||
+       ! cmp -s "$d/ckpt/C" "$d/C.before" || [ "$(ckpt_step "$d/ckpt/C.1")" != 30 ]; then
+    fail "resuming a finished run: ${msg:-the checkpoints changed}" "$d/again.out"
+  else
+    ok "resuming a finished run takes no step and leaves the checkpoints"
+  fi
+fi
+
+# (c) The checkpoint of s2-f32 (2 ranks, step 20) at 3 ranks in stage 1 and
+# at 1 rank: the run goes on from step 20 and the loss keeps falling from
+# where the checkpoint left it, well below a fresh model's.
+c2="$tmp/s2-f32/C"
+fresh="$tmp/s2-f32/a.out"
+for case in "3 1" "1 2"; do
+  read -r n stage <<<"$case"
+  out="$tmp/np$n.out"
+  if [ ! -f "$c2" ] || [ ! -f "$fresh" ]; then
+    fail "np$n: no checkpoint from the s2-f32 case"; continue
+  fi
+  if ! train "$n" "$out" -s "$stage" --schedule constant --steps 40 --resume "$c2"; then
+    fail "np$n stage $stage: resuming a 2-rank checkpoint failed" "$out"; continue
+  fi
+  initial=$(python3 -c 'import json, sys
+print(next(json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"type\":\"summary\""))["initial_loss"])' "$fresh")
+  if ! msg=$(expect "$out" 'resume["step"] == 20' 'resume["saved_ranks"] == 2' \
+               "resume[\"ranks\"] == $n" "start[\"ranks\"] == $n" 'summary["start_step"] == 20' \
+               'summary["final_step"] == 40' 'summary["applied"] == 20' 'steps[0]["step"] == 21' \
+               'isfinite(summary["initial_loss"]) and isfinite(summary["final_loss"])' \
+               'summary["final_loss"] < summary["initial_loss"]' \
+               "summary[\"initial_loss\"] < 0.8 * $initial" 'summary["params_identical"]' 2>&1); then
+    fail "np$n stage $stage from a 2-rank checkpoint: $msg" "$out"; continue
+  fi
+  ok "np$n stage $stage: resumed a 2-rank checkpoint at step 20 and trained on to 40"
+done
+
+# (e) Bad checkpoints: exit status 1 on every rank, each rank saying why.
+expect_load_error() {  # WHAT TEXT ARGS...
+  local what=$1 text=$2
+  shift 2
+  local out="$tmp/err.out" rc
+  train 2 "$out" --steps 40 "$@"
+  rc=$?
+  if [ $rc -ne 1 ]; then
+    fail "$what: exit status $rc (expected 1; 124 is a hang)" "$out"
+  elif ! grep -q "^shardopt-train: rank 0: .*$text" "$out" ||
+       ! grep -q "^shardopt-train: rank 1: .*$text" "$out"; then
+    fail "$what: not every rank says '$text'" "$out"
+  elif grep -q '"type":"step"' "$out"; then
+    fail "$what: training started" "$out"
+  else
+    ok "$what: every rank stops with exit status 1"
+  fi
+}
+bad="$tmp/bad"
+mkdir -p "$bad"
+expect_load_error "--resume of a missing file" "cannot resume from '$bad/none.safetensors'" \
+  --resume "$bad/none.safetensors"
+cp /etc/hostname "$bad/host.safetensors" 2>/dev/null || echo localhost >"$bad/host.safetensors"
+expect_load_error "--resume of a file that is not a checkpoint" \
+  "cannot resume from '$bad/host.safetensors'" --resume "$bad/host.safetensors"
+for i in 1 2 3 4 5 6 7 8; do echo "line $i of a text file, not a checkpoint"; done >"$bad/text"
+expect_load_error "--resume of a text file" "cannot resume from '$bad/text'" --resume "$bad/text"
+if [ -f "$c2" ]; then
+  head -c 3000 "$c2" >"$bad/truncated"
+  expect_load_error "--resume of a truncated checkpoint" "cannot resume from" \
+    --resume "$bad/truncated"
+  # One byte of the last tensor's data changed: its checksum differs.
+  cp "$c2" "$bad/corrupted"
+  python3 - "$bad/corrupted" <<'EOF'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(-5, os.SEEK_END)
+    b = f.read(1)
+    f.seek(-5, os.SEEK_END)
+    f.write(bytes([b[0] ^ 0x40]))
+EOF
+  expect_load_error "--resume of a corrupted checkpoint" "checksum" --resume "$bad/corrupted"
+  expect_load_error "--resume of another model's checkpoint" "cannot resume from" \
+    --hidden 128 --resume "$c2"
+  out="$tmp/past.out"
+  train 2 "$out" --steps 10 --resume "$c2"
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qF "is at step 20, past -n (--steps) 10" "$out"; then
+    ok "--resume of a checkpoint past --steps is an error"
+  else
+    fail "--resume past --steps: exit status $rc" "$out"
+  fi
+fi
+
+# A save that fails during training (PATH is a directory, so the finished
+# file cannot be renamed to it): every rank stops with exit status 1 and no
+# temporary file is left.
+mkdir -p "$tmp/failsave/C"
+expect_save_error() {
+  local out="$tmp/failsave.out" rc
+  train 2 "$out" --steps 20 --checkpoint "$tmp/failsave/C" --checkpoint-every 5
+  rc=$?
+  if [ $rc -ne 1 ]; then
+    fail "a failed save: exit status $rc (expected 1; 124 is a hang)" "$out"
+  elif ! grep -q "^shardopt-train: rank 0: cannot write the checkpoint '$tmp/failsave/C'" "$out" ||
+       ! grep -q "^shardopt-train: rank 1: cannot write the checkpoint '$tmp/failsave/C'" "$out"; then
+    fail "a failed save: not every rank says why" "$out"
+  elif [ "$(listing "$tmp/failsave")" != "C " ]; then
+    fail "a failed save left: $(listing "$tmp/failsave")" "$out"
+  else
+    ok "a failed save stops every rank with exit status 1 and leaves no file"
+  fi
+}
+expect_save_error
+
+# Bad options: exit status 2 (usage) or 1 (an unwritable directory), at once.
+out="$tmp/usage.out"
+train 2 "$out" --checkpoint-every 10
+rc=$?
+if [ $rc -eq 2 ] && grep -qF -- "--checkpoint-every needs --checkpoint PATH" "$out"; then
+  ok "--checkpoint-every without --checkpoint is a usage error"
+else
+  fail "--checkpoint-every without --checkpoint: exit status $rc" "$out"
+fi
+train 2 "$out" --checkpoint "$tmp/no/such/dir/C"
+rc=$?
+if [ $rc -eq 1 ] && grep -qF "cannot create files in '$tmp/no/such/dir'" "$out"; then
+  ok "an unwritable --checkpoint directory is an error before training"
+else
+  fail "unwritable --checkpoint directory: exit status $rc" "$out"
+fi
+
+leftovers=$(find "$tmp" -name '*.tmp*' | head -5)
+if [ -n "$leftovers" ]; then
+  fail "temporary files left behind: $leftovers"
+fi
+
+echo "train-resume: $passed passed, $failed failed"
+[ $failed -eq 0 ]
