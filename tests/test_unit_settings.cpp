@@ -61,6 +61,9 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "2147483647"}}).comm_max_chunk == 2147483647u);
   CHECK(parse({{"SHARDOPT_BUCKET_MB", "0.5"}}).bucket_mb == 0.5);
   CHECK(parse({{"SHARDOPT_BUCKET_MB", "100"}}).bucket_mb == 100.0);
+  CHECK(parse({}).check_sync == 0);
+  CHECK(parse({{"SHARDOPT_CHECK_SYNC", "0"}}).check_sync == 0);
+  CHECK(parse({{"SHARDOPT_CHECK_SYNC", "100"}}).check_sync == 100);
 }
 
 TEST_CASE("settings: a bad value names the variable and the accepted values", "[settings]") {
@@ -75,6 +78,8 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "99999999999999999999999", "1 to 2147483647"));
   for (const char* bad : {"0", "-1", "25MB", "nan", "inf", "1e9"})
     CHECK(rejects("SHARDOPT_BUCKET_MB", bad, "a number of MiB > 0"));
+  for (const char* bad : {"-1", "1.5", "ten", "00x", "2147483648"})
+    CHECK(rejects("SHARDOPT_CHECK_SYNC", bad, "0 to 2147483647"));
 }
 
 TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {

@@ -97,5 +97,15 @@ class SHARDOPT_API CheckpointError : public Error {
 class SHARDOPT_API IoError : public Error {
   using Error::Error;
 };
+// Ranks out of step with each other: parameters that differ between ranks
+// (check_sync), or ranks that issued different collectives
+// (ErrorCode::desync).
+class SHARDOPT_API DesyncError : public Error {
+  using Error::Error;
+};
+// A gradient held an inf or a NaN (NonFinite::error).
+class SHARDOPT_API NonFiniteError : public Error {
+  using Error::Error;
+};
 
 }  // namespace shardopt

@@ -84,6 +84,17 @@ struct CustomOptimizer {
 using OptimizerConfig =
     std::variant<SGD, Adam, AdamW, Adagrad, RMSprop, Lion, Lamb, CustomOptimizer>;
 
+// What step() does when a reduced gradient holds an inf or a NaN. The
+// check is one pass over the rank's shard of the gradients before the
+// update, and its verdict is agreed across ranks, so every rank does the
+// same.
+enum class NonFinite : int {
+  automatic = 0,  // skip with a loss scaler, ignore without one
+  skip = 1,       // skip the step: parameters, state and step count untouched; counted
+  error = 2,      // throw NonFiniteError naming the first parameter and element; no update
+  ignore = 3,     // no check: the update runs on what the gradients hold
+};
+
 // How gradients are combined across ranks.
 enum class GradReduction : int {
   avg = 0,  // the mean over ranks, as DistributedDataParallel
@@ -128,12 +139,20 @@ struct ZeroOptions {
   // bucket buffers, two of them, more if gradients come out of bucket order.
   bool stream_grads = false;
   std::optional<LossScaler> loss_scaler = std::nullopt;
+  // Run check_sync() after every N-th applied step and throw DesyncError
+  // (on every rank) if the parameters differ between ranks. 0 takes
+  // SHARDOPT_CHECK_SYNC (default 0: never); -1 never, whatever the
+  // environment says.
+  int check_sync_every = 0;
+  // Inf or NaN in a reduced gradient (NonFinite above). With a loss scaler
+  // only automatic, skip and error are accepted: the scaler needs the check.
+  NonFinite non_finite = NonFinite::automatic;
 };
 
 // What step() did.
 struct StepInfo {
-  bool applied = true;       // false: skipped (non-finite gradients with a loss scaler)
-  bool grads_finite = true;  // agreed across ranks (checked with a loss scaler only)
+  bool applied = true;       // false: skipped (non-finite gradients, NonFinite::skip)
+  bool grads_finite = true;  // agreed across ranks (checked unless NonFinite::ignore)
   double grad_norm = -1.0;   // the norm clip_grad_norm() returned this step; -1 if not called
   double loss_scale = 1.0;   // the scale of this step's gradients (1 without a scaler)
   std::int64_t step = 0;     // steps applied so far
@@ -143,6 +162,19 @@ struct StepInfo {
   double reduce_seconds = 0.0;
   double update_seconds = 0.0;
   double gather_seconds = 0.0;
+};
+
+// What check_sync() found; the same on every rank.
+struct SyncReport {
+  bool in_sync = true;
+  // The first parameter (in registration order) whose bytes differ between
+  // ranks, and the first element of it that differs from rank 0's copy.
+  std::string param;
+  std::size_t index = 0;
+  std::size_t element = 0;
+  // In words: which ranks hold which copy, and the element's value on each
+  // rank; "" when in sync.
+  std::string message;
 };
 
 // Bytes this rank allocated, by category, and the user's buffers the
@@ -306,6 +338,8 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   double loss_scale() const;
   // Steps applied so far. Local.
   std::int64_t steps() const;
+  // Steps skipped for non-finite gradients since construction.
+  std::int64_t skipped_steps() const;
   int stage() const;
   std::size_t num_params() const;
   const Param& param(std::size_t i) const;
@@ -361,6 +395,12 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   // Collective: writes the parameters only (tensor "<name>" each) as a plain
   // safetensors file, for inference, in parallel and atomically as save().
   void export_params(const std::string& path, const ExportOptions& options = {});
+
+  // Collective: whether every rank's parameter buffers hold the same bytes
+  // (one 64-bit checksum per parameter, compared across ranks), and if not,
+  // the first parameter and element that differ. Call between steps.
+  // ZeroOptions::check_sync_every (SHARDOPT_CHECK_SYNC) runs it after steps.
+  SyncReport check_sync();
 
  protected:
   std::unique_ptr<detail::ZeroEngine> engine_;

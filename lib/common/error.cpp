@@ -130,6 +130,10 @@ void throw_error(ErrorCode code, std::string message, std::string hint, const ch
       throw CheckpointError(code, std::move(message), std::move(hint), file, line, rank);
     case ErrorCode::io:
       throw IoError(code, std::move(message), std::move(hint), file, line, rank);
+    case ErrorCode::desync:
+      throw DesyncError(code, std::move(message), std::move(hint), file, line, rank);
+    case ErrorCode::non_finite:
+      throw NonFiniteError(code, std::move(message), std::move(hint), file, line, rank);
     default:
       throw Error(code, std::move(message), std::move(hint), file, line, rank);
   }

@@ -134,6 +134,21 @@ const VarSpec kVars[] = {
        s.bucket_mb = mb;
        return true;
      }},
+    {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
+     "Check every N applied optimizer steps that the parameters are identical on every rank "
+     "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "
+     "rank with an error naming the first parameter and element that differ. 0: never. "
+     "ZeroOptions::check_sync_every overrides it.",
+     [](Settings& s, const std::string& v) {
+       if (v == "0") {
+         s.check_sync = 0;
+         return true;
+       }
+       const auto n = parse_count(v, INT_MAX);
+       if (!n) return false;
+       s.check_sync = static_cast<int>(*n);
+       return true;
+     }},
 };
 
 }  // namespace

@@ -14,15 +14,6 @@ namespace {
 // Strings travel as fixed-size records of 32-bit words.
 constexpr std::size_t kRecordBytes = 4096;
 
-std::string ranks_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t k = 0; k < ranks.size(); ++k) {
-    if (k > 0) s += ", ";
-    s += std::to_string(ranks[k]);
-  }
-  return s;
-}
-
 std::vector<std::string> lines(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream in(s);
@@ -31,6 +22,15 @@ std::vector<std::string> lines(const std::string& s) {
 }
 
 }  // namespace
+
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    if (k > 0) s += ", ";
+    s += std::to_string(ranks[k]);
+  }
+  return s;
+}
 
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& s) {
   const std::size_t n = static_cast<std::size_t>(comm.size());

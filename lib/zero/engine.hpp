@@ -81,6 +81,7 @@ class ZeroEngine {
 
   double loss_scale() const noexcept { return scale_; }
   std::int64_t steps() const noexcept { return steps_; }
+  std::int64_t skipped_steps() const noexcept { return skipped_; }
   int stage() const noexcept { return opt_.stage; }
   std::size_t num_params() const noexcept { return params_.size(); }
   const Param& param(std::size_t i) const;
@@ -97,6 +98,9 @@ class ZeroEngine {
   void save(const std::string& path, const SaveOptions& options);
   LoadReport load(const std::string& path, const LoadOptions& options);
   void export_params(const std::string& path, const ExportOptions& options);
+
+  // Parameters identical on every rank (lib/zero/sync.cpp).
+  SyncReport check_sync();
 
  private:
   // One reduce-scatter in flight.
@@ -179,6 +183,11 @@ class ZeroEngine {
   void update_custom(double mul);
   void gather_params();
   void update_scaler(bool finite);
+  // The policy in force (automatic resolved).
+  NonFinite non_finite_policy() const noexcept;
+  // Collective, on non-finite gradients: throws NonFiniteError on every
+  // rank naming the first parameter (registration order) and element.
+  [[noreturn]] void throw_non_finite(double mul);
   void end_step();
 
   std::byte* user_param(const Segment& s) const;
@@ -241,6 +250,8 @@ class ZeroEngine {
   double clip_coef_ = 1.0;
   double grad_norm_ = -1.0;
   std::int64_t steps_ = 0;
+  int check_sync_every_ = 0;  // resolved ZeroOptions::check_sync_every; 0: never
+  std::int64_t skipped_ = 0;  // steps skipped for non-finite gradients
   double scale_ = 1.0;
   int good_steps_ = 0;
   int hysteresis_left_ = 1;

@@ -112,6 +112,16 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   if (!(opt_.bucket_mb >= 0.0) || !std::isfinite(opt_.bucket_mb))
     fail(bad, "ZeroOptions::bucket_mb is " + num(opt_.bucket_mb) +
                   "; use a size in MiB > 0, or 0 for SHARDOPT_BUCKET_MB");
+  if (static_cast<int>(opt_.non_finite) < 0 || static_cast<int>(opt_.non_finite) > 3)
+    fail(bad, "ZeroOptions::non_finite is " + std::to_string(static_cast<int>(opt_.non_finite)) +
+                  "; use NonFinite::automatic, skip, error or ignore");
+  else if (opt_.loss_scaler && opt_.non_finite == NonFinite::ignore)
+    fail(bad,
+         "ZeroOptions::non_finite is NonFinite::ignore with a loss scaler, which needs the check "
+         "to back off; use automatic (skip), skip or error, or no loss scaler");
+  if (opt_.check_sync_every < -1)
+    fail(bad, "ZeroOptions::check_sync_every is " + std::to_string(opt_.check_sync_every) +
+                  "; use N > 0 (every N steps), 0 for SHARDOPT_CHECK_SYNC, or -1 for never");
   if (!(opt_.predivide_factor > 0.0) || !std::isfinite(opt_.predivide_factor))
     fail(bad, "ZeroOptions::predivide_factor is " + num(opt_.predivide_factor) +
                   "; use a finite factor > 0 (1: none)");
@@ -231,10 +241,12 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
 namespace {
 
 std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, double bucket_mb,
-                             const std::vector<OptimizerConfig>& groups) {
+                             int check_sync_every, const std::vector<OptimizerConfig>& groups) {
   std::ostringstream s;
   s << "stage=" << o.stage << "\n";
   s << "bucket_mb=" << num(bucket_mb) << "\n";
+  s << "check_sync_every (or SHARDOPT_CHECK_SYNC)=" << check_sync_every << "\n";
+  s << "non_finite=" << static_cast<int>(o.non_finite) << "\n";
   s << "reduction=" << (o.reduction == GradReduction::avg ? "avg" : "sum") << "\n";
   s << "predivide_factor=" << num(o.predivide_factor) << "\n";
   s << "reduce_in_fp32=" << o.reduce_in_fp32 << "\n";
@@ -268,7 +280,13 @@ std::string describe_param(const Param& p) {
 
 void ZeroEngine::agree_on_layout() {
   const double bucket_mb = opt_.bucket_mb > 0.0 ? opt_.bucket_mb : settings().bucket_mb;
-  const std::string options = describe_options(opt_, kind_, dtype_, bucket_mb, groups_);
+  // Agreed like every option: a check that runs on some ranks only would
+  // leave the others waiting.
+  check_sync_every_ = opt_.check_sync_every > 0    ? opt_.check_sync_every
+                      : opt_.check_sync_every == 0 ? settings().check_sync
+                                                   : 0;
+  const std::string options =
+      describe_options(opt_, kind_, dtype_, bucket_mb, check_sync_every_, groups_);
   const char* hint =
       "every rank must register the same parameters (names, sizes, dtypes, groups) in the same "
       "order, with the same optimizer, hyper-parameters and options";

@@ -4,8 +4,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <sstream>
+#include <vector>
 
 #include "common/check.hpp"
+#include "common/log.hpp"
 #include "kernels/lamb.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
@@ -157,13 +161,23 @@ StepInfo ZeroEngine::step() {
   double mul = grad_multiplier();
   info.loss_scale = opt_.loss_scaler ? scale_ : 1.0;
   info.grad_norm = grad_norm_;
-  if (opt_.loss_scaler) {
+  const NonFinite policy = non_finite_policy();
+  if (policy != NonFinite::ignore) {
     std::int64_t finite = local_grads_finite(mul) ? 1 : 0;
     ctl_.allreduce(&finite, &finite, 1, DType::i64, ReduceOp::min);
     info.grads_finite = finite != 0;
   }
+  if (!info.grads_finite && policy == NonFinite::error) {
+    try {
+      throw_non_finite(mul);
+    } catch (...) {
+      end_step();  // the optimizer goes on after zero_grad()
+      throw;
+    }
+  }
   if (!info.grads_finite) {
-    update_scaler(false);
+    if (opt_.loss_scaler) update_scaler(false);
+    ++skipped_;
     info.applied = false;
     info.step = steps_;
     info.reduce_seconds = t1 - t0;
@@ -188,6 +202,20 @@ StepInfo ZeroEngine::step() {
   info.update_seconds = t2 - t1;
   info.gather_seconds = t3 - t2;
   end_step();
+  if (check_sync_every_ > 0 && steps_ % check_sync_every_ == 0) {
+    const SyncReport r = check_sync();
+    if (r.in_sync)
+      SHARDOPT_LOG(info, "check_sync after step " << steps_ << ": the " << params_.size()
+                                                  << " parameters are identical on every rank");
+    if (!r.in_sync)
+      throw_error(ErrorCode::desync,
+                  "after step " + std::to_string(steps_) +
+                      ", the parameters differ between ranks: " + r.message,
+                  "every rank's parameters must stay identical: look for code that changes them "
+                  "outside the optimizer on some ranks (a different initialization or seed, a "
+                  "rank-dependent branch), then restart from the last checkpoint",
+                  __FILE__, __LINE__);
+  }
   return info;
 }
 
@@ -197,6 +225,60 @@ void ZeroEngine::end_step() {
   open_ = true;
   clip_coef_ = 1.0;
   grad_norm_ = -1.0;
+}
+
+NonFinite ZeroEngine::non_finite_policy() const noexcept {
+  if (opt_.non_finite != NonFinite::automatic) return opt_.non_finite;
+  return opt_.loss_scaler ? NonFinite::skip : NonFinite::ignore;
+}
+
+void ZeroEngine::throw_non_finite(double mul) {
+  // This rank's first (parameter, element) whose gradient times mul is not
+  // finite, then the first over ranks, then what the value is there.
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::int64_t where[2] = {kNone, kNone};  // parameter, element
+  int kind = 0;                            // 1 nan, 2 +inf, 3 -inf
+  std::vector<float> g;
+  for (std::size_t si : mine_) {
+    const Segment& s = segments_[si];
+    if (static_cast<std::int64_t>(s.param) > where[0]) continue;
+    DType t;
+    const void* src = reduced_grad(s, t);
+    g.resize(s.count);
+    cast(src, t, g.data(), DType::f32, s.count);
+    for (std::size_t j = 0; j < s.count; ++j) {
+      const float v = static_cast<float>(g[j] * mul);
+      if (std::isfinite(v)) continue;
+      const std::int64_t p = static_cast<std::int64_t>(s.param);
+      const std::int64_t e = static_cast<std::int64_t>(s.offset + j);
+      if (p < where[0] || (p == where[0] && e < where[1])) {
+        where[0] = p;
+        where[1] = e;
+        kind = std::isnan(v) ? 1 : v > 0 ? 2 : 3;
+      }
+      break;
+    }
+  }
+  std::int64_t first[2] = {where[0], kNone};
+  ctl_.allreduce(&first[0], &first[0], 1, DType::i64, ReduceOp::min);
+  if (where[0] == first[0]) first[1] = where[1];
+  ctl_.allreduce(&first[1], &first[1], 1, DType::i64, ReduceOp::min);
+  std::int64_t what = where[0] == first[0] && where[1] == first[1] ? kind : 0;
+  ctl_.allreduce(&what, &what, 1, DType::i64, ReduceOp::max);
+  const char* value = what == 1 ? "nan" : what == 2 ? "inf" : "-inf";
+  const std::size_t p = static_cast<std::size_t>(first[0]);
+  std::ostringstream msg;
+  msg << "step " << steps_ + 1 << ": the gradient of parameter '" << params_[p].name << "' (index "
+      << p << ") is " << value << " at element " << first[1]
+      << " after the reduction over ranks (a rank's gradient held it, or the sum overflowed)";
+  if (mul != 1.0) msg << " and the scaling by " << mul;
+  msg << "; nothing was updated";
+  throw_error(ErrorCode::non_finite, msg.str(),
+              "look for the inf or NaN in the loss or the backward pass; lower the learning rate "
+              "or clip gradients; for 16-bit training use a loss scaler; or set "
+              "ZeroOptions::non_finite = NonFinite::skip to skip such steps. Call zero_grad() "
+              "before the next step",
+              __FILE__, __LINE__);
 }
 
 void ZeroEngine::update_scaler(bool finite) {

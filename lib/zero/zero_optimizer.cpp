@@ -61,6 +61,7 @@ LoadReport ZeroRedundancyOptimizer::load(const std::string& path, const LoadOpti
 void ZeroRedundancyOptimizer::export_params(const std::string& path, const ExportOptions& options) {
   engine(engine_).export_params(path, options);
 }
+SyncReport ZeroRedundancyOptimizer::check_sync() { return engine(engine_).check_sync(); }
 
 std::string LoadReport::summary() const {
   std::ostringstream s;
@@ -78,6 +79,9 @@ std::string LoadReport::summary() const {
 }
 double ZeroRedundancyOptimizer::loss_scale() const { return engine(engine_).loss_scale(); }
 std::int64_t ZeroRedundancyOptimizer::steps() const { return engine(engine_).steps(); }
+std::int64_t ZeroRedundancyOptimizer::skipped_steps() const {
+  return engine(engine_).skipped_steps();
+}
 int ZeroRedundancyOptimizer::stage() const { return engine(engine_).stage(); }
 std::size_t ZeroRedundancyOptimizer::num_params() const { return engine(engine_).num_params(); }
 const Param& ZeroRedundancyOptimizer::param(std::size_t i) const {

@@ -176,5 +176,18 @@ else
   fail "unwritable --save-params: exit code $rc" "$out"
 fi
 
+# SHARDOPT_CHECK_SYNC=10: the parameters are checked after steps 10 and 20
+# on every rank, found identical, and the run ends as usual.
+out=$(SHARDOPT_CHECK_SYNC=10 SHARDOPT_DEBUG=INFO timeout 60 "$mpiexec" -n 3 --oversubscribe \
+        "$program" "${small[@]}" --steps 20 2>&1)
+rc=$?
+checks=$(grep -c "check_sync after step [12]0: the 6 parameters are identical on every rank" \
+           <<<"$out")
+if [ $rc -eq 0 ] && [ "$checks" -eq 6 ]; then
+  passed=$((passed + 1)); echo "ok: SHARDOPT_CHECK_SYNC=10 checks steps 10 and 20 on 3 ranks"
+else
+  fail "SHARDOPT_CHECK_SYNC=10: exit code $rc, $checks of 6 check lines" "$out"
+fi
+
 echo "train: $passed passed, $failed failed"
 [ $failed -eq 0 ]
