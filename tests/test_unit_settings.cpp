@@ -64,6 +64,10 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK(parse({}).check_sync == 0);
   CHECK(parse({{"SHARDOPT_CHECK_SYNC", "0"}}).check_sync == 0);
   CHECK(parse({{"SHARDOPT_CHECK_SYNC", "100"}}).check_sync == 100);
+  CHECK(parse({}).timeout == 0.0);
+  CHECK(parse({{"SHARDOPT_TIMEOUT", "600"}}).timeout == 600.0);
+  CHECK(parse({{"SHARDOPT_TIMEOUT", "0.5"}}).timeout == 0.5);
+  CHECK(parse({{"SHARDOPT_TIMEOUT", "0"}}).timeout == 0.0);
 }
 
 TEST_CASE("settings: a bad value names the variable and the accepted values", "[settings]") {
@@ -80,6 +84,8 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
     CHECK(rejects("SHARDOPT_BUCKET_MB", bad, "a number of MiB > 0"));
   for (const char* bad : {"-1", "1.5", "ten", "00x", "2147483648"})
     CHECK(rejects("SHARDOPT_CHECK_SYNC", bad, "0 to 2147483647"));
+  for (const char* bad : {"-1", "10s", "nan", "inf", "1e9"})
+    CHECK(rejects("SHARDOPT_TIMEOUT", bad, "a number of seconds >= 0"));
 }
 
 TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {

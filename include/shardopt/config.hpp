@@ -28,6 +28,7 @@ struct Settings {
   CpuIsa cpu_isa = CpuIsa::avx512;          // SHARDOPT_CPU_ISA (avx512: no cap)
   double bucket_mb = 25.0;                  // SHARDOPT_BUCKET_MB
   int check_sync = 0;                       // SHARDOPT_CHECK_SYNC (0: never)
+  double timeout = 0.0;                     // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -37,6 +37,9 @@ typedef enum shardopt_status_t {
   SHARDOPT_ERR_INTERNAL = 19         /* a bug in shardopt: please report it */
 } shardopt_status_t;
 
+/* The exit status of a process the watchdog (SHARDOPT_TIMEOUT) ends. */
+#define SHARDOPT_WATCHDOG_EXIT_CODE 86
+
 /* The code's name as a string ("SHARDOPT_ERR_MPI"), or "SHARDOPT_ERR_UNKNOWN"
  * for a value that is not a code. Local, thread-safe, never fails. */
 SHARDOPT_API const char* shardopt_status_name(shardopt_status_t status);

@@ -25,6 +25,11 @@ class PendingOp {
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
+  // What it is, for the watchdog's message (set by the front end).
+  const char* what = "wait";
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+  int ranks = 0;
 };
 
 // How reduce_scatter's output relates to its input.

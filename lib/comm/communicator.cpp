@@ -14,6 +14,7 @@
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "common/mpi_lifetime.hpp"
+#include "common/watchdog.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 
@@ -87,7 +88,10 @@ Request::~Request() {
 
 void Request::wait() {
   if (!op_) return;
-  op_->wait();
+  {
+    detail::WatchScope watch(op_->what, op_->count, op_->dtype, op_->ranks);
+    op_->wait();
+  }
   op_.reset();
 }
 
@@ -433,7 +437,16 @@ Signature signature(OpKind kind, std::size_t count, DType dtype, int op = -1, in
   return s;
 }
 
-Request wrap(std::unique_ptr<PendingOp> op) { return Request(std::move(op)); }
+Request wrap(std::unique_ptr<PendingOp> op, const char* what, std::size_t count, DType dtype,
+             int ranks) {
+  if (op) {
+    op->what = what;
+    op->count = count;
+    op->dtype = dtype;
+    op->ranks = ranks;
+  }
+  return Request(std::move(op));
+}
 
 }  // namespace
 
@@ -538,47 +551,57 @@ std::unique_ptr<PendingOp> do_barrier(Backend& b, bool agree, bool blocking) {
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                              ReduceOp op) {
   require_usable("allreduce");
+  detail::WatchScope watch("allreduce", count, dtype, size());
   do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, true);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) {
   require_usable("reduce_scatter");
+  detail::WatchScope watch("reduce_scatter", count, dtype, size());
   do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, true);
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("allgather");
+  detail::WatchScope watch("allgather", count, dtype, size());
   do_allgather(*backend_, check_args_, send, recv, count, dtype, true);
 }
 void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("broadcast");
+  detail::WatchScope watch("broadcast", count, dtype, size());
   do_broadcast(*backend_, check_args_, buf, count, dtype, root, true);
 }
 void Communicator::barrier() {
   require_usable("barrier");
+  detail::WatchScope watch("barrier", 0, DType::f32, size());
   do_barrier(*backend_, check_args_, true);
 }
 
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
   require_usable("iallreduce");
-  return wrap(do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false));
+  return wrap(do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false),
+              "wait for iallreduce", count, dtype, size());
 }
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                       ReduceOp op) {
   require_usable("ireduce_scatter");
-  return wrap(do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false));
+  return wrap(do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false),
+              "wait for ireduce_scatter", count, dtype, size());
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("iallgather");
-  return wrap(do_allgather(*backend_, check_args_, send, recv, count, dtype, false));
+  return wrap(do_allgather(*backend_, check_args_, send, recv, count, dtype, false),
+              "wait for iallgather", count, dtype, size());
 }
 Request Communicator::ibroadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("ibroadcast");
-  return wrap(do_broadcast(*backend_, check_args_, buf, count, dtype, root, false));
+  return wrap(do_broadcast(*backend_, check_args_, buf, count, dtype, root, false),
+              "wait for ibroadcast", count, dtype, size());
 }
 Request Communicator::ibarrier() {
   require_usable("ibarrier");
-  return wrap(do_barrier(*backend_, check_args_, false));
+  return wrap(do_barrier(*backend_, check_args_, false), "wait for ibarrier", 0, DType::f32,
+              size());
 }
 
 }  // namespace shardopt

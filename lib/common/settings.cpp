@@ -134,6 +134,20 @@ const VarSpec kVars[] = {
        s.bucket_mb = mb;
        return true;
      }},
+    {"SHARDOPT_TIMEOUT", "0", "a number of seconds >= 0 and <= 604800, e.g. 600 or 0.5",
+     "The watchdog: when one blocking operation of the library (a collective, or the wait for "
+     "one) has not completed after this many seconds, print which operation, the step and "
+     "bucket, and end the process with exit status 86, which ends the job under mpirun (and "
+     "srun --kill-on-bad-exit) instead of letting it hang until the time limit. 0: off.",
+     [](Settings& s, const std::string& v) {
+       char* end = nullptr;
+       errno = 0;
+       const double t = std::strtod(v.c_str(), &end);
+       if (errno != 0 || end == v.c_str() || *end != '\0' || !(t >= 0.0) || t > 604800.0)
+         return false;
+       s.timeout = t;
+       return true;
+     }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "

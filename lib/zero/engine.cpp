@@ -10,10 +10,13 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "common/check.hpp"
 #include "common/log.hpp"
+#include "common/watchdog.hpp"
 #include "zero/agree.hpp"
 #include "zero/convert.hpp"
 
@@ -244,7 +247,16 @@ void ZeroEngine::launch(std::size_t bi) {
   flights_.push_back(std::move(f));
 }
 
+void ZeroEngine::watch(const char* what, std::size_t bucket) const {
+  if (!watchdog_armed()) return;
+  std::string s = "step " + std::to_string(steps_ + 1) + ": " + what;
+  if (bucket != SIZE_MAX)
+    s += ", bucket " + std::to_string(bucket) + " of " + std::to_string(buckets_.size());
+  watch_context(std::move(s));
+}
+
 void ZeroEngine::complete(Flight& f) {
+  watch("the reduce-scatter of the gradients", f.bucket);
   f.request.wait();
   const Bucket& b = buckets_[f.bucket];
   const std::size_t pc = piece(b);
@@ -349,6 +361,7 @@ void ZeroEngine::allgather_buckets(DType type, const UserPtr& user,
   std::deque<Gather> open;
   const std::size_t size = dtype_size(type);
   const auto finish = [&](Gather& g) {
+    watch("the allgather of the parameters", g.bucket);
     g.request.wait();
     if (g.pool < 0) return;
     const Bucket& b = buckets_[g.bucket];

@@ -183,6 +183,9 @@ class ZeroEngine {
   void update_custom(double mul);
   void gather_params();
   void update_scaler(bool finite);
+  // For the watchdog's message (SHARDOPT_TIMEOUT): "step N: what[, bucket
+  // b of B]"; nothing is built when the watchdog is off.
+  void watch(const char* what, std::size_t bucket = SIZE_MAX) const;
   // The policy in force (automatic resolved).
   NonFinite non_finite_policy() const noexcept;
   // Collective, on non-finite gradients: throws NonFiniteError on every

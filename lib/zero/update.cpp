@@ -155,6 +155,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 StepInfo ZeroEngine::step() {
   StepInfo info;
   const double t0 = MPI_Wtime();
+  watch("step(): agreeing that every gradient was reduced");
   check_hyper_parameters();
   ensure_reduced();
   const double t1 = MPI_Wtime();
@@ -162,6 +163,7 @@ StepInfo ZeroEngine::step() {
   info.loss_scale = opt_.loss_scaler ? scale_ : 1.0;
   info.grad_norm = grad_norm_;
   const NonFinite policy = non_finite_policy();
+  watch("step(): agreeing that the gradients are finite");
   if (policy != NonFinite::ignore) {
     std::int64_t finite = local_grads_finite(mul) ? 1 : 0;
     ctl_.allreduce(&finite, &finite, 1, DType::i64, ReduceOp::min);

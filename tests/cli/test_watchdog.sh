@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The watchdog (SHARDOPT_TIMEOUT): one rank stops taking part after 3
+# steps (tests/watchdog_stall.cpp) while the others wait for it in step 4.
+# At 2 and 3 ranks, with the last rank and with rank 0 stalling:
+# - the whole job ends within SHARDOPT_TIMEOUT + 5 seconds of the stall,
+#   with the watchdog's exit status (86), no rank left running;
+# - every waiting rank prints the message: the operation waited for, step
+#   4, the timeout, and the exit status.
+# Usage: test_watchdog.sh MPIEXEC PROGRAM
+set -u
+mpiexec=$1
+program=$2
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+timeout_s=3
+
+stall_case() {  # RANKS STALL-RANK
+  local n=$1 stall=$2 out="$tmp/stall-$1-$2.out"
+  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" "$stall" \
+    >"$out" 2>&1
+  local rc=$?
+  local ended
+  ended=$(date +%s.%N)
+  local stalled
+  stalled=$(sed -n 's/^stalled at \([0-9.]*\)$/\1/p' "$out")
+  if [ -z "$stalled" ]; then
+    fail "$n ranks, rank $stall stalls: it never stalled (exit status $rc)" "$out"
+    return
+  fi
+  local took
+  took=$(python3 -c "print(f'{$ended - $stalled:.1f}')")
+  if [ $rc -ne 86 ]; then
+    fail "$n ranks, rank $stall stalls: exit status $rc, not the watchdog's 86 (124: a hang)" "$out"
+    return
+  fi
+  if ! python3 -c "import sys; sys.exit(0 if $took <= $timeout_s + 5 else 1)"; then
+    fail "$n ranks, rank $stall stalls: the job ended $took s after the stall (limit $((timeout_s + 5)))" "$out"
+    return
+  fi
+  local r waiting=0
+  for r in $(seq 0 $((n - 1))); do
+    [ "$r" -eq "$stall" ] && continue
+    if grep -q "shardopt watchdog on rank $r .*\[SHARDOPT_ERR_TIMEOUT\]: .* has not completed after .* s (SHARDOPT_TIMEOUT=$timeout_s); the library was at: step 4: " "$out"; then
+      waiting=$((waiting + 1))
+    fi
+  done
+  # Each waiting rank prints, unless mpirun ended it first (after the first
+  # one exited): at least one, naming the step.
+  if [ $waiting -lt 1 ] || ! grep -q "ending the job: exit status 86" "$out"; then
+    fail "$n ranks, rank $stall stalls: no waiting rank printed the watchdog's message" "$out"
+    return
+  fi
+  if pgrep -f -- "$program $stall" >/dev/null; then
+    pkill -9 -f -- "$program $stall"
+    fail "$n ranks, rank $stall stalls: processes left running" "$out"
+    return
+  fi
+  ok "$n ranks, rank $stall stalls: the job ended $took s after the stall, exit status 86, $waiting rank(s) said why"
+}
+
+stall_case 2 1
+stall_case 3 0
+
+echo "watchdog: $passed passed, $failed failed"
+[ $failed -eq 0 ]
