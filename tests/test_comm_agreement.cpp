@@ -88,14 +88,14 @@ TEST_CASE("ranks that pass different counts, types, ops or roots are told so",
     return;
   }
   const bool odd = is_odd_rank(c);
-  const std::string other = "rank " + std::to_string(c.size() - 1) + " called ";
+  const std::string other = " on rank " + std::to_string(c.size() - 1);
   std::vector<double> a(64 * static_cast<std::size_t>(c.size()), 1.0), b(a.size());
   CHECK(all_ranks_true(throws_error<InvalidArgument>(
       [&] { c.allreduce(a.data(), b.data(), odd ? 12 : 10, DType::f64, ReduceOp::sum); },
-      ErrorCode::invalid_argument, other + "allreduce(count=12, dtype=f64, op=sum)")));
+      ErrorCode::invalid_argument, "allreduce(count=12, dtype=f64, op=sum)" + other)));
   CHECK(all_ranks_true(throws_error<InvalidArgument>(
       [&] { c.allreduce(a.data(), b.data(), 8, odd ? DType::i64 : DType::f64, ReduceOp::max); },
-      ErrorCode::invalid_argument, "rank 0 called allreduce(count=8, dtype=f64, op=max)")));
+      ErrorCode::invalid_argument, "allreduce(count=8, dtype=f64, op=max) on rank")));
   CHECK(all_ranks_true(throws_error<InvalidArgument>(
       [&] {
         c.reduce_scatter(a.data(), b.data(), 8, DType::f64, odd ? ReduceOp::min : ReduceOp::sum);
@@ -111,15 +111,23 @@ TEST_CASE("ranks that call different operations get a desync error", "[comm][agr
   Communicator c = checked_comm();
   if (c.size() < 2) return;
   const bool odd = is_odd_rank(c);
+  const int last = c.size() - 1;
   std::vector<float> a(8 * static_cast<std::size_t>(c.size()), 1.0f), b(a.size());
-  CHECK(all_ranks_true(throws_error<Error>(
+  // Two agreed calls, then the odd rank skips an allgather the others make:
+  // the third collective of the communicator is an allgather on the others
+  // and a barrier on the odd rank, each named with the ranks that called it.
+  c.allgather(a.data(), b.data(), 8, DType::f32);
+  c.barrier();
+  std::string others = last == 1 ? "rank 0" : "ranks 0";
+  for (int r = 1; r < last; ++r) others += ", " + std::to_string(r);
+  CHECK(all_ranks_true(throws_error<DesyncError>(
       [&] {
-        if (odd) {
-          c.barrier();
-        } else {
-          c.allgather(a.data(), b.data(), 8, DType::f32);
-        }
+        if (!odd) c.allgather(a.data(), b.data(), 8, DType::f32);
+        c.barrier();
       },
-      ErrorCode::desync, "called barrier")));
+      ErrorCode::desync,
+      "ranks disagree: collective #3 allgather(count=8, dtype=f32) on " + others +
+          " but collective #3 barrier on rank " + std::to_string(last) +
+          "; no rank ran the operation")));
   CHECK(sums_correctly(c));
 }

@@ -29,6 +29,7 @@ struct Settings {
   double bucket_mb = 25.0;                  // SHARDOPT_BUCKET_MB
   int check_sync = 0;                       // SHARDOPT_CHECK_SYNC (0: never)
   double timeout = 0.0;                     // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
+  bool desync_check = false;                // SHARDOPT_DESYNC_CHECK
 };
 
 // The settings of this process, read from the environment at the first call.

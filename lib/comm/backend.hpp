@@ -66,6 +66,10 @@ class Backend {
   virtual std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
                                                bool blocking) = 0;
   virtual std::unique_ptr<PendingOp> barrier(bool blocking) = 0;
+
+  // Operations issued with argument agreement on, numbered from 1: the
+  // sequence number each one carries (SHARDOPT_DESYNC_CHECK).
+  std::int64_t agreed_calls = 0;
 };
 
 // Duplicates `comm` (collective) and uses it with MPI on host buffers.

@@ -2,6 +2,7 @@
 // in-place conventions, then hands the operation to the backend.
 #include "shardopt/communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -138,7 +139,7 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
                        " is larger than an MPI count can be (INT_MAX = 2147483647)",
                    "use a value from 1 to 2147483647, or 0 for SHARDOPT_COMM_MAX_CHUNK");
   }
-  check_args_ = options.check_arguments.value_or(settings().check_args);
+  check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
   // From here on, the finalize check on every call is one atomic load.
   detail::at_mpi_finalize(nullptr);
@@ -366,6 +367,7 @@ struct Signature {
   std::int32_t op = -1;
   std::int32_t root = -1;
   std::int32_t pad = 0;
+  std::int64_t seq = 0;  // this operation's number on the communicator
 };
 
 std::string describe(const Signature& s) {
@@ -381,11 +383,12 @@ std::string describe(const Signature& s) {
 // exchanges signatures, and throws on every rank if any rank's checks failed
 // or the signatures differ.
 template <class Checks>
-void check_arguments(const Backend& b, bool agree, Signature sig, Checks checks) {
+void check_arguments(Backend& b, bool agree, Signature sig, Checks checks) {
   if (!agree) {
     checks();
     return;
   }
+  sig.seq = ++b.agreed_calls;
   std::exception_ptr local;
   try {
     checks();
@@ -414,16 +417,36 @@ void check_arguments(const Backend& b, bool agree, Signature sig, Checks checks)
                         __FILE__, __LINE__);
   }
   for (std::size_t r = 1; r < all.size(); ++r) {
-    Signature a = all[0], c = all[r];
-    if (std::memcmp(&a, &c, sizeof a) == 0) continue;
-    const bool other_op = a.kind != c.kind;
-    detail::throw_error(other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
-                        op + ": ranks disagree: rank 0 called " + describe(a) + ", rank " +
-                            std::to_string(r) + " called " + describe(c) +
-                            "; no rank ran the operation",
-                        other_op ? "every rank must call the same collectives in the same order"
-                                 : "every rank must pass the same count, dtype, op and root",
-                        __FILE__, __LINE__);
+    if (std::memcmp(&all[0], &all[r], sizeof(Signature)) == 0) continue;
+    // Each distinct call with the ranks that made it, in rank order.
+    std::vector<std::pair<Signature, std::vector<int>>> calls;
+    for (std::size_t q = 0; q < all.size(); ++q) {
+      auto it = std::find_if(calls.begin(), calls.end(), [&](const auto& c) {
+        return std::memcmp(&c.first, &all[q], sizeof(Signature)) == 0;
+      });
+      if (it == calls.end())
+        calls.push_back({all[q], {static_cast<int>(q)}});
+      else
+        it->second.push_back(static_cast<int>(q));
+    }
+    bool other_op = false;
+    std::string list;
+    for (const auto& [s, ranks] : calls) {
+      other_op = other_op || s.kind != calls[0].first.kind || s.seq != calls[0].first.seq;
+      list += list.empty() ? "" : " but ";
+      list += "collective #" + std::to_string(s.seq) + " " + describe(s) + " on " +
+              (ranks.size() == 1 ? "rank " : "ranks ");
+      for (std::size_t k = 0; k < ranks.size(); ++k)
+        list += (k ? ", " : "") + std::to_string(ranks[k]);
+    }
+    detail::throw_error(
+        other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
+        op + ": ranks disagree: " + list + "; no rank ran the operation",
+        other_op ? "every rank must call the same collectives in the same order: look for a "
+                   "branch that only some ranks take (a rank-dependent condition, an early "
+                   "return, an exception caught on one rank) before this call"
+                 : "every rank must pass the same count, dtype, op and root",
+        __FILE__, __LINE__);
   }
 }
 

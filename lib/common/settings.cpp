@@ -148,6 +148,18 @@ const VarSpec kVars[] = {
        s.timeout = t;
        return true;
      }},
+    {"SHARDOPT_DESYNC_CHECK", "0", "1, 0 (also true/false, yes/no, on/off)",
+     "Desync detection: every collective the library issues carries a sequence number and a "
+     "fingerprint (operation, count, dtype, op, root) that the ranks compare before any data "
+     "moves; ranks that issued different collectives, or a different number of them, get an "
+     "error naming the ranks and both operations instead of a hang or a truncation. Turns "
+     "SHARDOPT_CHECK_ARGS on; costs one small allgather per collective.",
+     [](Settings& s, const std::string& v) {
+       const auto b = parse_bool(v);
+       if (!b) return false;
+       s.desync_check = *b;
+       return true;
+     }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The watchdog (SHARDOPT_TIMEOUT): one rank stops taking part after 3
-# steps (tests/watchdog_stall.cpp) while the others wait for it in step 4.
+# steps (tests/fault_job.cpp) while the others wait for it in step 4.
 # At 2 and 3 ranks, with the last rank and with rank 0 stalling:
 # - the whole job ends within SHARDOPT_TIMEOUT + 5 seconds of the stall,
 #   with the watchdog's exit status (86), no rank left running;
 # - every waiting rank prints the message: the operation waited for, step
 #   4, the timeout, and the exit status.
+# And desync detection (SHARDOPT_DESYNC_CHECK=1): one rank calls an
+# allreduce where the others call an allgather; every rank exits with
+# status 1 and the DesyncError naming both calls and their ranks.
 # Usage: test_watchdog.sh MPIEXEC PROGRAM
 set -u
 mpiexec=$1
@@ -16,7 +19,7 @@ timeout_s=3
 
 stall_case() {  # RANKS STALL-RANK
   local n=$1 stall=$2 out="$tmp/stall-$1-$2.out"
-  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" "$stall" \
+  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" stall "$stall" \
     >"$out" 2>&1
   local rc=$?
   local ended
@@ -50,8 +53,8 @@ stall_case() {  # RANKS STALL-RANK
     fail "$n ranks, rank $stall stalls: no waiting rank printed the watchdog's message" "$out"
     return
   fi
-  if pgrep -f -- "$program $stall" >/dev/null; then
-    pkill -9 -f -- "$program $stall"
+  if pgrep -f -- "$program stall $stall" >/dev/null; then
+    pkill -9 -f -- "$program stall $stall"
     fail "$n ranks, rank $stall stalls: processes left running" "$out"
     return
   fi
@@ -60,6 +63,43 @@ stall_case() {  # RANKS STALL-RANK
 
 stall_case 2 1
 stall_case 3 0
+
+desync_case() {  # RANKS ODD-RANK
+  local n=$1 odd=$2 out="$tmp/desync-$1-$2.out"
+  SHARDOPT_DESYNC_CHECK=1 timeout 60 "$mpiexec" -n "$n" --oversubscribe "$program" desync "$odd" \
+    >"$out" 2>&1
+  local rc=$?
+  if [ $rc -ne 1 ]; then
+    fail "desync at $n ranks: exit status $rc (expected 1; 124 is a hang)" "$out"
+    return
+  fi
+  local others="" r
+  for r in $(seq 0 $((n - 1))); do
+    [ "$r" -eq "$odd" ] && continue
+    others+="${others:+, }$r"
+  done
+  local ranks_word=ranks
+  [ $((n - 1)) -eq 1 ] && ranks_word=rank
+  local said=0
+  for r in $(seq 0 $((n - 1))); do
+    # Each call with its ranks, in the order of the lowest rank making it.
+    local line
+    line=$(grep -F "fault_job: rank $r: shardopt error on rank $r [SHARDOPT_ERR_DESYNC]:" "$out")
+    if grep -q "ranks disagree: collective #[0-9]* " <<<"$line" &&
+       grep -qF "allgather(count=3, dtype=f64) on $ranks_word $others" <<<"$line" &&
+       grep -qF "allreduce(count=3, dtype=f64, op=sum) on rank $odd" <<<"$line"; then
+      said=$((said + 1))
+    fi
+  done
+  if [ $said -ne "$n" ]; then
+    fail "desync at $n ranks: $said of $n ranks printed the DesyncError naming both calls" "$out"
+    return
+  fi
+  ok "desync at $n ranks (rank $odd calls allreduce, the others allgather): every rank says so, exit status 1"
+}
+
+desync_case 2 1
+desync_case 3 0
 
 echo "watchdog: $passed passed, $failed failed"
 [ $failed -eq 0 ]
