@@ -1,9 +1,11 @@
 #!/bin/sh
-# Builds the checkpoint header fuzzer (tests/fuzz/fuzz_header.cpp) with
-# clang's libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, and runs
-# it for a bounded time over a copy of the seed corpus.
+# Builds a fuzz target with clang's libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer, and runs it for a bounded time over a copy of
+# its seed corpus. Targets: header (the checkpoint header parser,
+# tests/fuzz/fuzz_header.cpp, the default) and env (the SHARDOPT_*
+# environment parser, tests/fuzz/fuzz_env.cpp).
 #
-#   tests/fuzz/run.sh SOURCE_ROOT BUILD_DIR [SECONDS] [LIBFUZZER_OPTION...]
+#   tests/fuzz/run.sh [--target header|env] SOURCE_ROOT BUILD_DIR [SECONDS] [LIBFUZZER_OPTION...]
 #
 # SOURCE_ROOT is the shardopt checkout, BUILD_DIR a directory of its own for
 # the binary, the working corpus and any crash reproducer (nothing is written
@@ -15,8 +17,21 @@
 # clang++ found).
 set -u
 
+target=header
+if [ "${1:-}" = --target ]; then
+  target=${2:-}
+  shift 2 || exit 2
+fi
+case $target in
+  header) max_len=8192 ;;
+  env) max_len=4096 ;;
+  *)
+    echo "$0: unknown target '$target' (header or env)" >&2
+    exit 2
+    ;;
+esac
 if [ $# -lt 2 ]; then
-  echo "usage: $0 SOURCE_ROOT BUILD_DIR [SECONDS] [LIBFUZZER_OPTION...]" >&2
+  echo "usage: $0 [--target header|env] SOURCE_ROOT BUILD_DIR [SECONDS] [LIBFUZZER_OPTION...]" >&2
   exit 2
 fi
 src=$(cd "$1" && pwd) || exit 2
@@ -81,9 +96,13 @@ fi
 dep_cflags=$(pkg-config --cflags nlohmann_json libxxhash 2>/dev/null)
 dep_libs=$(pkg-config --libs libxxhash 2>/dev/null || echo -lxxhash)
 
-sources="$src/tests/fuzz/fuzz_header.cpp $src/lib/ckpt/format.cpp $src/lib/common/error.cpp
-  $src/lib/common/log.cpp $src/lib/common/settings.cpp"
-bin="$out/fuzz_header"
+common="$src/lib/common/error.cpp $src/lib/common/log.cpp $src/lib/common/settings.cpp"
+if [ "$target" = header ]; then
+  sources="$src/tests/fuzz/fuzz_header.cpp $src/lib/ckpt/format.cpp $common"
+else
+  sources="$src/tests/fuzz/fuzz_env.cpp $common"
+fi
+bin="$out/fuzz_$target"
 # Rebuilt when any source or header of the library is newer than the binary.
 stale=1
 if [ -x "$bin" ] && [ -z "$(find "$src/lib" "$src/include" "$src/tests/fuzz" \
@@ -100,7 +119,7 @@ if [ "$stale" = 1 ]; then
     $sources -o "$bin.tmp" $mpi_libs $dep_libs >"$out/build.log" 2>&1
   then
     cat "$out/build.log" >&2
-    echo "fuzz-header: FAILED to build the fuzzer ($cxx)" >&2
+    echo "fuzz-$target: FAILED to build the fuzzer ($cxx)" >&2
     exit 1
   fi
   mv "$bin.tmp" "$bin"
@@ -109,12 +128,12 @@ fi
 # A fresh copy of the seeds: libFuzzer adds what it finds to the corpus.
 work="$out/corpus"
 rm -rf "$work" && mkdir -p "$work" "$out/artifacts" || exit 2
-cp "$src"/tests/fuzz/corpus/header/* "$work"/ || exit 2
+cp "$src/tests/fuzz/corpus/$target"/* "$work"/ || exit 2
 seeds=$(find "$work" -type f | wc -l)
 
 log="$out/fuzz.log"
 "$bin" -max_total_time="$seconds" -print_final_stats=1 -timeout=20 -rss_limit_mb=4096 \
-  -max_len=8192 -dict="$src/tests/fuzz/header.dict" -artifact_prefix="$out/artifacts/" \
+  -max_len=$max_len -dict="$src/tests/fuzz/$target.dict" -artifact_prefix="$out/artifacts/" \
   "$@" "$work" >"$log" 2>&1
 rc=$?
 # libFuzzer exits 77 on a crash by default, which meson would take for a
@@ -127,10 +146,10 @@ found=$(find "$work" -type f | wc -l)
 if [ "$rc" -ne 0 ]; then
   tail -n 60 "$log" >&2
   repro=$(find "$out/artifacts" -type f | head -n 1)
-  echo "fuzz-header: FAILED (libFuzzer exit $rc) after ${execs:-?} runs;" \
+  echo "fuzz-$target: FAILED (libFuzzer exit $rc) after ${execs:-?} runs;" \
     "reproducer: ${repro:-none saved} (replay: $bin FILE); log: $log"
   exit 1
 fi
-echo "fuzz-header: ok, ${execs:-?} runs in ${secs:-$seconds} s, coverage ${cov:-?} edges," \
+echo "fuzz-$target: ok, ${execs:-?} runs in ${secs:-$seconds} s, coverage ${cov:-?} edges," \
   "corpus $seeds seeds -> $found inputs, no crash ($log)"
 exit 0
