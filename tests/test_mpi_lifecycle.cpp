@@ -64,6 +64,30 @@ int main(int argc, char** argv) {
   const int n = comm->size();
   check(sum == n * (n + 1) / 2.0, "allreduce inside the Environment");
 
+  // An optimizer whose communicator the application frees under it: a clear
+  // error on every rank at the next step, not a crash or a hang.
+  std::vector<float> w(100, 1.0f), g(100, 0.5f);
+  const std::vector<shardopt::Param> params = {
+      {.name = "w", .data = w.data(), .numel = w.size(), .grad = g.data()}};
+  {
+    shardopt::Communicator own(MPI_COMM_WORLD);
+    shardopt::ZeroRedundancyOptimizer opt(own, params, shardopt::SGD{.lr = 0.1}, {.stage = 2});
+    opt.step();
+    own.free();
+    const std::string freed = "the communicator this optimizer was built on has been freed";
+    check(throws([&] { opt.step(); }, ErrorCode::invalid_state, "step(): " + freed),
+          "step() over a freed communicator is a clear error");
+    check(throws([&] { opt.check_sync(); }, ErrorCode::invalid_state, "check_sync(): " + freed),
+          "check_sync() over a freed communicator is a clear error");
+    check(throws([&] { opt.save("never-written.safetensors"); }, ErrorCode::invalid_state,
+                 "save(): " + freed),
+          "save() over a freed communicator is a clear error");
+  }
+  // An optimizer still alive when MPI is finalized.
+  std::optional<shardopt::ZeroRedundancyOptimizer> late;
+  late.emplace(*comm, params, shardopt::Adam{.lr = 0.1}, shardopt::ZeroOptions{.stage = 1});
+  late->step();
+
   env.reset();  // MPI_Finalize
   check(shardopt::mpi_is_finalized(), "the Environment finalized MPI");
   check(throws([&] { comm->allreduce(&x, &sum, 1, shardopt::DType::f64, shardopt::ReduceOp::sum); },
@@ -74,6 +98,10 @@ int main(int argc, char** argv) {
         "a Communicator after MPI_Finalize is a clear error");
   check(throws([] { shardopt::Environment again; }, ErrorCode::mpi_finalized, "MPI_Finalize"),
         "an Environment after MPI_Finalize is a clear error");
+  check(throws([&] { late->step(); }, ErrorCode::mpi_finalized, "after MPI_Finalize"),
+        "an optimizer step after MPI_Finalize is a clear error");
+  late.reset();  // must not call MPI, must not throw
+  check(true, "an optimizer destroyed after MPI_Finalize does not crash");
   comm.reset();  // must not call MPI, must not throw
   check(true, "a Communicator destroyed after MPI_Finalize does not crash");
 

@@ -227,6 +227,7 @@ std::function<const void*(const Segment&)> ZeroEngine::master_source(
 }
 
 void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
+  require_comm("save()");
   const std::size_t np = params_.size();
   std::vector<ckpt::WriteTensor> tensors;
   std::set<std::string> names;
@@ -278,6 +279,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
 }
 
 void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) {
+  require_comm("export_params()");
   const bool fp32 = o.fp32 || dtype_ == DType::f32;
   std::vector<ckpt::WriteTensor> tensors;
   for (const Param& p : params_)
@@ -294,6 +296,7 @@ void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) 
 }
 
 LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
+  require_comm("load()");
   if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
     agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
                    "pass the same LoadOptions on every rank");

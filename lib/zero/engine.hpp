@@ -183,6 +183,9 @@ class ZeroEngine {
   void update_custom(double mul);
   void gather_params();
   void update_scaler(bool finite);
+  // Throws StateError (on every rank alike: free() is collective) when the
+  // application has freed the communicator the optimizer was built on.
+  void require_comm(const char* what) const;
   // For the watchdog's message (SHARDOPT_TIMEOUT): "step N: what[, bucket
   // b of B]"; nothing is built when the watchdog is off.
   void watch(const char* what, std::size_t bucket = SIZE_MAX) const;

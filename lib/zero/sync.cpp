@@ -47,6 +47,7 @@ std::string by_value(const std::vector<T>& per_rank, Text text) {
 }  // namespace
 
 SyncReport ZeroEngine::check_sync() {
+  require_comm("check_sync()");
   const int nranks = ctl_.size();
   std::vector<std::int64_t> sums(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -110,6 +110,7 @@ void ZeroEngine::ensure_reduced() {
 }
 
 void ZeroEngine::reduce_gradients() {
+  require_comm("reduce_gradients()");
   if (opt_.stage < 2 && reduced_once_)
     throw_error(
         ErrorCode::invalid_state,
@@ -128,6 +129,7 @@ void ZeroEngine::reduce_gradients() {
 }
 
 double ZeroEngine::clip_grad_norm(double max_norm) {
+  require_comm("clip_grad_norm()");
   if (!(max_norm > 0.0) || !std::isfinite(max_norm))
     throw_error(ErrorCode::invalid_argument,
                 "clip_grad_norm: max_norm is " + std::to_string(max_norm),
@@ -153,6 +155,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 }
 
 StepInfo ZeroEngine::step() {
+  require_comm("step()");
   StepInfo info;
   const double t0 = MPI_Wtime();
   watch("step(): agreeing that every gradient was reduced");
@@ -227,6 +230,17 @@ void ZeroEngine::end_step() {
   open_ = true;
   clip_coef_ = 1.0;
   grad_norm_ = -1.0;
+}
+
+void ZeroEngine::require_comm(const char* what) const {
+  if (!comm_.is_freed()) return;
+  throw_error(ErrorCode::invalid_state,
+              std::string(what) +
+                  ": the communicator this optimizer was built on has been freed "
+                  "(Communicator::free() or MPI_Comm_free on its MPI communicator)",
+              "free the communicator only after the optimizer is destroyed, or build a new "
+              "optimizer on a live communicator (save() and load() carry its state over)",
+              __FILE__, __LINE__);
 }
 
 NonFinite ZeroEngine::non_finite_policy() const noexcept {
