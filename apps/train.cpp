@@ -815,13 +815,19 @@ bool output_is_terminal() {
   return t.starts_with("/dev/pts/") || t.starts_with("/dev/tty");
 }
 
-// Per-step times of one rank, summed over an interval of steps.
+// Per-step times of one rank, summed over an interval of steps, with the
+// communication StepInfo reports (exposed: blocked waiting for collectives;
+// span: the gradient reduction from its first reduce-scatter to its end).
 struct Times {
   double compute = 0.0;
   double reduce = 0.0;
   double update = 0.0;
   double gather = 0.0;
   double total = 0.0;
+  double exposed = 0.0;
+  double span = 0.0;
+  double reduce_bytes = 0.0;
+  double gather_bytes = 0.0;
 
   void add(const Times& t) {
     compute += t.compute;
@@ -829,15 +835,36 @@ struct Times {
     update += t.update;
     gather += t.gather;
     total += t.total;
+    exposed += t.exposed;
+    span += t.span;
+    reduce_bytes += t.reduce_bytes;
+    gather_bytes += t.gather_bytes;
   }
-  std::array<double, 5> array() const { return {compute, reduce, update, gather, total}; }
+  std::array<double, 9> array() const {
+    return {compute, reduce, update, gather, total, exposed, span, reduce_bytes, gather_bytes};
+  }
+  static Times from(const std::array<double, 9>& a) {
+    return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]};
+  }
+  Times per(double n) const {
+    std::array<double, 9> a = array();
+    for (double& v : a) v /= n;
+    return from(a);
+  }
+  // Bus bandwidth (1e9 B/s) of the reduction and the gather over N ranks.
+  double reduce_busbw(int n) const {
+    return span > 0 ? reduce_bytes * (n - 1) / n / span / 1e9 : 0.0;
+  }
+  double gather_busbw(int n) const {
+    return gather > 0 ? gather_bytes * (n - 1) / n / gather / 1e9 : 0.0;
+  }
 };
 
 // The slowest rank's sums of each phase (each phase's maximum on its own).
 Times slowest(const Times& local, MPI_Comm comm) {
-  std::array<double, 5> a = local.array();
+  std::array<double, 9> a = local.array();
   MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(a.size()), MPI_DOUBLE, MPI_MAX, comm);
-  return {a[0], a[1], a[2], a[3], a[4]};
+  return Times::from(a);
 }
 
 double mean_over_ranks(double v, MPI_Comm comm) {
@@ -1212,13 +1239,17 @@ void print_log(const RunContext& c, const LogLine& l) {
     std::printf(
         "{\"type\":\"step\",\"step\":%d,\"loss\":%s,\"lr\":%s,\"compute_ms\":%.4f,"
         "\"reduce_ms\":%.4f,\"update_ms\":%.4f,\"gather_ms\":%.4f,\"step_ms\":%.4f,"
-        "\"samples_per_s\":%.1f,\"loss_scale\":%s,\"grad_norm\":%s,\"skipped\":%d}\n",
+        "\"samples_per_s\":%.1f,\"loss_scale\":%s,\"grad_norm\":%s,\"skipped\":%d,"
+        "\"exposed_comm_ms\":%.4f,\"reduce_mb\":%.4f,\"gather_mb\":%.4f,"
+        "\"reduce_busbw_gbps\":%.4f,\"gather_busbw_gbps\":%.4f}\n",
         l.step, json_number(l.loss).c_str(), json_number(l.lr).c_str(), l.per_step.compute * 1e3,
         l.per_step.reduce * 1e3, l.per_step.update * 1e3, l.per_step.gather * 1e3,
         l.per_step.total * 1e3, l.samples_per_s, json_number(l.loss_scale).c_str(),
         l.grad_norm >= 0.0 || !std::isfinite(l.grad_norm) ? json_number(l.grad_norm).c_str()
                                                           : "null",
-        l.skipped);
+        l.skipped, l.per_step.exposed * 1e3, l.per_step.reduce_bytes / 1e6,
+        l.per_step.gather_bytes / 1e6, l.per_step.reduce_busbw(c.ranks),
+        l.per_step.gather_busbw(c.ranks));
     std::fflush(stdout);
     return;
   }
@@ -1234,6 +1265,12 @@ void print_log(const RunContext& c, const LogLine& l) {
   }
   if (l.skipped > 0) {
     std::snprintf(piece, sizeof piece, "  skipped %d", l.skipped);
+    extra += piece;
+  }
+  if (c.ranks > 1) {
+    std::snprintf(piece, sizeof piece, "  exposed %.3f ms, busbw %.2f/%.2f GB/s",
+                  l.per_step.exposed * 1e3, l.per_step.reduce_busbw(c.ranks),
+                  l.per_step.gather_busbw(c.ranks));
     extra += piece;
   }
   std::printf("%s  %6d %11.4e %9.2e %9.3f %9.3f %9.3f %9.3f %9.3f %10.0f%s\n",
@@ -1408,6 +1445,10 @@ int run(const RunContext& c) {
     t.reduce += info.reduce_seconds;
     t.update = info.update_seconds;
     t.gather = info.gather_seconds;
+    t.exposed = info.exposed_comm_seconds;
+    t.span = info.reduce_span_seconds;
+    t.reduce_bytes = static_cast<double>(info.reduce_bytes);
+    t.gather_bytes = static_cast<double>(info.gather_bytes);
 
     ++attempts;
     if (!info.applied) {
@@ -1441,9 +1482,7 @@ int run(const RunContext& c) {
       line.step = static_cast<int>(done);
       line.loss = mean_over_ranks(interval_loss / interval_steps, c.stats);
       line.lr = lr;
-      line.per_step = {worst.compute / interval_steps, worst.reduce / interval_steps,
-                       worst.update / interval_steps, worst.gather / interval_steps,
-                       worst.total / interval_steps};
+      line.per_step = worst.per(interval_steps);
       line.samples_per_s = worst.total > 0.0 ? global_batch * interval_steps / worst.total : 0.0;
       line.loss_scale = info.loss_scale;
       line.grad_norm = last_norm;

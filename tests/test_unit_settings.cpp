@@ -66,6 +66,9 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK(parse({{"SHARDOPT_CHECK_SYNC", "100"}}).check_sync == 100);
   CHECK(parse({}).timeout == 0.0);
   CHECK_FALSE(parse({}).desync_check);
+  CHECK(parse({}).stats_every == 100);
+  CHECK(parse({{"SHARDOPT_STATS_EVERY", "0"}}).stats_every == 0);
+  CHECK(parse({{"SHARDOPT_STATS_EVERY", "25"}}).stats_every == 25);
   CHECK(parse({{"SHARDOPT_DESYNC_CHECK", "1"}}).desync_check);
   CHECK_FALSE(parse({{"SHARDOPT_DESYNC_CHECK", "no"}}).desync_check);
   CHECK(parse({{"SHARDOPT_TIMEOUT", "600"}}).timeout == 600.0);
@@ -79,6 +82,7 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
   CHECK(rejects("SHARDOPT_HUGE_PAGES", "maybe", "1, 0"));
   CHECK(rejects("SHARDOPT_CHECK_ARGS", "2", "1, 0"));
   CHECK(rejects("SHARDOPT_DESYNC_CHECK", "always", "1, 0"));
+  CHECK(rejects("SHARDOPT_STATS_EVERY", "-5", "0 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "0", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "-5", "1 to 2147483647"));
   CHECK(rejects("SHARDOPT_COMM_MAX_CHUNK", "2147483648", "1 to 2147483647"));

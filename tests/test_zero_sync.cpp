@@ -3,7 +3,8 @@
 // on every rank (the parameter, the element, each rank's value) whatever
 // the rank; the automatic check (ZeroOptions::check_sync_every) throws
 // DesyncError on every rank at the first checked step after the copies
-// diverge, and not before; bad and disagreeing values of the option.
+// diverge, and not before; bad and disagreeing values of the option. And
+// the communication StepInfo reports: bytes, spans, bus bandwidths.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
@@ -163,5 +164,44 @@ TEST_CASE("check_sync_every: a bad value is an error", "[zero][sync]") {
                                       ZeroOptions{.check_sync_every = every});
         },
         ErrorCode::layout_mismatch, "check_sync_every")));
+  }
+}
+
+TEST_CASE("StepInfo: bytes moved, spans and bus bandwidths of each step", "[zero][stats]") {
+  // One bucket (bucket_mb large): its padded length is the total rounded
+  // up to a multiple of 16 N elements, which each collective moves whole.
+  const Layout& l = sync_layout();
+  const std::size_t n = static_cast<std::size_t>(world_size());
+  const std::size_t padded = (l.total() + 16 * n - 1) / (16 * n) * (16 * n);
+  for (int stage : {0, 1, 2}) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      INFO("stage " << stage << ", " << dtype_name(t));
+      Model m(l, t, false, false, 5);
+      ZeroRedundancyOptimizer opt(world(), m.params(), AdamW{.lr = 0.01},
+                                  ZeroOptions{.stage = stage, .bucket_mb = 64});
+      for (int s = 0; s < 2; ++s) {
+        for (std::size_t i = 0; i < l.size(); ++i)
+          fill_grad(m.grad_data(i), t, l.sizes[i], GradKind::random, 77, s, world_rank(), i, false);
+        const StepInfo info = opt.step();
+        const std::size_t es = dtype_size(t);
+        // Stage 2 reduces into the fp32 shard from 16-bit gradients in their
+        // own type; stages 0 and 1 reduce-scatter and allgather them.
+        const std::uint64_t reduce = padded * es * (stage < 2 ? 2 : 1);
+        const std::uint64_t gather = stage > 0 ? padded * es : 0;
+        CHECK(info.reduce_bytes == reduce);
+        CHECK(info.gather_bytes == gather);
+        CHECK(info.reduce_span_seconds > 0.0);
+        CHECK(info.exposed_comm_seconds >= 0.0);
+        CHECK(info.exposed_comm_seconds <=
+              info.reduce_seconds + info.gather_seconds + info.update_seconds);
+        const double share = double(n - 1) / double(n);
+        CHECK(info.reduce_busbw_gbps ==
+              Approx(double(reduce) * share / info.reduce_span_seconds / 1e9));
+        if (stage > 0 && info.gather_seconds > 0)
+          CHECK(info.gather_busbw_gbps ==
+                Approx(double(gather) * share / info.gather_seconds / 1e9));
+        if (n == 1) CHECK(info.reduce_busbw_gbps == 0.0);
+      }
+    }
   }
 }

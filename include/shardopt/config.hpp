@@ -30,6 +30,7 @@ struct Settings {
   int check_sync = 0;                       // SHARDOPT_CHECK_SYNC (0: never)
   double timeout = 0.0;                     // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
   bool desync_check = false;                // SHARDOPT_DESYNC_CHECK
+  int stats_every = 100;                    // SHARDOPT_STATS_EVERY (0: never)
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -162,6 +162,21 @@ struct StepInfo {
   double reduce_seconds = 0.0;
   double update_seconds = 0.0;
   double gather_seconds = 0.0;
+  // The communication of this step on this rank, since the previous step()
+  // (reductions started by grad_ready during the backward pass included).
+  // Bytes: each collective's whole buffer, as nccl-tests counts them; the
+  // reduction is the gradients' reduce-scatters (and, at stages 0 and 1,
+  // their allgather), the gather the parameters' allgather. reduce_span:
+  // from the first reduce-scatter's start to the reduction's end. exposed:
+  // the time blocked waiting for these collectives, which no computation
+  // hid. Bus bandwidth: bytes x (N-1)/N / time (the span, or
+  // gather_seconds), in 1e9 bytes/s; 0 when nothing moved.
+  std::uint64_t reduce_bytes = 0;
+  std::uint64_t gather_bytes = 0;
+  double reduce_span_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;
+  double reduce_busbw_gbps = 0.0;
+  double gather_busbw_gbps = 0.0;
 };
 
 // What check_sync() found; the same on every rank.

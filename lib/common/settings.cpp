@@ -160,6 +160,20 @@ const VarSpec kVars[] = {
        s.desync_check = *b;
        return true;
      }},
+    {"SHARDOPT_STATS_EVERY", "100", "an integer from 0 to 2147483647",
+     "At SHARDOPT_DEBUG=INFO, every N optimizer steps each rank logs the mean time of each "
+     "phase of its last N steps (reduce, update, gather, exposed communication), the bytes "
+     "moved and the achieved bus bandwidths. 0: never.",
+     [](Settings& s, const std::string& v) {
+       if (v == "0") {
+         s.stats_every = 0;
+         return true;
+       }
+       const auto n = parse_count(v, INT_MAX);
+       if (!n) return false;
+       s.stats_every = static_cast<int>(*n);
+       return true;
+     }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "

@@ -201,6 +201,8 @@ void ZeroEngine::launch(std::size_t bi) {
   const Bucket& b = buckets_[bi];
   const std::size_t pc = piece(b);
   const std::size_t rsize = dtype_size(reduce_type_);
+  if (comm_stats_.first_launch < 0) comm_stats_.first_launch = MPI_Wtime();
+  comm_stats_.reduce_bytes += pc * std::size_t(nranks_) * rsize;
   Flight f;
   f.bucket = bi;
   if (opt_.stage < 2) {
@@ -257,7 +259,9 @@ void ZeroEngine::watch(const char* what, std::size_t bucket) const {
 
 void ZeroEngine::complete(Flight& f) {
   watch("the reduce-scatter of the gradients", f.bucket);
+  const double t0 = MPI_Wtime();
   f.request.wait();
+  comm_stats_.waited += MPI_Wtime() - t0;
   const Bucket& b = buckets_[f.bucket];
   const std::size_t pc = piece(b);
   if (opt_.stage < 2 && f.pool >= 0) {
@@ -324,6 +328,7 @@ void ZeroEngine::finish_reduction() {
   launch_ready_buckets();
   drain();
   if (opt_.stage < 2) allgather_grads();
+  comm_stats_.reduce_end = MPI_Wtime();
   clear_marks();
   ++micro_batches_;
   reduced_once_ = true;
@@ -335,23 +340,24 @@ void ZeroEngine::finish_reduction() {
 void ZeroEngine::allgather_grads() {
   if (reduced_.size() > 0) {
     const std::size_t rsize = dtype_size(reduce_type_);
-    allgather_buckets(reduce_type_, grads_of(),
+    allgather_buckets(reduce_type_, comm_stats_.reduce_bytes, grads_of(),
                       [&](const Bucket& b) { return reduced_.as<std::byte>() + b.begin * rsize; });
   } else {
-    allgather_buckets(dtype_, grads_of(),
+    allgather_buckets(dtype_, comm_stats_.reduce_bytes, grads_of(),
                       [](const Bucket& b) { return const_cast<std::byte*>(b.grad_base); });
   }
 }
 
 // Stages 1 and 2: every rank's updated pieces into every rank's parameters.
 void ZeroEngine::gather_params() {
-  allgather_buckets(dtype_, params_of(), [](const Bucket& b) { return b.param_base; });
+  allgather_buckets(dtype_, comm_stats_.gather_bytes, params_of(),
+                    [](const Bucket& b) { return b.param_base; });
 }
 
 // Bucket by bucket, in ascending order: an in-place allgather on `direct(b)`
 // where that is not null, else through a pool buffer (this rank's piece
 // copied in from `user`, the others' copied out to it), two in flight.
-void ZeroEngine::allgather_buckets(DType type, const UserPtr& user,
+void ZeroEngine::allgather_buckets(DType type, std::uint64_t& bytes, const UserPtr& user,
                                    const std::function<std::byte*(const Bucket&)>& direct) {
   struct Gather {
     std::size_t bucket;
@@ -362,7 +368,9 @@ void ZeroEngine::allgather_buckets(DType type, const UserPtr& user,
   const std::size_t size = dtype_size(type);
   const auto finish = [&](Gather& g) {
     watch("the allgather of the parameters", g.bucket);
+    const double t0 = MPI_Wtime();
     g.request.wait();
+    comm_stats_.waited += MPI_Wtime() - t0;
     if (g.pool < 0) return;
     const Bucket& b = buckets_[g.bucket];
     from_bucket(b, b.begin, b.begin + b.len, user, pool_[std::size_t(g.pool)].as<std::byte>());
@@ -388,6 +396,7 @@ void ZeroEngine::allgather_buckets(DType type, const UserPtr& user,
       const std::size_t lo = b.begin + std::size_t(rank_) * pc;
       to_bucket(b, lo, std::min(lo + pc, b.begin + b.len), user, base);
     }
+    bytes += pc * std::size_t(nranks_) * size;
     g.request = comm_.iallgather(base + std::size_t(rank_) * pc * size, base, pc, type);
     open.push_back(std::move(g));
   }

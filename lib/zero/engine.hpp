@@ -157,7 +157,7 @@ class ZeroEngine {
                  std::byte* buf) const;
   void from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
                    const std::byte* buf) const;
-  void allgather_buckets(DType type, const UserPtr& user,
+  void allgather_buckets(DType type, std::uint64_t& bytes, const UserPtr& user,
                          const std::function<std::byte*(const Bucket&)>& direct);
 
   // Update. A run: consecutive elements of one group whose buffers
@@ -258,6 +258,19 @@ class ZeroEngine {
   std::int64_t steps_ = 0;
   int check_sync_every_ = 0;  // resolved ZeroOptions::check_sync_every; 0: never
   std::int64_t skipped_ = 0;  // steps skipped for non-finite gradients
+  // Communication since the last step (StepInfo), and the SHARDOPT_DEBUG=INFO
+  // summary every SHARDOPT_STATS_EVERY steps.
+  struct CommStats {
+    std::uint64_t reduce_bytes = 0, gather_bytes = 0;
+    double first_launch = -1.0, reduce_end = -1.0, waited = 0.0;
+  } comm_stats_;
+  struct Window {
+    int steps = 0;
+    double reduce = 0, update = 0, gather = 0, exposed = 0, span = 0;
+    std::uint64_t reduce_bytes = 0, gather_bytes = 0;
+  } window_;
+  void fill_comm(StepInfo& info) const;
+  void log_window(const StepInfo& info);
   double scale_ = 1.0;
   int good_steps_ = 0;
   int hysteresis_left_ = 1;

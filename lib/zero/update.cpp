@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -187,7 +188,9 @@ StepInfo ZeroEngine::step() {
     info.step = steps_;
     info.reduce_seconds = t1 - t0;
     info.update_seconds = MPI_Wtime() - t1;
+    fill_comm(info);
     end_step();
+    log_window(info);
     return info;
   }
   mul *= clip_coef_;
@@ -206,7 +209,9 @@ StepInfo ZeroEngine::step() {
   info.reduce_seconds = t1 - t0;
   info.update_seconds = t2 - t1;
   info.gather_seconds = t3 - t2;
+  fill_comm(info);
   end_step();
+  log_window(info);
   if (check_sync_every_ > 0 && steps_ % check_sync_every_ == 0) {
     const SyncReport r = check_sync();
     if (r.in_sync)
@@ -224,7 +229,52 @@ StepInfo ZeroEngine::step() {
   return info;
 }
 
+void ZeroEngine::fill_comm(StepInfo& info) const {
+  const CommStats& c = comm_stats_;
+  const double share = nranks_ > 1 ? double(nranks_ - 1) / nranks_ : 0.0;
+  info.reduce_bytes = c.reduce_bytes;
+  info.gather_bytes = c.gather_bytes;
+  info.exposed_comm_seconds = c.waited;
+  if (c.first_launch >= 0 && c.reduce_end >= c.first_launch)
+    info.reduce_span_seconds = c.reduce_end - c.first_launch;
+  if (info.reduce_span_seconds > 0)
+    info.reduce_busbw_gbps = double(c.reduce_bytes) * share / info.reduce_span_seconds / 1e9;
+  if (info.gather_seconds > 0)
+    info.gather_busbw_gbps = double(c.gather_bytes) * share / info.gather_seconds / 1e9;
+}
+
+void ZeroEngine::log_window(const StepInfo& info) {
+  const int every = settings().stats_every;
+  if (every <= 0 || !log_enabled(LogLevel::info)) return;
+  Window& w = window_;
+  ++w.steps;
+  w.reduce += info.reduce_seconds;
+  w.update += info.update_seconds;
+  w.gather += info.gather_seconds;
+  w.exposed += info.exposed_comm_seconds;
+  w.span += info.reduce_span_seconds;
+  w.reduce_bytes += info.reduce_bytes;
+  w.gather_bytes += info.gather_bytes;
+  if (w.steps < every) return;
+  const double n = w.steps, share = nranks_ > 1 ? double(nranks_ - 1) / nranks_ : 0.0;
+  const auto gbps = [&](std::uint64_t bytes, double s) {
+    return s > 0 ? double(bytes) * share / s / 1e9 : 0.0;
+  };
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "step %lld: mean of the last %d steps (ms): reduce %.3f (span %.3f, %.2f MB, "
+                "busbw %.2f GB/s), update %.3f, gather %.3f (%.2f MB, busbw %.2f GB/s), "
+                "exposed communication %.3f",
+                static_cast<long long>(steps_), w.steps, w.reduce / n * 1e3, w.span / n * 1e3,
+                double(w.reduce_bytes) / n / 1e6, gbps(w.reduce_bytes, w.span), w.update / n * 1e3,
+                w.gather / n * 1e3, double(w.gather_bytes) / n / 1e6,
+                gbps(w.gather_bytes, w.gather), w.exposed / n * 1e3);
+  SHARDOPT_LOG(info, line);
+  w = Window{};
+}
+
 void ZeroEngine::end_step() {
+  comm_stats_ = CommStats{};
   micro_batches_ = 0;
   reduced_once_ = false;
   open_ = true;

@@ -41,6 +41,7 @@ expect_rejected SHARDOPT_BUCKET_MB 25MB "a number of MiB > 0"
 expect_rejected SHARDOPT_CHECK_SYNC -1 "0 to 2147483647"
 expect_rejected SHARDOPT_TIMEOUT 10s "a number of seconds >= 0"
 expect_rejected SHARDOPT_DESYNC_CHECK maybe "1, 0"
+expect_rejected SHARDOPT_STATS_EVERY often "0 to 2147483647"
 
 # And a good value runs.
 if out=$(SHARDOPT_DEBUG=INFO timeout 60 "$mpiexec" -n $ranks --oversubscribe "$program" -b 1K -e 1K 2>&1) &&

@@ -177,16 +177,23 @@ else
 fi
 
 # SHARDOPT_CHECK_SYNC=10: the parameters are checked after steps 10 and 20
-# on every rank, found identical, and the run ends as usual.
-out=$(SHARDOPT_CHECK_SYNC=10 SHARDOPT_DEBUG=INFO timeout 60 "$mpiexec" -n 3 --oversubscribe \
-        "$program" "${small[@]}" --steps 20 2>&1)
+# on every rank, found identical, and the run ends as usual. And
+# SHARDOPT_STATS_EVERY=10 at SHARDOPT_DEBUG=INFO: each rank logs its phase
+# times, bytes and bus bandwidths after steps 10 and 20 (3 ranks, stage 1:
+# the reduction moves the gradients twice, 2 x 71,172 x 4 bytes and
+# padding; the gather once).
+out=$(SHARDOPT_CHECK_SYNC=10 SHARDOPT_STATS_EVERY=10 SHARDOPT_DEBUG=INFO timeout 60 \
+        "$mpiexec" -n 3 --oversubscribe "$program" "${small[@]}" -s 1 --steps 20 2>&1)
 rc=$?
 checks=$(grep -c "check_sync after step [12]0: the 6 parameters are identical on every rank" \
            <<<"$out")
-if [ $rc -eq 0 ] && [ "$checks" -eq 6 ]; then
-  passed=$((passed + 1)); echo "ok: SHARDOPT_CHECK_SYNC=10 checks steps 10 and 20 on 3 ranks"
+stats=$(grep -cE "step [12]0: mean of the last 10 steps \(ms\): reduce [0-9.]+ \(span [0-9.]+, 0\.57 MB, busbw [0-9.]+ GB/s\), update [0-9.]+, gather [0-9.]+ \(0\.28 MB, busbw [0-9.]+ GB/s\), exposed communication [0-9.]+" <<<"$out")
+if [ $rc -eq 0 ] && [ "$checks" -eq 6 ] && [ "$stats" -eq 6 ]; then
+  passed=$((passed + 1))
+  echo "ok: SHARDOPT_CHECK_SYNC=10 and SHARDOPT_STATS_EVERY=10 log steps 10 and 20 on 3 ranks"
 else
-  fail "SHARDOPT_CHECK_SYNC=10: exit code $rc, $checks of 6 check lines" "$out"
+  fail "SHARDOPT_CHECK_SYNC/STATS_EVERY=10: exit code $rc, $checks of 6 check lines, $stats of 6 \
+stats lines" "$out"
 fi
 
 echo "train: $passed passed, $failed failed"
