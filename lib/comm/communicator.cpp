@@ -435,9 +435,7 @@ void check_arguments(Backend& b, bool agree, Signature sig, Checks checks) {
       other_op = other_op || s.kind != calls[0].first.kind || s.seq != calls[0].first.seq;
       list += list.empty() ? "" : " but ";
       list += "collective #" + std::to_string(s.seq) + " " + describe(s) + " on " +
-              (ranks.size() == 1 ? "rank " : "ranks ");
-      for (std::size_t k = 0; k < ranks.size(); ++k)
-        list += (k ? ", " : "") + std::to_string(ranks[k]);
+              detail::ranks_list(ranks);
     }
     detail::throw_error(
         other_op ? ErrorCode::desync : ErrorCode::invalid_argument,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "shardopt/error.hpp"
 
@@ -21,6 +22,9 @@ std::string mpi_error_string(int rc);
 
 // This process's rank in MPI_COMM_WORLD, or -1 when MPI is not running.
 int world_rank() noexcept;
+
+// "rank 3" or "ranks 0, 2", for messages that name ranks.
+std::string ranks_list(const std::vector<int>& ranks);
 
 }  // namespace shardopt::detail
 

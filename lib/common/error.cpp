@@ -102,6 +102,15 @@ int world_rank() noexcept {
   return r;
 }
 
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    if (k > 0) s += ", ";
+    s += std::to_string(ranks[k]);
+  }
+  return s;
+}
+
 void throw_error(ErrorCode code, std::string message, std::string hint, const char* file,
                  int line) {
   const int rank = world_rank();

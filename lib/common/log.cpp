@@ -11,17 +11,17 @@
 
 namespace shardopt::detail {
 
-namespace {
-
-std::mutex g_log_mutex;
-std::FILE* g_log_file = nullptr;
-bool g_log_file_tried = false;
-
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
   return buf;
 }
+
+namespace {
+
+std::mutex g_log_mutex;
+std::FILE* g_log_file = nullptr;
+bool g_log_file_tried = false;
 
 // Expands %h, %p and %r in a SHARDOPT_DEBUG_FILE path.
 std::string expand_path(const std::string& pattern) {

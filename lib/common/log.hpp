@@ -19,6 +19,9 @@ inline bool log_enabled(LogLevel level) noexcept {
   if (enabled < 0) enabled = read_log_level();
   return static_cast<int>(level) <= enabled;
 }
+// This machine's host name, "unknown" if it cannot be read.
+std::string host_name();
+
 // Writes one line "host:pid:tid [rank] SHARDOPT LEVEL message". Never throws.
 void log_message(LogLevel level, const std::string& message) noexcept;
 

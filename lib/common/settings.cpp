@@ -49,6 +49,25 @@ std::optional<unsigned long long> parse_count(const std::string& v, unsigned lon
   return n;
 }
 
+// parse_count, or "0" (which turns a periodic action off), as an int.
+std::optional<int> parse_period(const std::string& v) {
+  if (v == "0") return 0;
+  const auto n = parse_count(v, INT_MAX);
+  if (!n) return std::nullopt;
+  return static_cast<int>(*n);
+}
+
+// A decimal number in [lo, hi] (lo itself only when lo_open is false), with
+// nothing after it.
+std::optional<double> parse_number(const std::string& v, double lo, bool lo_open, double hi) {
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v.c_str(), &end);
+  if (errno != 0 || end == v.c_str() || *end != '\0') return std::nullopt;
+  if (!(lo_open ? x > lo : x >= lo) || x > hi) return std::nullopt;  // NaN fails here too
+  return x;
+}
+
 const VarSpec kVars[] = {
     {"SHARDOPT_DEBUG", "WARN", "NONE, WARN, INFO, TRACE (any case)",
      "How much the library logs: NONE nothing, WARN problems, INFO also setup and per-phase "
@@ -126,12 +145,9 @@ const VarSpec kVars[] = {
      "ZeroOptions::bucket_mb is 0: larger buckets mean fewer, larger messages; smaller ones "
      "start the reduction sooner in the backward pass and need less scratch memory.",
      [](Settings& s, const std::string& v) {
-       char* end = nullptr;
-       errno = 0;
-       const double mb = std::strtod(v.c_str(), &end);
-       if (errno != 0 || end == v.c_str() || *end != '\0' || !(mb > 0.0) || mb > 65536.0)
-         return false;
-       s.bucket_mb = mb;
+       const auto mb = parse_number(v, 0.0, true, 65536.0);
+       if (!mb) return false;
+       s.bucket_mb = *mb;
        return true;
      }},
     {"SHARDOPT_TIMEOUT", "0", "a number of seconds >= 0 and <= 604800, e.g. 600 or 0.5",
@@ -140,12 +156,9 @@ const VarSpec kVars[] = {
      "bucket, and end the process with exit status 86, which ends the job under mpirun (and "
      "srun --kill-on-bad-exit) instead of letting it hang until the time limit. 0: off.",
      [](Settings& s, const std::string& v) {
-       char* end = nullptr;
-       errno = 0;
-       const double t = std::strtod(v.c_str(), &end);
-       if (errno != 0 || end == v.c_str() || *end != '\0' || !(t >= 0.0) || t > 604800.0)
-         return false;
-       s.timeout = t;
+       const auto t = parse_number(v, 0.0, false, 604800.0);
+       if (!t) return false;
+       s.timeout = *t;
        return true;
      }},
     {"SHARDOPT_DESYNC_CHECK", "0", "1, 0 (also true/false, yes/no, on/off)",
@@ -165,13 +178,9 @@ const VarSpec kVars[] = {
      "phase of its last N steps (reduce, update, gather, exposed communication), the bytes "
      "moved and the achieved bus bandwidths. 0: never.",
      [](Settings& s, const std::string& v) {
-       if (v == "0") {
-         s.stats_every = 0;
-         return true;
-       }
-       const auto n = parse_count(v, INT_MAX);
+       const auto n = parse_period(v);
        if (!n) return false;
-       s.stats_every = static_cast<int>(*n);
+       s.stats_every = *n;
        return true;
      }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
@@ -180,13 +189,9 @@ const VarSpec kVars[] = {
      "rank with an error naming the first parameter and element that differ. 0: never. "
      "ZeroOptions::check_sync_every overrides it.",
      [](Settings& s, const std::string& v) {
-       if (v == "0") {
-         s.check_sync = 0;
-         return true;
-       }
-       const auto n = parse_count(v, INT_MAX);
+       const auto n = parse_period(v);
        if (!n) return false;
-       s.check_sync = static_cast<int>(*n);
+       s.check_sync = *n;
        return true;
      }},
 };

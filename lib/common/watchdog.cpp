@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/log.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/status.h"
 
@@ -49,14 +50,8 @@ double timeout_seconds() noexcept {
   }
 }
 
-std::string host() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
 [[noreturn]] void fire(State& s, double timeout, double waited) {
-  const std::string h = host();
+  const std::string h = host_name();
   std::fprintf(stderr,
                "shardopt watchdog on rank %d (host %s, pid %ld) [SHARDOPT_ERR_TIMEOUT]: %s of "
                "%zu %s over %d rank(s) has not completed after %.1f s (SHARDOPT_TIMEOUT=%g); "

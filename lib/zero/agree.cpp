@@ -23,15 +23,6 @@ std::vector<std::string> lines(const std::string& s) {
 
 }  // namespace
 
-std::string ranks_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t k = 0; k < ranks.size(); ++k) {
-    if (k > 0) s += ", ";
-    s += std::to_string(ranks[k]);
-  }
-  return s;
-}
-
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& s) {
   const std::size_t n = static_cast<std::size_t>(comm.size());
   std::vector<std::int32_t> mine(kRecordBytes / 4, 0);

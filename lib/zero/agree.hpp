@@ -19,9 +19,6 @@ namespace shardopt::detail {
 void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCode code,
                     const char* hint);
 
-// "rank 3" or "ranks 0, 2".
-std::string ranks_list(const std::vector<int>& ranks);
-
 // A 64-bit hash of s (FNV-1a), as a signed value for the i64 collectives.
 std::int64_t fingerprint(const std::string& s);
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/check.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
 #include "zero/engine.hpp"
