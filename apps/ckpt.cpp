@@ -518,7 +518,8 @@ void print_info_text(const ck::Reader& r) {
                                     kKeyChunkBytes,    kKeyStep,       kKeyOptimizer,  kKeyGroups,
                                     kKeyParams,        kKeyStates,     kKeyStage,      kKeyRanks,
                                     kKeyDtype,         kKeyRemainders, kKeyFingerprint};
-      if (std::any_of(std::begin(shown), std::end(shown), [&](const char* s) { return k == s; }))
+      if (std::any_of(std::begin(shown), std::end(shown),
+                      [&key = k](const char* s) { return key == s; }))
         continue;
     }
     std::string value = v.size() > 200 ? v.substr(0, 200) + "..." : v;

@@ -324,10 +324,10 @@ TEST_CASE("a checkpoint holds the canonical tensors; an export the parameters", 
         rd.read({{static_cast<std::size_t>(ti - h.tensors.data()), 0, ti->bytes(), got.data()}});
         if (fp32) {
           std::vector<float> v(l.sizes[i]);
-          std::memcpy(v.data(), got.data(), got.size());
+          if (!got.empty()) std::memcpy(v.data(), got.data(), got.size());
           const std::string d = compare_floats(v, opt.gather_state("master", i), Tolerance{});
           if (!d.empty()) fail(std::string(f) + " " + l.names[i] + ": " + d);
-        } else if (std::memcmp(got.data(), m.param_data(i), got.size()) != 0) {
+        } else if (!got.empty() && std::memcmp(got.data(), m.param_data(i), got.size()) != 0) {
           fail(std::string(f) + " " + l.names[i] + ": not the parameter buffer");
         }
       }

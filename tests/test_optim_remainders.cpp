@@ -295,7 +295,7 @@ void kernel_step(const std::string& opt, bool cpu, KernelState& k, const Grads& 
 TEST_CASE("CPU kernels with remainders equal the reference kernels bitwise",
           "[optim][remainders]") {
   for (const char* opt : {"Adam", "SGD", "Adagrad", "RMSprop", "Lion", "Lamb"}) {
-    for (std::size_t n : {std::size_t{7}, std::size_t{65537}, (std::size_t{1} << 20) + 3}) {
+    for (std::size_t n : {std::size_t{7}, std::size_t{65537}, big_size()}) {
       for (DType gt : {DType::bf16, DType::f16}) {
         INFO(opt << " n " << n << " grads " << dtype_name(gt));
         const std::vector<float> master = uniform(n, 21 + n, -1, 1);

@@ -63,8 +63,8 @@ bool finite_everywhere(const void* g, DType t, std::size_t n, float mul) {
 
 TEST_CASE("Finiteness check: a non-finite gradient anywhere, in every type and size",
           "[optim][finite]") {
-  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537},
-                        (std::size_t{1} << 20) + 3}) {
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537}, big_size()}) {
     Grads g(uniform(n, n, -1, 1));
     for (DType t : kGradTypes) {
       INFO("n " << n << " type " << dtype_name(t));

@@ -6,16 +6,20 @@
 // rank passed it; nothing hangs. Differences need two ranks: at one rank
 // those cases say so (WARN) and are skipped.
 #include <mpi.h>
+#include <sys/mman.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/device.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/zero.hpp"
 #include "zero_helpers.hpp"
@@ -220,6 +224,18 @@ TEST_CASE("ZeRO: any layout difference between ranks is a layout_mismatch on eve
        {"param_remainders"},
        [](Inputs& in) { in.options.param_remainders = true; },
        [](Inputs& in) { in.dtype = DType::bf16; }},
+      {"check_sync_every on one rank",
+       {"check_sync_every"},
+       [](Inputs& in) { in.options.check_sync_every = 5; },
+       {}},
+      {"a different non_finite policy",
+       {"non_finite"},
+       [](Inputs& in) { in.options.non_finite = NonFinite::error; },
+       {}},
+      {"stream_grads on one rank",
+       {"stream_grads"},
+       [](Inputs& in) { in.options.stream_grads = true; },
+       [](Inputs& in) { in.options.stage = 2; }},  // stream_grads is stage 2 only
       {"a loss scaler on one rank",
        {"loss_scaler"},
        [](Inputs& in) { in.options.loss_scaler = LossScaler{}; },
@@ -524,6 +540,81 @@ TEST_CASE("ZeRO: a bad argument on one rank only is an error on every rank",
     if (me) p[1].grad = grads.data();
     check_caught(construct(p, adam), {ErrorCode::invalid_argument}, {"a", "b"}, true);
   }
+}
+
+// The host side of the wrong-device check (the device side is in the gpu
+// suite, tests/gpu/test_gpu_memory.cu): every kind of host memory a program
+// hands over is located as host memory and accepted, and the step is right.
+TEST_CASE("ZeRO: parameters and gradients in any host memory are accepted",
+          "[zero][errors][device]") {
+  constexpr std::size_t n = 1000;
+  static float static_data[n], static_grad[n];
+  float stack_data[n], stack_grad[n];
+  std::vector<float> heap_data(n), heap_grad(n);
+  const std::size_t map_bytes = 2 * n * sizeof(float);
+  void* mapped =
+      mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  float* map_data = static_cast<float*>(mapped);
+  float* map_grad = map_data + n;
+  // Each parameter's data and gradient in a different kind of memory.
+  const std::vector<std::pair<float*, float*>> buffers = {{static_data, map_grad},
+                                                          {stack_data, heap_grad.data()},
+                                                          {heap_data.data(), static_grad},
+                                                          {map_data, stack_grad}};
+  std::vector<Param> params;
+  std::vector<std::vector<double>> want;
+  std::mt19937 rng(test_seed());
+  std::uniform_int_distribution<int> k(-64, 64);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    auto [data, grad] = buffers[i];
+    CHECK(detail::locate(data).kind == detail::MemoryKind::host);
+    CHECK(detail::locate(grad).kind == detail::MemoryKind::host);
+    std::vector<double> w(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      // Quarters: the gradient's mean over the ranks is exact.
+      data[j] = static_cast<float>(k(rng)) * 0.25f;
+      grad[j] = static_cast<float>(k(rng)) * 0.25f;
+      w[j] = double(data[j]) - 0.5 * double(grad[j]);
+    }
+    want.push_back(std::move(w));
+    params.push_back(Param{.name = "p" + std::to_string(i),
+                           .data = data,
+                           .numel = n,
+                           .dtype = DType::f32,
+                           .grad = grad,
+                           .group = 0});
+  }
+  const std::vector<std::vector<float>> start = [&] {
+    std::vector<std::vector<float>> v;
+    for (const auto& [data, grad] : buffers) {
+      v.emplace_back(data, data + n);
+      v.emplace_back(grad, grad + n);
+    }
+    return v;
+  }();
+  for (int stage : {0, 1, 2}) {
+    INFO("stage " << stage);
+    for (std::size_t i = 0; i < buffers.size(); ++i) {  // the step may clear gradients
+      std::copy(start[2 * i].begin(), start[2 * i].end(), buffers[i].first);
+      std::copy(start[2 * i + 1].begin(), start[2 * i + 1].end(), buffers[i].second);
+    }
+    ZeroOptions options;
+    options.stage = stage;
+    std::unique_ptr<ZeroRedundancyOptimizer> opt;
+    const bool made = no_throw([&] {
+      opt = std::make_unique<ZeroRedundancyOptimizer>(
+          world(), params, std::vector<OptimizerConfig>{SGD{.lr = 0.5}}, options);
+    });
+    REQUIRE(all_ranks_true(made));
+    opt->step();
+    double worst = 0;
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        worst = std::max(worst, std::abs(double(buffers[i].first[j]) - want[i][j]));
+    CHECK(worst == 0.0);
+  }
+  munmap(mapped, map_bytes);
 }
 
 namespace {

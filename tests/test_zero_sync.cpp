@@ -34,9 +34,9 @@ bool same_everywhere(const SyncReport& r) {
   const std::string text = std::to_string(r.in_sync) + "|" + r.param + "|" +
                            std::to_string(r.index) + "|" + std::to_string(r.element) + "|" +
                            r.message;
-  std::int64_t h = 0;
+  std::uint64_t h = 0;
   for (char c : text) h = h * 131 + static_cast<unsigned char>(c);
-  std::int64_t lo = h, hi = h;
+  std::int64_t lo = static_cast<std::int64_t>(h), hi = lo;
   world().allreduce(&lo, &lo, 1, DType::i64, ReduceOp::min);
   world().allreduce(&hi, &hi, 1, DType::i64, ReduceOp::max);
   return lo == hi;

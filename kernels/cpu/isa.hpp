@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "shardopt/config.hpp"
 
@@ -15,14 +18,22 @@ enum class Isa { baseline, avx2, avx512 };
 static_assert(static_cast<int>(Isa::avx512) == static_cast<int>(CpuIsa::avx512) &&
               static_cast<int>(Isa::avx2) == static_cast<int>(CpuIsa::avx2));
 
+#if defined(__x86_64__)
+// F16C (half-float conversions), from CPUID leaf 1: not every compiler's
+// __builtin_cpu_supports knows its name.
+inline bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 inline Isa detect_isa() {
   __builtin_cpu_init();
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
     return Isa::avx2;
 #endif
   return Isa::baseline;

@@ -61,6 +61,11 @@ const char* memory_kind_name(MemoryKind kind) noexcept {
   return "unknown memory";
 }
 
+std::string location_name(const MemoryLocation& where) {
+  return std::string(memory_kind_name(where.kind)) +
+         (where.device >= 0 ? " (device " + std::to_string(where.device) + ")" : "");
+}
+
 int cuda_runtime_version() noexcept {
 #if SHARDOPT_HAVE_CUDA
   int v = 0;

@@ -1,6 +1,8 @@
 // shardopt internal: where a buffer lives (host or which CUDA device).
 #pragma once
 
+#include <string>
+
 namespace shardopt::detail {
 
 enum class MemoryKind { host, device, managed };
@@ -18,8 +20,11 @@ int cuda_device_count() noexcept;
 // on a machine without CUDA devices.
 MemoryLocation locate(const void* p) noexcept;
 
-// "host", "CUDA device 0", "CUDA managed memory (device 0)".
+// "host memory", "CUDA device memory", "CUDA managed memory".
 const char* memory_kind_name(MemoryKind kind) noexcept;
+
+// The kind and device: "host memory", "CUDA device memory (device 1)".
+std::string location_name(const MemoryLocation& where);
 
 int cuda_runtime_version() noexcept;
 int nccl_version() noexcept;

@@ -174,15 +174,28 @@ void throw_mpi_error(int rc, const char* call, const std::string& what, const ch
 }  // namespace detail
 }  // namespace shardopt
 
+namespace {
+
+// The caller's status as an int, read from its bytes: C code may pass any
+// int, which C++ may not read as the enum.
+int status_value(const shardopt_status_t& status) {
+  int v = 0;
+  static_assert(sizeof v == sizeof status);
+  std::memcpy(&v, &status, sizeof v);
+  return v;
+}
+
+}  // namespace
+
 extern "C" {
 
 const char* shardopt_status_name(shardopt_status_t status) {
-  const auto* c = shardopt::find_code(static_cast<int>(status));
+  const auto* c = shardopt::find_code(status_value(status));
   return c ? c->name : "SHARDOPT_ERR_UNKNOWN";
 }
 
 const char* shardopt_status_description(shardopt_status_t status) {
-  const auto* c = shardopt::find_code(static_cast<int>(status));
+  const auto* c = shardopt::find_code(status_value(status));
   return c ? c->description : "unknown status code";
 }
 

@@ -101,11 +101,6 @@ std::span<float> entry(StateList list, std::size_t i) {
   return list.empty() ? std::span<float>{} : list[i];
 }
 
-std::string describe(const detail::MemoryLocation& where) {
-  return std::string(detail::memory_kind_name(where.kind)) +
-         (where.device >= 0 ? " (device " + std::to_string(where.device) + ")" : "");
-}
-
 // Where a list's tensors live: each tensor's buffers in one memory (checked as
 // a single step checks them), and every tensor with a buffer in the same one.
 class ListLocation {
@@ -129,8 +124,8 @@ class ListLocation {
     if (!same) {
       detail::throw_error(ErrorCode::wrong_device,
                           std::string(opt_) + ": tensor " + std::to_string(i) + " is in " +
-                              describe(here) + " but tensor " + std::to_string(*first_) +
-                              " is in " + describe(where_),
+                              detail::location_name(here) + " but tensor " +
+                              std::to_string(*first_) + " is in " + detail::location_name(where_),
                           "keep every tensor of a list in the same memory (all host, or all on one "
                           "GPU), or call the step once per memory",
                           __FILE__, __LINE__);

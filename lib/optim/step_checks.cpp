@@ -169,10 +169,8 @@ MemoryLocation common_location(const char* opt,
                                  : first.kind != MemoryKind::host && here.device == first.device;
     if (!same_device) {
       throw_error(ErrorCode::wrong_device,
-                  std::string(opt) + ": " + name + " is in " + memory_kind_name(here.kind) +
-                      (here.device >= 0 ? " (device " + std::to_string(here.device) + ")" : "") +
-                      " but " + first_name + " is in " + memory_kind_name(first.kind) +
-                      (first.device >= 0 ? " (device " + std::to_string(first.device) + ")" : ""),
+                  std::string(opt) + ": " + name + " is in " + location_name(here) + " but " +
+                      first_name + " is in " + location_name(first),
                   hint, __FILE__, __LINE__);
     }
   }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/check.hpp"
+#include "common/device.hpp"
 #include "common/settings.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
@@ -195,6 +196,16 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
                       (product == SIZE_MAX ? std::string("too many") : std::to_string(product)) +
                       " elements but numel " + std::to_string(p.numel) +
                       "; give a shape whose product is numel, or none");
+    }
+    // The engine works on host memory, as does its communicator's backend.
+    for (const auto& [what, ptr] : {std::pair{"data", p.data}, std::pair{"gradient", p.grad}}) {
+      const MemoryLocation where = locate(ptr);
+      if (where.kind != MemoryKind::host)
+        fail(ErrorCode::wrong_device,
+             who + ": its " + what + " buffer is in " + location_name(where) +
+                 ", but the optimizer and its communicator (" + comm_.backend_name() +
+                 " backend) work on host memory; pass host buffers (copy the tensor to the host, "
+                 "or allocate it with malloc/new/cudaMallocHost)");
     }
     const std::size_t bytes = p.numel * dtype_size(p.dtype);
     if (p.numel > 0 && p.data != nullptr) {

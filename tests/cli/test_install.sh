@@ -2,11 +2,16 @@
 # Installs shardopt into a scratch directory, then builds the README's usage
 # example against the installed headers and library through pkg-config alone
 # (as a user's code would), and runs it under mpirun at 2 ranks.
-# Usage: test_install.sh SOURCE_ROOT BUILD_ROOT MPIEXEC
+# Usage: test_install.sh SOURCE_ROOT BUILD_ROOT MPIEXEC [COMPILER [FLAG...]]
+# COMPILER and its flags default to g++; a sanitizer build passes its own
+# compiler and -fsanitize flags, which a program linking it needs too.
 set -u
 src=$1
 build=$2
 mpiexec=$3
+shift 3
+cxx=("$@")
+[ ${#cxx[@]} -gt 0 ] || cxx=(g++)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -35,7 +40,7 @@ sed "s|^prefix=.*|prefix=$work/root$prefix|" "$pc" >"$work/pc/shardopt.pc"
 export PKG_CONFIG_PATH="$work/pc"
 flags=$(pkg-config --cflags --libs shardopt) || fail "pkg-config --cflags --libs shardopt"
 # shellcheck disable=SC2086
-g++ -std=c++20 -Wall -Wextra -Werror "$work/example.cpp" $flags -o "$work/example" \
+"${cxx[@]}" -std=c++20 -Wall -Wextra -Werror "$work/example.cpp" $flags -o "$work/example" \
   >"$work/cc.log" 2>&1 || { cat "$work/cc.log"; fail "compiling the README example with: $flags"; }
 
 libdir=$(dirname "$(find "$work/root" -name 'libshardopt.so' | head -n 1)")

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "common/device.hpp"
 #include "shardopt/shardopt.hpp"
@@ -63,6 +64,34 @@ int main(int argc, char** argv) {
     std::printf("  error: %s\n", e.what());
   }
   check(refused, "the mpi-host backend refuses device buffers with a clear error");
+
+  // The ZeRO optimizer checks every registered buffer at construction: a
+  // parameter or a gradient in device memory is a DeviceError naming the
+  // parameter, the buffer, its device and the host memory it needs.
+  std::vector<float> host(n, 1.0f), host_grad(n, 0.0f);
+  for (const bool grad_on_device : {false, true}) {
+    const std::string name = grad_on_device ? "grad_on_gpu" : "data_on_gpu";
+    shardopt::Param p{.name = name,
+                      .data = grad_on_device ? static_cast<void*>(host.data()) : dev,
+                      .numel = static_cast<std::size_t>(n),
+                      .dtype = shardopt::DType::f32,
+                      .grad = grad_on_device ? static_cast<void*>(dev) : host_grad.data(),
+                      .group = 0};
+    bool named = false;
+    try {
+      shardopt::ZeroRedundancyOptimizer opt(comm, {p}, shardopt::SGD{}, shardopt::ZeroOptions{});
+    } catch (const shardopt::DeviceError& e) {
+      const std::string m = e.what();
+      named = m.find("'" + name + "'") != std::string::npos &&
+              m.find(grad_on_device ? "gradient buffer" : "data buffer") != std::string::npos &&
+              m.find("CUDA device memory (device 0)") != std::string::npos &&
+              m.find("host memory") != std::string::npos;
+      std::printf("  error: %s\n", e.what());
+    }
+    check(named, grad_on_device
+                     ? "ZeroRedundancyOptimizer refuses a gradient on the GPU, naming it"
+                     : "ZeroRedundancyOptimizer refuses parameters on the GPU, naming them");
+  }
 
   float* pinned = nullptr;
   check(cudaMallocHost(&pinned, n * sizeof(float)) == cudaSuccess, "cudaMallocHost");

@@ -9,6 +9,7 @@
 
 #include "common/check.hpp"
 #include "common/mpi_lifetime.hpp"
+#include "kernels/cpu/isa.hpp"
 
 namespace shardopt::detail {
 
@@ -100,7 +101,7 @@ SHARDOPT_AVX2 int combine_avx2(const bfloat16* a, bfloat16* b, int len, F f) {
 }
 
 bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool yes = __builtin_cpu_supports("avx2") && kernels::cpu::detail::cpu_has_f16c();
   return yes;
 }
 #endif
