@@ -286,8 +286,7 @@ SHARDOPT_COLD void throw_overlap(const char* message, const char* hint) {
   if (b.accepts(where)) return;
   detail::throw_error(
       ErrorCode::wrong_device,
-      std::string(op) + ": " + which + " buffer is in " + detail::memory_kind_name(where.kind) +
-          (where.device >= 0 ? " of device " + std::to_string(where.device) : std::string()) +
+      std::string(op) + ": " + which + " buffer is in " + detail::location_name(where) +
           ", which the " + b.name() + " backend cannot use",
       "pass host buffers to a host Communicator, or copy the data to host memory first", __FILE__,
       __LINE__);

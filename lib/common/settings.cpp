@@ -68,6 +68,21 @@ std::optional<double> parse_number(const std::string& v, double lo, bool lo_open
   return x;
 }
 
+// VarSpec::apply for a flag and for a period, storing into one Settings field.
+template <auto Field>
+bool apply_bool(Settings& s, const std::string& v) {
+  const auto b = parse_bool(v);
+  if (b) s.*Field = *b;
+  return b.has_value();
+}
+
+template <auto Field>
+bool apply_period(Settings& s, const std::string& v) {
+  const auto n = parse_period(v);
+  if (n) s.*Field = *n;
+  return n.has_value();
+}
+
 const VarSpec kVars[] = {
     {"SHARDOPT_DEBUG", "WARN", "NONE, WARN, INFO, TRACE (any case)",
      "How much the library logs: NONE nothing, WARN problems, INFO also setup and per-phase "
@@ -98,12 +113,7 @@ const VarSpec kVars[] = {
     {"SHARDOPT_HUGE_PAGES", "1", "1, 0 (also true/false, yes/no, on/off)",
      "Ask the kernel for transparent huge pages (madvise) for the library's large host buffers. "
      "Turn off only where huge pages are known to hurt.",
-     [](Settings& s, const std::string& v) {
-       const auto b = parse_bool(v);
-       if (!b) return false;
-       s.huge_pages = *b;
-       return true;
-     }},
+     apply_bool<&Settings::huge_pages>},
     {"SHARDOPT_COMM_MAX_CHUNK", "2147483647", "an integer from 1 to 2147483647",
      "Largest number of elements passed to one MPI call; larger collectives are split into "
      "chunks. Lower it for MPI libraries that fail on messages of 2 GiB or more.",
@@ -117,12 +127,7 @@ const VarSpec kVars[] = {
      "Agree on every collective's arguments across ranks before running it, so that a bad "
      "argument on one rank, or ranks that disagree on count, type, op or root, fail on every "
      "rank with a clear error instead of hanging. Costs one small collective per call.",
-     [](Settings& s, const std::string& v) {
-       const auto b = parse_bool(v);
-       if (!b) return false;
-       s.check_args = *b;
-       return true;
-     }},
+     apply_bool<&Settings::check_args>},
     {"SHARDOPT_CPU_ISA", "auto", "auto, avx512, avx2, baseline (any case)",
      "The widest vector unit the CPU optimizer kernels may use: auto (or avx512) the widest "
      "the CPU has, avx2 at most AVX2 with FMA and F16C, baseline the x86-64 baseline (SSE2). A "
@@ -167,33 +172,18 @@ const VarSpec kVars[] = {
      "moves; ranks that issued different collectives, or a different number of them, get an "
      "error naming the ranks and both operations instead of a hang or a truncation. Turns "
      "SHARDOPT_CHECK_ARGS on; costs one small allgather per collective.",
-     [](Settings& s, const std::string& v) {
-       const auto b = parse_bool(v);
-       if (!b) return false;
-       s.desync_check = *b;
-       return true;
-     }},
+     apply_bool<&Settings::desync_check>},
     {"SHARDOPT_STATS_EVERY", "100", "an integer from 0 to 2147483647",
      "At SHARDOPT_DEBUG=INFO, every N optimizer steps each rank logs the mean time of each "
      "phase of its last N steps (reduce, update, gather, exposed communication), the bytes "
      "moved and the achieved bus bandwidths. 0: never.",
-     [](Settings& s, const std::string& v) {
-       const auto n = parse_period(v);
-       if (!n) return false;
-       s.stats_every = *n;
-       return true;
-     }},
+     apply_period<&Settings::stats_every>},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "
      "rank with an error naming the first parameter and element that differ. 0: never. "
      "ZeroOptions::check_sync_every overrides it.",
-     [](Settings& s, const std::string& v) {
-       const auto n = parse_period(v);
-       if (!n) return false;
-       s.check_sync = *n;
-       return true;
-     }},
+     apply_period<&Settings::check_sync>},
 };
 
 }  // namespace

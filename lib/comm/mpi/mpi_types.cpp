@@ -101,7 +101,9 @@ SHARDOPT_AVX2 int combine_avx2(const bfloat16* a, bfloat16* b, int len, F f) {
 }
 
 bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && kernels::cpu::detail::cpu_has_f16c();
+  // The kernels' detection: AVX2 with FMA and F16C (this code needs no FMA,
+  // but no CPU has AVX2 and F16C without it).
+  static const bool yes = kernels::cpu::detail::detect_isa() >= kernels::cpu::detail::Isa::avx2;
   return yes;
 }
 #endif
