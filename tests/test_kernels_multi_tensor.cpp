@@ -1,24 +1,16 @@
 // The host parts of the CUDA kernels, on the CPU: the launch tables of the
-// multi-tensor kernels cover every element exactly once within their limits,
-// and the 4-element vector steps (kernels/vector_step.hpp), run over ranges
-// and chunks the way the CUDA kernels run them (memcpy standing in for the
-// vector loads and stores), give the reference kernels' results bitwise for
-// every optimizer, gradient type, storage, mode and alignment.
+// multi-tensor kernels cover every element exactly once within their limits;
+// the vector steps' common start of aligned buffers, and each buffer's
+// access. The vector steps themselves against the reference kernels:
+// tests/test_kernels_vector_*.cpp.
 #include <catch2/catch.hpp>
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <limits>
 #include <random>
-#include <string>
 #include <vector>
 
-#include "kernels/adagrad_loop.hpp"
 #include "kernels/adam_loop.hpp"
 #include "kernels/lamb_loop.hpp"
-#include "kernels/lion_loop.hpp"
 #include "kernels/multi_tensor.hpp"
-#include "kernels/rmsprop_loop.hpp"
 #include "kernels/sgd_loop.hpp"
 #include "kernels/vector_step.hpp"
 #include "optim_helpers.hpp"
@@ -74,8 +66,11 @@ std::size_t check_plan(const std::vector<std::size_t>& sizes, const MultiTensorL
 
 }  // namespace
 
+// Host code of the CUDA launches, the same on every CPU: tagged [plan], not
+// [kernels], so that the reruns of the kernel tests at other vector units
+// (tests/meson.build) leave them out.
 TEST_CASE("Multi-tensor plan: every element of every tensor once, within the limits",
-          "[kernels][multi]") {
+          "[plan][multi]") {
   std::mt19937_64 rng(3);
   std::vector<std::vector<std::size_t>> lists = {
       {},
@@ -104,283 +99,12 @@ TEST_CASE("Multi-tensor plan: every element of every tensor once, within the lim
   CHECK(plan_multi_tensor(std::vector<std::size_t>{0, 0}, {4, 1, 1}).empty());
 }
 
-TEST_CASE("Multi-tensor plan rejects limits that hold no chunk", "[kernels][multi]") {
+TEST_CASE("Multi-tensor plan rejects limits that hold no chunk", "[plan][multi]") {
   const std::vector<std::size_t> sizes = {5};
   CHECK_THROWS_AS(plan_multi_tensor(sizes, {0, 1, 1}), std::invalid_argument);
   CHECK_THROWS_AS(plan_multi_tensor(sizes, {6, 1, 1}), std::invalid_argument);
   CHECK_THROWS_AS(plan_multi_tensor(sizes, {4, 0, 1}), std::invalid_argument);
   CHECK_THROWS_AS(plan_multi_tensor(sizes, {4, 1, 0}), std::invalid_argument);
-}
-
-namespace {
-
-// Buffers of n elements (plus room to shift them): floats 0 param, 1-3
-// states, 4 f32 gradients, 5 LAMB's update; 16-bit 0 bf16 and 1 f16
-// gradients, 2 the parameter copy, 3 bf16 parameters and 4 their
-// remainders. Each buffer starts `shift` elements into its storage.
-struct Arena {
-  std::vector<std::vector<float>> f;
-  std::vector<std::vector<std::uint16_t>> h;
-  std::vector<std::size_t> f_shift, h_shift;
-
-  Arena(std::size_t n, std::uint64_t seed, std::size_t shift, int odd_one) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> sym(-1.0f, 1.0f), pos(0.01f, 1.0f);
-    const std::size_t room = n + 4;
-    f.assign(6, std::vector<float>(room));
-    h.assign(5, std::vector<std::uint16_t>(room));
-    for (std::size_t i = 0; i < room; ++i) {
-      f[0][i] = sym(rng);
-      for (int k = 1; k <= 3; ++k) f[k][i] = pos(rng);
-      f[4][i] = sym(rng);
-      f[5][i] = sym(rng);
-      h[0][i] = bf16_from_float(f[4][i]).bits;
-      h[1][i] = f16_from_float(f[4][i]).bits;
-      h[2][i] = static_cast<std::uint16_t>(rng());
-      bfloat16 hi;
-      encode_remainder(sym(rng), hi, h[4][i]);
-      h[3][i] = hi.bits;
-    }
-    f_shift.assign(6, shift);
-    h_shift.assign(5, shift);
-    // One buffer out of step with the others: the scalar path.
-    if (odd_one >= 0) f_shift[static_cast<std::size_t>(odd_one)] = shift + 1;
-    if (odd_one == -2) h_shift[3] = h_shift[4] = shift + 1;
-  }
-  float* fp(int k) { return f[k].data() + f_shift[k]; }
-  std::uint16_t* hp(int k) { return h[k].data() + h_shift[k]; }
-  bool operator==(const Arena& o) const {
-    for (std::size_t k = 0; k < f.size(); ++k)
-      if (std::memcmp(f[k].data(), o.f[k].data(), f[k].size() * 4) != 0) return false;
-    for (std::size_t k = 0; k < h.size(); ++k)
-      if (std::memcmp(h[k].data(), o.h[k].data(), h[k].size() * 2) != 0) return false;
-    return true;
-  }
-};
-
-// Storage 0: fp32; 1: fp32 with a bf16 copy; 2: with an f16 copy; 3: bf16
-// parameters with remainders.
-template <class B>
-void set_params(B& b, Arena& a, int storage) {
-  if (storage == 3) {
-    b.param = nullptr;
-    b.param_out = a.hp(3);
-    b.param_out_type = DType::bf16;
-    b.remainder = a.hp(4);
-  } else {
-    b.param = a.fp(0);
-    b.param_out = storage != 0 ? a.hp(2) : nullptr;
-    b.param_out_type = storage == 2 ? DType::f16 : DType::bf16;
-    b.remainder = nullptr;
-  }
-}
-
-template <class B>
-void set_grad(B& b, Arena& a, DType gt) {
-  b.grad = gt == DType::f32    ? static_cast<const void*>(a.fp(4))
-           : gt == DType::bf16 ? static_cast<const void*>(a.hp(0))
-                               : static_cast<const void*>(a.hp(1));
-  b.grad_type = gt;
-}
-
-int g_vector_ranges = 0;  // ranges that took the vector path
-
-// Runs Loop over b as the CUDA kernels do with `threads` threads: the vector
-// kernel's shares when the buffers align, else the scalar kernel's; with
-// chunk > 0, in chunks of that many elements as the multi-tensor kernel.
-template <class Loop, class B, class S>
-bool like_cuda(const B& b, const S& s, std::size_t threads, std::size_t chunk) {
-  const int head = kd::vector_head<Loop>(b, s);
-  if (head >= 0 && (chunk > 0 || b.n >= static_cast<std::size_t>(head) + 4)) ++g_vector_ranges;
-  bool finite = true;
-  const std::size_t step = chunk > 0 ? chunk : (b.n == 0 ? 1 : b.n);
-  for (std::size_t begin = 0; begin < b.n; begin += step) {
-    const std::size_t end = std::min(b.n, begin + step);
-    for (std::size_t t = 0; t < threads; ++t) {
-      const bool ok = head >= 0 && (chunk > 0 || b.n >= static_cast<std::size_t>(head) + 4)
-                          ? kd::vector_share<Loop>(b, s, begin, end, head, t, threads)
-                          : kd::scalar_share<Loop>(b, s, begin, end, t, threads);
-      finite = ok && finite;
-    }
-  }
-  return finite;
-}
-
-// One configuration of a kernel: run(arena, emulate, threads, chunk) runs
-// the reference kernel (emulate false) or like_cuda on the arena's buffers.
-using Run = std::function<bool(Arena&, bool, std::size_t, std::size_t)>;
-
-void compare(const std::string& what, const Run& run) {
-  for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{7},
-                        std::size_t{64}, std::size_t{1003}}) {
-    for (std::size_t shift : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
-      for (int odd_one : {-1, 1, 4, -2}) {
-        for (std::size_t chunk : {std::size_t{0}, std::size_t{12}}) {
-          const std::uint64_t seed = n * 131 + shift * 7 + static_cast<std::uint64_t>(odd_one + 2);
-          Arena ref(n, seed, shift, odd_one), cuda(n, seed, shift, odd_one);
-          if (n > 5 && seed % 3 == 0) {  // a gradient that is not finite
-            for (Arena* a : {&ref, &cuda}) {
-              a->f[4][a->f_shift[4] + 5] = std::numeric_limits<float>::infinity();
-              a->h[0][a->h_shift[0] + 5] = bf16_from_float(a->f[4][a->f_shift[4] + 5]).bits;
-              a->h[1][a->h_shift[1] + 5] = f16_from_float(a->f[4][a->f_shift[4] + 5]).bits;
-            }
-          }
-          const bool want = run(ref, false, 1, 0);
-          const bool got = run(cuda, true, 5, chunk);
-          INFO(what << ", n " << n << ", shift " << shift << ", odd buffer " << odd_one
-                    << ", chunk " << chunk);
-          CHECK(got == want);
-          CHECK(cuda == ref);
-        }
-      }
-    }
-  }
-}
-
-const DType kGradTypes[] = {DType::f32, DType::bf16, DType::f16};
-
-}  // namespace
-
-TEST_CASE("Vector steps equal the reference kernels: Adam", "[kernels][vector]") {
-  g_vector_ranges = 0;
-  for (DType gt : kGradTypes)
-    for (int storage = 0; storage < 4; ++storage)
-      for (int wd = 0; wd < 3; ++wd)
-        for (bool ams : {false, true}) {
-          const auto s = make_adam_scalars(0.01, 0.9, 0.999, 1e-8, wd ? 0.1 : 0.0, wd == 2, ams,
-                                           storage == 1, 3, 0.5);
-          compare("Adam grad " + std::string(dtype_name(gt)) + " storage " +
-                      std::to_string(storage) + " wd " + std::to_string(wd) + " ams " +
-                      std::to_string(ams),
-                  [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                    AdamBuffers b;
-                    set_grad(b, a, gt);
-                    b.exp_avg = a.fp(1);
-                    b.exp_avg_sq = a.fp(2);
-                    b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
-                    set_params(b, a, storage);
-                    b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::adam(b, s);
-                    return kd::dispatch_adam(
-                        b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                  });
-        }
-  CHECK(g_vector_ranges > 0);
-}
-
-TEST_CASE("Vector steps equal the reference kernels: SGD, first step and later",
-          "[kernels][vector]") {
-  for (DType gt : kGradTypes)
-    for (int storage = 0; storage < 4; ++storage)
-      for (int mode = 0; mode < 8; ++mode)
-        for (std::int64_t step : {1, 2}) {
-          const bool mom = mode & 1;
-          const auto s = make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
-                                          mom && (mode & 4), mode == 3, step, 0.5);
-          compare("SGD grad " + std::string(dtype_name(gt)) + " storage " +
-                      std::to_string(storage) + " mode " + std::to_string(mode) + " step " +
-                      std::to_string(step),
-                  [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                    SgdBuffers b;
-                    set_grad(b, a, gt);
-                    b.momentum_buffer = mom ? a.fp(1) : nullptr;
-                    set_params(b, a, storage);
-                    b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::sgd(b, s);
-                    return kd::dispatch_sgd(
-                        b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                  });
-        }
-}
-
-TEST_CASE("Vector steps equal the reference kernels: Adagrad, RMSprop, Lion", "[kernels][vector]") {
-  for (DType gt : kGradTypes)
-    for (int storage = 0; storage < 4; ++storage) {
-      const std::string where =
-          " grad " + std::string(dtype_name(gt)) + " storage " + std::to_string(storage);
-      for (bool wd : {false, true}) {
-        const auto s = make_adagrad_scalars(0.05, 0.01, wd ? 0.1 : 0.0, 1e-10, wd, 3, 0.5);
-        compare("Adagrad" + where,
-                [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                  AdagradBuffers b;
-                  set_grad(b, a, gt);
-                  b.sum = a.fp(1);
-                  set_params(b, a, storage);
-                  b.n = a.f[0].size() - 4;
-                  if (!emulate) return reference::adagrad(b, s);
-                  return kd::dispatch_adagrad(
-                      b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                });
-      }
-      for (int mode = 0; mode < 8; ++mode) {
-        const bool centered = mode & 1, mom = mode & 2;
-        const auto s = make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
-                                            mom ? 0.9 : 0.0, centered, mode == 5, 0.5);
-        compare("RMSprop" + where + " mode " + std::to_string(mode),
-                [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                  RmspropBuffers b;
-                  set_grad(b, a, gt);
-                  b.square_avg = a.fp(1);
-                  b.grad_avg = centered ? a.fp(2) : nullptr;
-                  b.momentum_buffer = mom ? a.fp(3) : nullptr;
-                  set_params(b, a, storage);
-                  b.n = a.f[0].size() - 4;
-                  if (!emulate) return reference::rmsprop(b, s);
-                  return kd::dispatch_rmsprop(
-                      b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                });
-      }
-      const auto s = make_lion_scalars(1e-3, 0.9, 0.99, 0.1, storage == 2, 0.5);
-      compare("Lion" + where, [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-        LionBuffers b;
-        set_grad(b, a, gt);
-        b.exp_avg = a.fp(1);
-        set_params(b, a, storage);
-        b.n = a.f[0].size() - 4;
-        if (!emulate) return reference::lion(b, s);
-        return kd::dispatch_lion(
-            b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-      });
-    }
-}
-
-TEST_CASE("Vector steps equal the reference kernels: LAMB's two passes", "[kernels][vector]") {
-  for (DType gt : kGradTypes)
-    for (bool remainders : {false, true}) {
-      const auto s = make_lamb_scalars(0.9, 0.999, 1e-6, 0.01, remainders, 3, 0.5);
-      compare("LAMB direction grad " + std::string(dtype_name(gt)) + " remainders " +
-                  std::to_string(remainders),
-              [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                LambBuffers b;
-                b.param = remainders ? nullptr : a.fp(0);
-                b.param_bf16 = remainders ? reinterpret_cast<const bfloat16*>(a.hp(3)) : nullptr;
-                b.remainder = remainders ? a.hp(4) : nullptr;
-                set_grad(b, a, gt);
-                b.exp_avg = a.fp(1);
-                b.exp_avg_sq = a.fp(2);
-                b.update = a.fp(5);
-                b.n = a.f[0].size() - 4;
-                if (!emulate) return reference::lamb_direction(b, s).grads_finite;
-                return kd::dispatch_lamb_direction(
-                    b, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-              });
-    }
-  for (int storage = 0; storage < 4; ++storage) {
-    const float neg_step = -0.0123f;
-    compare("LAMB apply storage " + std::to_string(storage),
-            [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-              LambApplyBuffers b;
-              set_params(b, a, storage);
-              b.update = a.fp(5);
-              b.n = a.f[0].size() - 4;
-              if (!emulate) {
-                reference::lamb_apply(b, neg_step);
-                return true;
-              }
-              return kd::dispatch_lamb_apply(
-                  b, [&]<class Loop>() { return like_cuda<Loop>(b, neg_step, threads, chunk); });
-            });
-  }
 }
 
 TEST_CASE("Vector head: the common start of aligned groups, or none", "[kernels][vector]") {

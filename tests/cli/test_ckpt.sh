@@ -10,10 +10,11 @@
 # - diff: a checkpoint against itself exits 0, against one of one more
 #   step 1 (naming the step);
 # - a copy with one data byte flipped, a truncated copy, one with garbage in
-#   its header, a missing file, a file without checksums: verify exits 1 at
-#   1 and 2 ranks with a message naming the problem (the tensor, for the
-#   flipped byte), no hang; diff of such a file exits 2; bad command lines
-#   exit 2.
+#   its header, a missing file, a file without checksums: verify exits 1
+#   with a message naming the problem (the tensor, for the flipped byte),
+#   each alone and all among good files, without mpirun and at 2 ranks, no
+#   hang; diff of such a file exits 2; bad command lines exit 2, without
+#   mpirun and at 2 ranks.
 # Usage: test_ckpt.sh MPIEXEC CKPT-PROGRAM TRAIN-PROGRAM
 set -u
 mpiexec=$1
@@ -23,11 +24,17 @@ train=$3
 . "$(dirname "$0")/lib.sh"
 
 # Runs shardopt-ckpt at RANKS ranks, its output (stdout and stderr) into
-# $tmp/out; returns its exit status (124: it hung).
+# $tmp/out; returns its exit status (124: it hung). RANKS 0: one process
+# started without mpirun (an MPI singleton), as a user runs the tool on a
+# login node.
 tool() {  # RANKS ARGS...
   local n=$1
   shift
-  timeout 60 "$mpiexec" -n "$n" --oversubscribe "$ckpt" "$@" >"$tmp/out" 2>&1
+  if [ "$n" -eq 0 ]; then
+    timeout 60 "$ckpt" "$@" >"$tmp/out" 2>&1
+  else
+    timeout 60 "$mpiexec" -n "$n" --oversubscribe "$ckpt" "$@" >"$tmp/out" 2>&1
+  fi
 }
 
 # Expects exit status RC and every TEXT in the output.
@@ -38,17 +45,18 @@ expect() {  # WHAT RC RANKS ARGS... -- TEXT...
   while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   tool "$n" "${args[@]}"
-  local rc=$?
+  local rc=$? where="np$n"
+  [ "$n" -eq 0 ] && where="no mpirun"
   if [ $rc -ne "$want" ]; then
-    fail "$what (np$n): exit status $rc, expected $want (124: a hang)" "$tmp/out"; return
+    fail "$what ($where): exit status $rc, expected $want (124: a hang)" "$tmp/out"; return
   fi
   local text
   for text in "$@"; do
     if ! grep -qF -- "$text" "$tmp/out"; then
-      fail "$what (np$n): the output does not say '$text'" "$tmp/out"; return
+      fail "$what ($where): the output does not say '$text'" "$tmp/out"; return
     fi
   done
-  ok "$what (np$n)"
+  ok "$what ($where)"
 }
 
 # Two checkpoints of a small model (16 -> 64 -> 64 -> 4: 5,508 parameters)
@@ -111,7 +119,7 @@ expect "diff of the bf16 export within 2^-8" 0 2 diff --params-only --rtol 0.003
 expect "diff of a checkpoint and itself" 0 2 diff "$a" "$a" -- "summary: identical: 18 tensors"
 expect "diff of checkpoints 20 and 21 steps in" 1 2 diff "$a" "$b" -- "shardopt.step:" \
   "A: 20" "B: 21" "18 different"
-expect "diff of checkpoints 20 and 21 steps in" 1 1 diff -q "$a" "$b" -- "summary: different"
+expect "diff of checkpoints 20 and 21 steps in" 1 0 diff -q "$a" "$b" -- "summary: different"
 
 # Bad files.
 python3 - "$a" "$tmp" <<'EOF'
@@ -133,20 +141,26 @@ h = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).en
 h += b" " * (-(8 + len(h)) % 8)
 open(f"{tmp}/plain.st", "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<2f", 1, 2))
 EOF
-for n in 1 2; do
-  expect "verify of a flipped byte" 1 "$n" verify "$tmp/flipped.st" -- \
-    "shardopt-ckpt: $tmp/flipped.st:" "checksum mismatch in tensor 'layers.1.weight'" "fix:"
-  expect "verify of a truncated file" 1 "$n" verify "$tmp/truncated.st" -- \
-    "shardopt-ckpt: $tmp/truncated.st:" "truncated" "fix:"
-  expect "verify of garbage in the header" 1 "$n" verify "$tmp/garbage.st" -- \
-    "shardopt-ckpt: $tmp/garbage.st:" "not valid JSON" "fix:"
-  expect "verify of a missing file" 1 "$n" verify "$tmp/missing.st" -- \
-    "shardopt-ckpt: $tmp/missing.st: cannot open" "fix:"
-  expect "verify of a file without checksums" 1 "$n" verify "$tmp/plain.st" -- \
-    "has no checksums" "--allow-unchecksummed"
-  # One bad file among good ones: the good ones still pass, the status is 1.
-  expect "verify of good and bad files" 1 "$n" verify "$a" "$tmp/flipped.st" "$b" -- \
-    "$a: ok" "$b: ok" "verify: 2 of 3 files ok"
+# One file at a time without mpirun, where a failure costs no job teardown.
+expect "verify of a flipped byte" 1 0 verify "$tmp/flipped.st" -- \
+  "shardopt-ckpt: $tmp/flipped.st:" "checksum mismatch in tensor 'layers.1.weight'" "fix:"
+expect "verify of a truncated file" 1 0 verify "$tmp/truncated.st" -- \
+  "shardopt-ckpt: $tmp/truncated.st:" "truncated" "fix:"
+expect "verify of garbage in the header" 1 0 verify "$tmp/garbage.st" -- \
+  "shardopt-ckpt: $tmp/garbage.st:" "not valid JSON" "fix:"
+expect "verify of a missing file" 1 0 verify "$tmp/missing.st" -- \
+  "shardopt-ckpt: $tmp/missing.st: cannot open" "fix:"
+expect "verify of a file without checksums" 1 0 verify "$tmp/plain.st" -- \
+  "has no checksums" "--allow-unchecksummed"
+# Every one of them among good files, without mpirun and at 2 ranks: each
+# bad file is named with its problem, the good ones still pass, the status
+# is 1.
+for n in 0 2; do
+  expect "verify of good and bad files" 1 "$n" verify "$a" "$tmp/flipped.st" \
+    "$tmp/truncated.st" "$tmp/garbage.st" "$tmp/missing.st" "$tmp/plain.st" "$b" -- \
+    "$a: ok" "$b: ok" "verify: 2 of 7 files ok" \
+    "checksum mismatch in tensor 'layers.1.weight'" "$tmp/truncated.st:" "truncated" \
+    "$tmp/garbage.st:" "not valid JSON" "$tmp/missing.st: cannot open" "has no checksums"
   expect "diff with a corrupted file" 2 "$n" diff "$a" "$tmp/flipped.st" -- \
     "checksum mismatch in tensor 'layers.1.weight'"
   expect "export of a missing file" 1 "$n" export "$tmp/missing.st" "$tmp/x.st" -- "cannot open"
@@ -160,11 +174,11 @@ expect "export of an export" 1 2 export "$tmp/e.st" "$tmp/x.st" -- "not a checkp
 
 # Bad command lines: exit status 2 on every rank, a message naming the problem.
 expect "no command" 2 2 -- "no command given"
-expect "an unknown command" 2 2 frobnicate -- "unknown command 'frobnicate'"
+expect "an unknown command" 2 0 frobnicate -- "unknown command 'frobnicate'"
 expect "a bad --dtype" 2 2 export "$a" "$tmp/x.st" --dtype f64 -- \
   "bad value 'f64' for -d (--dtype); accepted: f32 bf16 f16"
-expect "verify without a file" 2 2 verify -- "expected FILE..."
-expect "an unknown option" 2 2 info --bogus "$a" -- "unknown option '--bogus'"
+expect "verify without a file" 2 0 verify -- "expected FILE..."
+expect "an unknown option" 2 0 info --bogus "$a" -- "unknown option '--bogus'"
 
 echo "ckpt: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -14,7 +14,7 @@ program=$2
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-steps=400
+steps=200
 # The default model (606,724 parameters): a few ms a step, so the kill
 # lands while steps are running. The constant schedule: the cosine one
 # depends on --steps only, but the constant one keeps the comparison simple.
@@ -116,7 +116,7 @@ killed_run() {  # RANKS VICTIM-RANK
     fail "$n ranks, kill rank $victim: the resumed run failed" "$d/resume.out"
     return
   fi
-  # It went on from the checkpoint (not from step 0): steps from+1 to 400.
+  # It went on from the checkpoint (not from step 0): steps from+1 to $steps.
   local from applied
   from=$(grep -o '"type":"resume"[^}]*"step":[0-9]*' "$d/resume.out" | grep -o '[0-9]*$')
   applied=$(grep -o '"type":"summary".*"applied":[0-9]*' "$d/resume.out" | grep -o '[0-9]*$')
