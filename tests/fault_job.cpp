@@ -5,6 +5,11 @@
 //                        and wait for it in the step's first collective. With
 //                        SHARDOPT_TIMEOUT set the waiting ranks' watchdogs end
 //                        the job; without it this hangs (by design).
+//   fault_job apart R    after 3 steps rank R calls a barrier on the
+//                        optimizer's communicator while the others call
+//                        step(): every rank waits in a shardopt operation,
+//                        each in its own (a hang by design, which the
+//                        watchdog reports as operations that differ).
 //   fault_job desync R   after 3 steps rank R calls an allreduce on the
 //                        optimizer's communicator while the others call an
 //                        allgather: with SHARDOPT_DESYNC_CHECK=1 every rank
@@ -23,6 +28,7 @@
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool desync = argc > 1 && std::strcmp(argv[1], "desync") == 0;
+  const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -39,6 +45,8 @@ int main(int argc, char** argv) {
         comm.allreduce(x.data(), x.data(), 3, shardopt::DType::f64, shardopt::ReduceOp::sum);
       else
         comm.allgather(x.data() + 3 * rank, x.data(), 3, shardopt::DType::f64);
+    } else if (apart && rank == odd) {
+      comm.barrier();
     } else if (rank == odd) {
       const double now =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())

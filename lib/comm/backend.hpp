@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "common/device.hpp"
+#include "common/watchdog.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/types.hpp"
 
@@ -25,11 +26,13 @@ class PendingOp {
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
-  // What it is, for the watchdog's message (set by the front end).
+  // What it is, for the watchdog's message (set by the front end), and
+  // where the watchdog asks the other ranks (null when it is not armed).
   const char* what = "wait";
   std::size_t count = 0;
   DType dtype = DType::f32;
   int ranks = 0;
+  std::shared_ptr<const WatchChannel> channel;
 };
 
 // How reduce_scatter's output relates to its input.
@@ -70,6 +73,9 @@ class Backend {
   // Operations issued with argument agreement on, numbered from 1: the
   // sequence number each one carries (SHARDOPT_DESYNC_CHECK).
   std::int64_t agreed_calls = 0;
+  // The watchdog's side channel over the same ranks, made by the backend
+  // when SHARDOPT_TIMEOUT is set (else null) and freed with it.
+  std::shared_ptr<WatchChannel> watch;
 };
 
 // Duplicates `comm` (collective) and uses it with MPI on host buffers.

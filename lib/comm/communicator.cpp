@@ -91,7 +91,10 @@ void Request::wait() {
   if (!op_) return;
   {
     detail::WatchScope watch(op_->what, op_->count, op_->dtype, op_->ranks);
-    op_->wait();
+    if (watch.armed())
+      detail::watch_poll([&] { return op_->test(); }, op_->channel.get());
+    else
+      op_->wait();
   }
   op_.reset();
 }
@@ -396,9 +399,27 @@ void check_arguments(Backend& b, bool agree, Signature sig, Checks checks) {
     sig.error = static_cast<std::int32_t>(e.code());
   }
   std::vector<Signature> all(static_cast<std::size_t>(b.size()));
-  SHARDOPT_CHECK_MPI(
-      MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE, b.mpi_comm()),
-      std::string(op_kind_name(sig.kind)) + ": exchanging arguments");
+  const auto exchange_failed = [&] {
+    return std::string(op_kind_name(sig.kind)) + ": exchanging arguments";
+  };
+  detail::WatchScope watch("argument exchange (SHARDOPT_DESYNC_CHECK)", 0, DType::f32, b.size());
+  if (watch.armed()) {
+    MPI_Request req;
+    SHARDOPT_CHECK_MPI(MPI_Iallgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE,
+                                      b.mpi_comm(), &req),
+                       exchange_failed());
+    detail::watch_poll(
+        [&] {
+          int done = 0;
+          SHARDOPT_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE), exchange_failed());
+          return done != 0;
+        },
+        b.watch.get());
+  } else {
+    SHARDOPT_CHECK_MPI(
+        MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE, b.mpi_comm()),
+        exchange_failed());
+  }
   std::string failed;
   ErrorCode first_code = ErrorCode::invalid_argument;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -457,15 +478,30 @@ Signature signature(OpKind kind, std::size_t count, DType dtype, int op = -1, in
   return s;
 }
 
-Request wrap(std::unique_ptr<PendingOp> op, const char* what, std::size_t count, DType dtype,
-             int ranks) {
+Request wrap(const Backend& b, std::unique_ptr<PendingOp> op, const char* what, std::size_t count,
+             DType dtype) {
   if (op) {
     op->what = what;
     op->count = count;
     op->dtype = dtype;
-    op->ranks = ranks;
+    op->ranks = b.size();
+    op->channel = b.watch;
   }
   return Request(std::move(op));
+}
+
+// A blocking operation, issue(blocking) issuing it. With the watchdog armed
+// it is issued non-blocking and polled, so that a stall can ask the other
+// ranks where they are.
+template <class Issue>
+void run_blocking(Backend& b, const char* what, std::size_t count, DType dtype, Issue issue) {
+  detail::WatchScope watch(what, count, dtype, b.size());
+  if (!watch.armed()) {
+    issue(true);
+    return;
+  }
+  std::unique_ptr<PendingOp> op = issue(false);
+  if (op) detail::watch_poll([&] { return op->test(); }, b.watch.get());
 }
 
 }  // namespace
@@ -571,57 +607,62 @@ std::unique_ptr<PendingOp> do_barrier(Backend& b, bool agree, bool blocking) {
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                              ReduceOp op) {
   require_usable("allreduce");
-  detail::WatchScope watch("allreduce", count, dtype, size());
-  do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, true);
+  run_blocking(*backend_, "allreduce", count, dtype, [&](bool blocking) {
+    return do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, blocking);
+  });
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) {
   require_usable("reduce_scatter");
-  detail::WatchScope watch("reduce_scatter", count, dtype, size());
-  do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, true);
+  run_blocking(*backend_, "reduce_scatter", count, dtype, [&](bool blocking) {
+    return do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, blocking);
+  });
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("allgather");
-  detail::WatchScope watch("allgather", count, dtype, size());
-  do_allgather(*backend_, check_args_, send, recv, count, dtype, true);
+  run_blocking(*backend_, "allgather", count, dtype, [&](bool blocking) {
+    return do_allgather(*backend_, check_args_, send, recv, count, dtype, blocking);
+  });
 }
 void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("broadcast");
-  detail::WatchScope watch("broadcast", count, dtype, size());
-  do_broadcast(*backend_, check_args_, buf, count, dtype, root, true);
+  run_blocking(*backend_, "broadcast", count, dtype, [&](bool blocking) {
+    return do_broadcast(*backend_, check_args_, buf, count, dtype, root, blocking);
+  });
 }
 void Communicator::barrier() {
   require_usable("barrier");
-  detail::WatchScope watch("barrier", 0, DType::f32, size());
-  do_barrier(*backend_, check_args_, true);
+  run_blocking(*backend_, "barrier", 0, DType::f32,
+               [&](bool blocking) { return do_barrier(*backend_, check_args_, blocking); });
 }
 
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
   require_usable("iallreduce");
-  return wrap(do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false),
-              "wait for iallreduce", count, dtype, size());
+  return wrap(*backend_, do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false),
+              "wait for iallreduce", count, dtype);
 }
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                       ReduceOp op) {
   require_usable("ireduce_scatter");
-  return wrap(do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false),
-              "wait for ireduce_scatter", count, dtype, size());
+  return wrap(*backend_,
+              do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false),
+              "wait for ireduce_scatter", count, dtype);
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("iallgather");
-  return wrap(do_allgather(*backend_, check_args_, send, recv, count, dtype, false),
-              "wait for iallgather", count, dtype, size());
+  return wrap(*backend_, do_allgather(*backend_, check_args_, send, recv, count, dtype, false),
+              "wait for iallgather", count, dtype);
 }
 Request Communicator::ibroadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("ibroadcast");
-  return wrap(do_broadcast(*backend_, check_args_, buf, count, dtype, root, false),
-              "wait for ibroadcast", count, dtype, size());
+  return wrap(*backend_, do_broadcast(*backend_, check_args_, buf, count, dtype, root, false),
+              "wait for ibroadcast", count, dtype);
 }
 Request Communicator::ibarrier() {
   require_usable("ibarrier");
-  return wrap(do_barrier(*backend_, check_args_, false), "wait for ibarrier", 0, DType::f32,
-              size());
+  return wrap(*backend_, do_barrier(*backend_, check_args_, false), "wait for ibarrier", 0,
+              DType::f32);
 }
 
 }  // namespace shardopt

@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
+#include "common/check.hpp"
 #include "common/log.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/status.h"
@@ -21,6 +25,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The question a timed-out rank sends on a WatchChannel, and the answer.
+constexpr int kAskTag = 1;
+constexpr int kReportTag = 2;
+const char kAsk = '?';
+struct Report {
+  std::uint64_t count = 0;
+  std::int32_t dtype = 0;
+  std::int32_t inside = 0;  // 1: inside a blocking operation of the library
+  char op[48] = {};
+  char context[208] = {};
+};
+
 struct State {
   std::mutex m;
   int depth = 0;        // nested scopes: only the outermost is timed
@@ -30,9 +46,14 @@ struct State {
   int ranks = 0;
   Clock::time_point since;
   std::uint64_t seq = 0;  // blocking operations entered so far
+  bool polled = false;    // the waiting thread polls and reports itself
   std::string context = "(no step yet)";
   int world_rank = -1;
   std::once_flag started;
+  std::vector<WatchChannel*> channels;  // the channels this process answers on
+  // Answers in flight (sent with MPI_Request_free): kept until exit, a few
+  // per process at most.
+  std::deque<Report> sent_reports;
 };
 
 // Never destroyed: the monitor thread may look at it while the process
@@ -50,37 +71,211 @@ double timeout_seconds() noexcept {
   }
 }
 
-[[noreturn]] void fire(State& s, double timeout, double waited) {
+// How long a timed-out rank waits for the answers: ranks inside the
+// library answer within milliseconds.
+double grace_seconds(double timeout) { return std::clamp(timeout / 10.0, 0.5, 2.0); }
+
+void copy_text(char* to, std::size_t size, const char* from) {
+  std::snprintf(to, size, "%s", from);
+}
+
+Report snapshot(State& s) {
+  std::lock_guard<std::mutex> lock(s.m);
+  Report r;
+  r.count = s.count;
+  r.dtype = static_cast<std::int32_t>(s.dtype);
+  r.inside = s.depth > 0 ? 1 : 0;
+  copy_text(r.op, sizeof r.op, s.op);
+  copy_text(r.context, sizeof r.context, s.context.c_str());
+  return r;
+}
+
+// Answers every question waiting on this process's channels. Errors are
+// ignored: the answer is a courtesy to a rank that is about to end the job.
+void serve_asks(State& s) {
+  std::vector<WatchChannel*> channels;
+  {
+    std::lock_guard<std::mutex> lock(s.m);
+    channels = s.channels;
+  }
+  for (WatchChannel* ch : channels) {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kAskTag, ch->comm(), &flag, &st) != MPI_SUCCESS || !flag)
+        break;
+      char ask = 0;
+      if (MPI_Recv(&ask, 1, MPI_CHAR, st.MPI_SOURCE, kAskTag, ch->comm(), MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS)
+        break;
+      Report r = snapshot(s);
+      Report* out;
+      {
+        std::lock_guard<std::mutex> lock(s.m);
+        s.sent_reports.push_back(r);
+        out = &s.sent_reports.back();
+      }
+      MPI_Request req;
+      if (MPI_Isend(out, sizeof *out, MPI_BYTE, st.MPI_SOURCE, kReportTag, ch->comm(), &req) ==
+          MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+}
+
+// "allreduce of 10 f32", or the bare name of an operation without data.
+std::string op_text(const char* op, std::size_t count, DType dtype) {
+  if (count == 0) return op;
+  return std::string(op) + " of " + std::to_string(count) + " " + dtype_name(dtype);
+}
+
+std::string describe(const Report& r) {
+  return op_text(r.op, r.count, static_cast<DType>(r.dtype)) + ", at: " + r.context;
+}
+
+std::string peer_name(const WatchChannel& ch, int r) {
+  const WatchChannel::Peer& p = ch.peers()[static_cast<std::size_t>(r)];
+  std::string s = "rank " + std::to_string(r);
+  if (p.world_rank != r) s += " (world rank " + std::to_string(p.world_rank) + ")";
+  return s + " on " + p.host + " (pid " + std::to_string(p.pid) + ")";
+}
+
+// At most `limit` names, then how many more.
+std::string name_list(const std::vector<std::string>& names, std::size_t limit = 8) {
+  std::string s;
+  for (std::size_t k = 0; k < names.size() && k < limit; ++k) s += (k ? "; " : "") + names[k];
+  if (names.size() > limit) s += "; and " + std::to_string(names.size() - limit) + " more";
+  return s;
+}
+
+// Asks every other rank of the channel where it is and sorts the answers:
+// silent (not in the library), in another operation, waiting in this one.
+std::string ask_peers(State& s, const WatchChannel& ch, double grace) {
+  const int size = static_cast<int>(ch.peers().size());
+  const Report mine = snapshot(s);
+  for (int r = 0; r < size; ++r) {
+    if (r == ch.rank()) continue;
+    MPI_Request req;
+    if (MPI_Isend(&kAsk, 1, MPI_CHAR, r, kAskTag, ch.comm(), &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+  std::vector<Report> got(static_cast<std::size_t>(size));
+  std::vector<bool> answered(static_cast<std::size_t>(size), false);
+  int missing = size - 1;
+  const auto until = Clock::now() + std::chrono::duration<double>(grace);
+  while (missing > 0 && Clock::now() < until) {
+    serve_asks(s);
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, ch.comm(), &flag, &st) != MPI_SUCCESS) break;
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    Report r;
+    if (MPI_Recv(&r, sizeof r, MPI_BYTE, st.MPI_SOURCE, kReportTag, ch.comm(), MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      break;
+    r.op[sizeof r.op - 1] = r.context[sizeof r.context - 1] = '\0';
+    const auto q = static_cast<std::size_t>(st.MPI_SOURCE);
+    if (!answered[q]) {
+      answered[q] = true;
+      got[q] = r;
+      --missing;
+    }
+  }
+  std::vector<std::string> silent, elsewhere, same, idle;
+  for (int r = 0; r < size; ++r) {
+    const auto q = static_cast<std::size_t>(r);
+    if (r == ch.rank()) continue;
+    if (!answered[q]) {
+      silent.push_back(peer_name(ch, r));
+    } else if (!got[q].inside) {
+      idle.push_back(peer_name(ch, r));
+    } else if (std::strcmp(got[q].op, mine.op) == 0 && got[q].count == mine.count &&
+               got[q].dtype == mine.dtype && std::strcmp(got[q].context, mine.context) == 0) {
+      same.push_back("rank " + std::to_string(r));
+    } else {
+      elsewhere.push_back(peer_name(ch, r) + ": " + describe(got[q]));
+    }
+  }
+  char g[32];
+  std::snprintf(g, sizeof g, "%.1f", grace);
+  std::string out;
+  if (!silent.empty()) {
+    out += "\n  waiting for: " + name_list(silent) + ": no answer within " + g +
+           " s, so not inside any shardopt operation (computing, in I/O, in the application's "
+           "own MPI calls, stopped, or dead)";
+  }
+  if (!idle.empty()) {
+    out += "\n  waiting for: " + name_list(idle) +
+           ": between shardopt operations (in the application's code)";
+  }
+  if (!elsewhere.empty()) out += "\n  in another shardopt operation: " + name_list(elsewhere, 4);
+  if (!same.empty()) out += "\n  waiting in the same operation: " + name_list(same, 16);
+  return out;
+}
+
+[[noreturn]] void fire(State& s, const WatchChannel* channel, double timeout, double waited) {
   const std::string h = host_name();
+  std::string findings;
+  if (channel != nullptr && channel->peers().size() > 1) {
+    findings = ask_peers(s, *channel, grace_seconds(timeout));
+  } else {
+    findings =
+        "\n  the other ranks could not be asked from inside this blocking call: the ranks "
+        "that print this message are waiting, the others are the ones to look at";
+  }
+  std::lock_guard<std::mutex> lock(s.m);
+  const std::string what = op_text(s.op, s.count, s.dtype);
   std::fprintf(stderr,
-               "shardopt watchdog on rank %d (host %s, pid %ld) [SHARDOPT_ERR_TIMEOUT]: %s of "
-               "%zu %s over %d rank(s) has not completed after %.1f s (SHARDOPT_TIMEOUT=%g); "
-               "the library was at: %s; blocking operation #%llu of this rank. A rank of this "
-               "communicator has not reached the same operation: it is stuck elsewhere "
-               "(computing, in I/O, in a deadlock of the application), has died, or issued "
-               "another collective. Which rank cannot be seen from inside a blocking MPI call: "
-               "the ranks that print this message are waiting, the others are the ones to look "
-               "at.\n  fix: look at what the silent ranks were doing (py-spy/gdb -p, their "
-               "logs); run with SHARDOPT_CHECK_ARGS=1 to catch ranks that issue different "
-               "collectives; raise SHARDOPT_TIMEOUT if a step can legitimately take longer\n"
+               "shardopt watchdog on rank %d (host %s, pid %ld) [SHARDOPT_ERR_TIMEOUT]: %s "
+               "over %d rank(s) has not completed after %.1f s (SHARDOPT_TIMEOUT=%g); "
+               "the library was at: %s; blocking operation #%llu of this rank.%s\n"
+               "  fix: look at what the ranks named above were doing (py-spy/gdb -p, their "
+               "logs); ranks in another shardopt operation issued different collectives (run "
+               "with SHARDOPT_DESYNC_CHECK=1 to stop at the first one); raise SHARDOPT_TIMEOUT "
+               "if a step can legitimately take longer\n"
                "  ending the job: exit status %d\n",
-               s.world_rank, h.c_str(), static_cast<long>(getpid()), s.op, s.count,
-               dtype_name(s.dtype), s.ranks, waited, timeout, s.context.c_str(),
-               static_cast<unsigned long long>(s.seq), SHARDOPT_WATCHDOG_EXIT_CODE);
+               s.world_rank, h.c_str(), static_cast<long>(getpid()), what.c_str(), s.ranks, waited,
+               timeout, s.context.c_str(), static_cast<unsigned long long>(s.seq), findings.c_str(),
+               SHARDOPT_WATCHDOG_EXIT_CODE);
   std::fflush(stderr);
   std::_Exit(SHARDOPT_WATCHDOG_EXIT_CODE);
 }
 
+// The backstop: fires for a wait that is not polled, and for a polled one
+// only well after its poll loop should have (it never returns to poll).
 void monitor(double timeout) {
   State& s = state();
   const auto tick = std::chrono::duration<double>(std::min(0.1, timeout / 10.0));
+  const double backstop = grace_seconds(timeout) + 3.0;
   for (;;) {
     std::this_thread::sleep_for(tick);
-    std::lock_guard<std::mutex> lock(s.m);
-    if (s.depth == 0) continue;
-    const double waited = std::chrono::duration<double>(Clock::now() - s.since).count();
-    if (waited > timeout) fire(s, timeout, waited);
+    double waited = 0.0;
+    {
+      std::lock_guard<std::mutex> lock(s.m);
+      if (s.depth == 0) continue;
+      waited = std::chrono::duration<double>(Clock::now() - s.since).count();
+      if (waited <= timeout + (s.polled ? backstop : 0.0)) continue;
+    }
+    fire(s, nullptr, timeout, waited);
   }
+}
+
+void start_monitor(State& s) {
+  std::call_once(s.started, [&] {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
+    const double t = timeout_seconds();
+    try {
+      std::thread(monitor, t).detach();
+    } catch (...) {
+      std::fprintf(stderr, "shardopt: SHARDOPT_TIMEOUT: cannot start the watchdog thread\n");
+    }
+  });
 }
 
 }  // namespace
@@ -94,18 +289,7 @@ WatchScope::WatchScope(const char* op, std::size_t count, DType dtype, int ranks
   if (!watchdog_armed()) return;
   armed_ = true;
   State& s = state();
-  std::call_once(s.started, [&] {
-    int init = 0, fin = 0;
-    MPI_Initialized(&init);
-    MPI_Finalized(&fin);
-    if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
-    const double t = timeout_seconds();
-    try {
-      std::thread(monitor, t).detach();
-    } catch (...) {
-      std::fprintf(stderr, "shardopt: SHARDOPT_TIMEOUT: cannot start the watchdog thread\n");
-    }
-  });
+  start_monitor(s);
   std::lock_guard<std::mutex> lock(s.m);
   if (s.depth++ > 0) return;
   s.op = op;
@@ -113,6 +297,7 @@ WatchScope::WatchScope(const char* op, std::size_t count, DType dtype, int ranks
   s.dtype = dtype;
   s.ranks = ranks;
   s.since = Clock::now();
+  s.polled = false;
   ++s.seq;
 }
 
@@ -121,6 +306,66 @@ WatchScope::~WatchScope() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.m);
   --s.depth;
+}
+
+WatchChannel::WatchChannel(MPI_Comm comm) {
+  SHARDOPT_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "SHARDOPT_TIMEOUT: duplicating the communicator");
+  int size = 0, world = -1;
+  SHARDOPT_CHECK_MPI(MPI_Comm_rank(comm_, &rank_), "SHARDOPT_TIMEOUT: querying the rank");
+  SHARDOPT_CHECK_MPI(MPI_Comm_size(comm_, &size), "SHARDOPT_TIMEOUT: querying the size");
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  // Each rank's world rank, pid and host name, for the report.
+  struct Card {
+    std::int64_t world_rank, pid;
+    char host[64];
+  } mine{}, none{};
+  mine.world_rank = world;
+  mine.pid = static_cast<std::int64_t>(getpid());
+  copy_text(mine.host, sizeof mine.host, host_name().c_str());
+  std::vector<Card> all(static_cast<std::size_t>(size), none);
+  SHARDOPT_CHECK_MPI(
+      MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_),
+      "SHARDOPT_TIMEOUT: exchanging host names");
+  for (Card& c : all) {
+    c.host[sizeof c.host - 1] = '\0';
+    peers_.push_back({static_cast<int>(c.world_rank), static_cast<long>(c.pid), c.host});
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.m);
+  s.channels.push_back(this);
+}
+
+void WatchChannel::free() {
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.m);
+    s.channels.erase(std::remove(s.channels.begin(), s.channels.end(), this), s.channels.end());
+  }
+  if (comm_ == MPI_COMM_NULL) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+WatchChannel::~WatchChannel() { free(); }
+
+void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
+  State& s = state();
+  const double timeout = timeout_seconds();
+  {
+    std::lock_guard<std::mutex> lock(s.m);
+    s.polled = true;
+  }
+  while (!done()) {
+    serve_asks(s);
+    double waited = 0.0;
+    {
+      std::lock_guard<std::mutex> lock(s.m);
+      waited = std::chrono::duration<double>(Clock::now() - s.since).count();
+    }
+    if (waited > timeout) fire(s, channel, timeout, waited);
+  }
 }
 
 void watch_context(std::string what) {

@@ -1,16 +1,26 @@
 // shardopt internal: the watchdog (SHARDOPT_TIMEOUT). Every blocking
 // operation of the library (a blocking collective, a wait for a
-// non-blocking one) is bracketed by a WatchScope; a thread of the process
-// wakes a few times a second and, when the current operation has waited
-// longer than the timeout, prints what it waits for and where the library
-// was (watch_context), and ends the process with exit status
-// SHARDOPT_WATCHDOG_EXIT_CODE, which makes mpirun (or srun with
-// --kill-on-bad-exit) end the whole job. With the timeout at 0 (the
-// default) nothing here costs more than a test of one flag.
+// non-blocking one, the argument exchange of SHARDOPT_DESYNC_CHECK) is
+// bracketed by a WatchScope. With the watchdog armed, the operation is
+// issued non-blocking and watch_poll() tests it from the calling thread;
+// when it has waited longer than the timeout, that thread asks every other
+// rank of the communicator, over the communicator's WatchChannel, where it
+// is. Ranks inside a shardopt operation answer from their own poll loops
+// (the same operation, or another one); the silent ones are not in the
+// library at all. It prints what it waits for, where the library was
+// (watch_context), and each rank's answer, and ends the process with exit
+// status SHARDOPT_WATCHDOG_EXIT_CODE, which makes mpirun (or srun with
+// --kill-on-bad-exit) end the whole job. A thread of the process is the
+// backstop for blocking calls that cannot be polled. With the timeout at 0
+// (the default) nothing here costs more than a test of one flag.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "shardopt/types.hpp"
 
@@ -26,10 +36,44 @@ class WatchScope {
   ~WatchScope();
   WatchScope(const WatchScope&) = delete;
   WatchScope& operator=(const WatchScope&) = delete;
+  bool armed() const noexcept { return armed_; }
 
  private:
   bool armed_ = false;
 };
+
+// A communicator's side channel for the watchdog's question: a duplicate of
+// it, and each rank's world rank, host and pid. Made collectively (one
+// MPI_Comm_dup and one allgather) by a backend when the watchdog is armed.
+class WatchChannel {
+ public:
+  explicit WatchChannel(MPI_Comm comm);
+  ~WatchChannel();  // unregisters; frees the duplicate while MPI runs
+  WatchChannel(const WatchChannel&) = delete;
+  WatchChannel& operator=(const WatchChannel&) = delete;
+  // Frees the duplicate now (with the communicator it shadows).
+  void free();
+
+  struct Peer {
+    int world_rank = -1;
+    long pid = 0;
+    std::string host;
+  };
+  MPI_Comm comm() const noexcept { return comm_; }
+  int rank() const noexcept { return rank_; }
+  const std::vector<Peer>& peers() const noexcept { return peers_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  std::vector<Peer> peers_;
+};
+
+// Calls done() from this thread until it returns true, answering other
+// ranks' questions in between. Past the timeout of the outermost WatchScope
+// it asks the ranks of `channel` (none when null) where they are, prints
+// the report and ends the process. Exceptions of done() propagate.
+void watch_poll(const std::function<bool()>& done, const WatchChannel* channel);
 
 // What the library is doing, for the watchdog's message ("step 12:
 // reduce-scatter of bucket 3 of 8"). Cheap to skip: callers build the

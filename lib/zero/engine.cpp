@@ -249,11 +249,14 @@ void ZeroEngine::launch(std::size_t bi) {
   flights_.push_back(std::move(f));
 }
 
-void ZeroEngine::watch(const char* what, std::size_t bucket) const {
+void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) const {
   if (!watchdog_armed()) return;
-  std::string s = "step " + std::to_string(steps_ + 1) + ": " + what;
+  // The step under way: the allgather of the parameters comes after the
+  // update has counted it.
+  const std::int64_t step = after_update ? steps_ : steps_ + 1;
+  std::string s = "step " + std::to_string(step) + ": " + what;
   if (bucket != SIZE_MAX)
-    s += ", bucket " + std::to_string(bucket) + " of " + std::to_string(buckets_.size());
+    s += ", bucket " + std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size());
   watch_context(std::move(s));
 }
 
@@ -367,7 +370,7 @@ void ZeroEngine::allgather_buckets(DType type, std::uint64_t& bytes, const UserP
   std::deque<Gather> open;
   const std::size_t size = dtype_size(type);
   const auto finish = [&](Gather& g) {
-    watch("the allgather of the parameters", g.bucket);
+    watch("the allgather of the parameters", g.bucket, true);
     const double t0 = MPI_Wtime();
     g.request.wait();
     comm_stats_.waited += MPI_Wtime() - t0;

@@ -187,8 +187,10 @@ class ZeroEngine {
   // application has freed the communicator the optimizer was built on.
   void require_comm(const char* what) const;
   // For the watchdog's message (SHARDOPT_TIMEOUT): "step N: what[, bucket
-  // b of B]"; nothing is built when the watchdog is off.
-  void watch(const char* what, std::size_t bucket = SIZE_MAX) const;
+  // b of B]", buckets counted from 1, N the step under way (after_update:
+  // the step the update just counted); nothing is built when the watchdog
+  // is off.
+  void watch(const char* what, std::size_t bucket = SIZE_MAX, bool after_update = false) const;
   // The policy in force (automatic resolved).
   NonFinite non_finite_policy() const noexcept;
   // Collective, on non-finite gradients: throws NonFiniteError on every

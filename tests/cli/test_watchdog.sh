@@ -5,7 +5,12 @@
 # - the whole job ends within SHARDOPT_TIMEOUT + 5 seconds of the stall,
 #   with the watchdog's exit status (86), no rank left running;
 # - every waiting rank prints the message: the operation waited for, step
-#   4, the timeout, and the exit status.
+#   4, the timeout, the exit status, and the rank it waits for: the stalled
+#   one, by rank, host and pid, as not inside any shardopt operation; at 3
+#   ranks the other waiting rank as waiting in the same operation.
+# Then every rank inside a shardopt operation, but not the same one (rank R
+# in a barrier, the others in step 4): the messages name the other rank's
+# operation, and no rank as silent.
 # And desync detection (SHARDOPT_DESYNC_CHECK=1): one rank calls an
 # allreduce where the others call an allgather; every rank exits with
 # status 1 and the DesyncError naming both calls and their ranks.
@@ -53,6 +58,18 @@ stall_case() {  # RANKS STALL-RANK
     fail "$n ranks, rank $stall stalls: no waiting rank printed the watchdog's message" "$out"
     return
   fi
+  # The stalled rank, and only it, named as the one waited for.
+  local silent named_others
+  silent=$(grep -c "^  waiting for: rank $stall on [^ ]* (pid [0-9]*): no answer within [0-9.]* s, so not inside any shardopt operation" "$out")
+  named_others=$(grep "^  waiting for: " "$out" | grep -vc "^  waiting for: rank $stall on [^;]*: no answer")
+  if [ "$silent" -ne $waiting ] || [ "$named_others" -ne 0 ]; then
+    fail "$n ranks, rank $stall stalls: $silent of $waiting messages name rank $stall as the one waited for; $named_others name another" "$out"
+    return
+  fi
+  if [ "$n" -gt 2 ] && ! grep -q "^  waiting in the same operation: rank [0-9]" "$out"; then
+    fail "$n ranks, rank $stall stalls: no message names the other waiting rank" "$out"
+    return
+  fi
   if pgrep -f -- "$program stall $stall" >/dev/null; then
     pkill -9 -f -- "$program stall $stall"
     fail "$n ranks, rank $stall stalls: processes left running" "$out"
@@ -63,6 +80,34 @@ stall_case() {  # RANKS STALL-RANK
 
 stall_case 2 1
 stall_case 3 0
+
+apart_case() {  # RANKS ODD-RANK
+  local n=$1 odd=$2 out="$tmp/apart-$1-$2.out"
+  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" apart "$odd" \
+    >"$out" 2>&1
+  local rc=$?
+  if [ $rc -ne 86 ]; then
+    fail "$n ranks, rank $odd in a barrier: exit status $rc, not the watchdog's 86 (124: a hang)" "$out"
+    return
+  fi
+  # The odd rank sees the others in step(); the others see it in barrier.
+  local seen=0
+  if grep -q "^shardopt watchdog on rank $odd .*: barrier over $n rank(s) has not completed" "$out"; then
+    grep -q "^  in another shardopt operation: rank [0-9]* on [^ ]* (pid [0-9]*): wait for .*, at: step 4: " "$out" &&
+      seen=$((seen + 1))
+  fi
+  if grep -q "^  in another shardopt operation: rank $odd on [^ ]* (pid [0-9]*): barrier, at: " "$out"; then
+    seen=$((seen + 1))
+  fi
+  if [ $seen -lt 1 ] || grep -q "no answer within" "$out"; then
+    fail "$n ranks, rank $odd in a barrier: the messages do not name the other operation, or call a rank silent" "$out"
+    return
+  fi
+  ok "$n ranks, rank $odd in a barrier, the others in step(): every rank is named in its operation, exit status 86"
+}
+
+apart_case 2 1
+apart_case 3 0
 
 desync_case() {  # RANKS ODD-RANK
   local n=$1 odd=$2 out="$tmp/desync-$1-$2.out"

@@ -158,6 +158,7 @@ class MpiHostBackend final : public Backend {
                        "setting MPI_ERRORS_RETURN on the duplicated communicator");
     SHARDOPT_CHECK_MPI(MPI_Comm_rank(comm_, &rank_), "querying the rank");
     SHARDOPT_CHECK_MPI(MPI_Comm_size(comm_, &size_), "querying the size");
+    if (watchdog_armed()) watch = std::make_shared<WatchChannel>(comm_);
     SHARDOPT_LOG(info, "Communicator: mpi-host backend, rank " << rank_ << " of " << size_
                                                                << ", max chunk " << max_chunk_
                                                                << " elements");
@@ -176,6 +177,7 @@ class MpiHostBackend final : public Backend {
 
   void free() override {
     if (comm_ == MPI_COMM_NULL) return;
+    if (watch) watch->free();
     SHARDOPT_CHECK_MPI(MPI_Comm_free(&comm_), "freeing the duplicated communicator");
     comm_ = MPI_COMM_NULL;
   }
