@@ -93,7 +93,7 @@ apart_case() {  # RANKS ODD-RANK
   # The odd rank sees the others in step(); the others see it in barrier.
   local seen=0
   if grep -q "^shardopt watchdog on rank $odd .*: barrier over $n rank(s) has not completed" "$out"; then
-    grep -q "^  in another shardopt operation: rank [0-9]* on [^ ]* (pid [0-9]*): wait for .*, at: step 4: " "$out" &&
+    grep -q "^  in another shardopt operation: rank [0-9]* on [^ ]* (pid [0-9]*): .*, at: step 4: " "$out" &&
       seen=$((seen + 1))
   fi
   if grep -q "^  in another shardopt operation: rank $odd on [^ ]* (pid [0-9]*): barrier, at: " "$out"; then
@@ -101,6 +101,11 @@ apart_case() {  # RANKS ODD-RANK
   fi
   if [ $seen -lt 1 ] || grep -q "no answer within" "$out"; then
     fail "$n ranks, rank $odd in a barrier: the messages do not name the other operation, or call a rank silent" "$out"
+    return
+  fi
+  if pgrep -f -- "$program apart $odd" >/dev/null; then
+    pkill -9 -f -- "$program apart $odd"
+    fail "$n ranks, rank $odd in a barrier: processes left running" "$out"
     return
   fi
   ok "$n ranks, rank $odd in a barrier, the others in step(): every rank is named in its operation, exit status 86"
