@@ -162,13 +162,15 @@ std::string ask_peers(State& s, const WatchChannel& ch, double grace) {
   std::vector<Report> got(static_cast<std::size_t>(size));
   std::vector<bool> answered(static_cast<std::size_t>(size), false);
   int missing = size - 1;
+  // The whole grace period, even once every rank has answered: ranks whose
+  // own timeout comes a moment later get their answers from this one.
   const auto until = Clock::now() + std::chrono::duration<double>(grace);
-  while (missing > 0 && Clock::now() < until) {
+  while (Clock::now() < until) {
     serve_asks(s);
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, ch.comm(), &flag, &st) != MPI_SUCCESS) break;
-    if (!flag) {
+    if (missing == 0 ||
+        MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, ch.comm(), &flag, &st) != MPI_SUCCESS || !flag) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
