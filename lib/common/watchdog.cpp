@@ -90,6 +90,13 @@ Report snapshot(State& s) {
   return r;
 }
 
+// A report that stays valid until exit, for a send with MPI_Request_free.
+Report* keep(State& s, const Report& r) {
+  std::lock_guard<std::mutex> lock(s.m);
+  s.sent_reports.push_back(r);
+  return &s.sent_reports.back();
+}
+
 // Answers every question waiting on this process's channels. Errors are
 // ignored: the answer is a courtesy to a rank that is about to end the job.
 void serve_asks(State& s) {
@@ -108,13 +115,7 @@ void serve_asks(State& s) {
       if (MPI_Recv(&ask, 1, MPI_CHAR, st.MPI_SOURCE, kAskTag, ch->comm(), MPI_STATUS_IGNORE) !=
           MPI_SUCCESS)
         break;
-      Report r = snapshot(s);
-      Report* out;
-      {
-        std::lock_guard<std::mutex> lock(s.m);
-        s.sent_reports.push_back(r);
-        out = &s.sent_reports.back();
-      }
+      Report* out = keep(s, snapshot(s));
       MPI_Request req;
       if (MPI_Isend(out, sizeof *out, MPI_BYTE, st.MPI_SOURCE, kReportTag, ch->comm(), &req) ==
           MPI_SUCCESS)
@@ -222,13 +223,7 @@ std::string ask_peers(State& s, const WatchChannel& ch, double grace) {
 // ends the job: a rank whose own timeout comes later then finds it waiting
 // instead of a silence. Waits up to 0.2 s for the sends to leave.
 void announce(State& s, const WatchChannel& ch) {
-  Report* mine;
-  {
-    const Report r = snapshot(s);
-    std::lock_guard<std::mutex> lock(s.m);
-    s.sent_reports.push_back(r);
-    mine = &s.sent_reports.back();
-  }
+  Report* mine = keep(s, snapshot(s));
   std::vector<MPI_Request> reqs;
   for (int r = 0; r < static_cast<int>(ch.peers().size()); ++r) {
     MPI_Request req;

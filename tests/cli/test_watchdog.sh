@@ -22,6 +22,16 @@ program=$2
 . "$(dirname "$0")/lib.sh"
 timeout_s=3
 
+# Kills and reports the job's processes still running (by MODE and RANK on
+# their command line); returns 1 when there were any.
+left_running() {  # MODE RANK WHAT OUTPUT
+  if pgrep -f -- "$program $1 $2" >/dev/null; then
+    pkill -9 -f -- "$program $1 $2"
+    fail "$3: processes left running" "$4"
+    return 1
+  fi
+}
+
 stall_case() {  # RANKS STALL-RANK
   local n=$1 stall=$2 out="$tmp/stall-$1-$2.out"
   SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" stall "$stall" \
@@ -70,11 +80,7 @@ stall_case() {  # RANKS STALL-RANK
     fail "$n ranks, rank $stall stalls: no message names the other waiting rank" "$out"
     return
   fi
-  if pgrep -f -- "$program stall $stall" >/dev/null; then
-    pkill -9 -f -- "$program stall $stall"
-    fail "$n ranks, rank $stall stalls: processes left running" "$out"
-    return
-  fi
+  left_running stall "$stall" "$n ranks, rank $stall stalls" "$out" || return
   ok "$n ranks, rank $stall stalls: the job ended $took s after the stall, exit status 86, $waiting rank(s) said why"
 }
 
@@ -103,11 +109,7 @@ apart_case() {  # RANKS ODD-RANK
     fail "$n ranks, rank $odd in a barrier: the messages do not name the other operation, or call a rank silent" "$out"
     return
   fi
-  if pgrep -f -- "$program apart $odd" >/dev/null; then
-    pkill -9 -f -- "$program apart $odd"
-    fail "$n ranks, rank $odd in a barrier: processes left running" "$out"
-    return
-  fi
+  left_running apart "$odd" "$n ranks, rank $odd in a barrier" "$out" || return
   ok "$n ranks, rank $odd in a barrier, the others in step(): every rank is named in its operation, exit status 86"
 }
 
