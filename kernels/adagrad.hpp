@@ -12,7 +12,10 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/element.hpp"
+#include "kernels/optimizer.hpp"
+#include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -71,25 +74,74 @@ struct AdagradBuffers : StepBuffers {
   }
 };
 
-// Each returns true if every gradient was finite (after grad_mul); the
-// update is applied either way.
-namespace reference {
-bool adagrad(const AdagradBuffers& b, const AdagradScalars& s);
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels::detail {
+
+template <class G, class P, bool Wd>
+struct AdagradLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = AdagradLoop<G2, P2, Wd>;
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const AdagradBuffers& b, const AdagradScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    float* __restrict sum = b.sum;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite = adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const AdagradBuffers& b, const AdagradScalars& s,
+                                         std::size_t i) {
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
+    float sum = b.sum[i];
+    const bool finite = adagrad_element<Wd>(p, load_grad(static_cast<const G*>(b.grad), i), sum, s);
+    P::store(b.param, copy, b.remainder, i, p);
+    b.sum[i] = sum;
+    return finite;
+  }
+};
+
+// Calls f.template operator()<AdagradLoop<...>>() for the step's types and modes.
+template <class F>
+bool dispatch_adagrad(const AdagradBuffers& b, const AdagradScalars& s, F&& f) {
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+        return with_flags([&]<bool Wd>() { return f.template operator()<AdagradLoop<G, P, Wd>>(); },
+                          s.weight_decay != 0.0f);
+      });
 }
-namespace cpu {
-// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
-bool adagrad(const AdagradBuffers& b, const AdagradScalars& s);
-}  // namespace cpu
-namespace cuda {
-// Device buffers; `stream` is a cudaStream_t (null: the default stream).
-// Synchronous. Throws NotCompiledError in a build without CUDA.
-bool adagrad(const AdagradBuffers& b, const AdagradScalars& s, void* stream);
-// The same step on a list of tensors, one AdagradBuffers each (device buffers,
-// not overlapping), with the same scalars: one launch per group of tensors
-// of the same types and modes, or a few for long lists
-// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
-// finite.
-bool adagrad(std::span<const AdagradBuffers> tensors, const AdagradScalars& s, void* stream);
-}  // namespace cuda
+
+}  // namespace shardopt::kernels::detail
+
+namespace shardopt::kernels {
+
+template <>
+struct Kernel<Adagrad> {
+  using Family = Adagrad;
+  using Buffers = AdagradBuffers;
+  using Scalars = AdagradScalars;
+  static Scalars scalars(const Adagrad& o, std::int64_t step, double grad_mul) {
+    return make_adagrad_scalars(o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize, step,
+                                grad_mul);
+  }
+  static void set_states(Buffers& b, float* const* states) { b.sum = states[0]; }
+  template <class F>
+  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
+    return detail::dispatch_adagrad(b, s, f);
+  }
+};
 
 }  // namespace shardopt::kernels

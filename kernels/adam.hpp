@@ -15,7 +15,10 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/element.hpp"
+#include "kernels/optimizer.hpp"
+#include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -111,26 +114,101 @@ struct AdamBuffers : StepBuffers {
   }
 };
 
-// Each returns true if every gradient was finite (after grad_mul); the
-// update is applied either way (callers that skip on overflow check first).
-namespace reference {
-bool adam(const AdamBuffers& b, const AdamScalars& s);
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels::detail {
+
+template <class G, class P, WeightDecay W, bool Ams>
+struct AdamLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = AdamLoop<G2, P2, W, Ams>;
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const AdamBuffers& b, const AdamScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    float* __restrict m = b.exp_avg;
+    float* __restrict v = b.exp_avg_sq;
+    float* __restrict vmax = b.max_exp_avg_sq;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite =
+              adam_element<W, Ams>(pi, load_grad(g, i), m[i], v[i], Ams ? vmax + i : nullptr, s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const AdamBuffers& b, const AdamScalars& s,
+                                         std::size_t i) {
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i), m = b.exp_avg[i], v = b.exp_avg_sq[i];
+    const bool finite = adam_element<W, Ams>(p, load_grad(static_cast<const G*>(b.grad), i), m, v,
+                                             Ams ? b.max_exp_avg_sq + i : nullptr, s);
+    P::store(b.param, copy, b.remainder, i, p);
+    b.exp_avg[i] = m;
+    b.exp_avg_sq[i] = v;
+    return finite;
+  }
+};
+
+// Calls f.template operator()<AdamLoop<...>>() for the step's types and modes.
+template <class F>
+bool dispatch_adam(const AdamBuffers& b, const AdamScalars& s, F&& f) {
+  return dispatch_types(b.grad_type, b.param_out, b.param_out_type, b.remainder,
+                        [&]<class G, class P>() {
+                          auto with_ams = [&]<WeightDecay W>() {
+                            return s.amsgrad ? f.template operator()<AdamLoop<G, P, W, true>>()
+                                             : f.template operator()<AdamLoop<G, P, W, false>>();
+                          };
+                          switch (s.wd_mode) {
+                            case WeightDecay::l2:
+                              return with_ams.template operator()<WeightDecay::l2>();
+                            case WeightDecay::decoupled:
+                              return with_ams.template operator()<WeightDecay::decoupled>();
+                            default:
+                              return with_ams.template operator()<WeightDecay::none>();
+                          }
+                        });
 }
-namespace cpu {
-// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
-bool adam(const AdamBuffers& b, const AdamScalars& s);
-}  // namespace cpu
-namespace cuda {
-// Device buffers; `stream` is a cudaStream_t (null: the default stream).
-// Synchronous: returns when the step is done. Throws NotCompiledError in a
-// build without CUDA.
-bool adam(const AdamBuffers& b, const AdamScalars& s, void* stream);
-// The same step on a list of tensors, one AdamBuffers each (device buffers,
-// not overlapping), with the same scalars: one launch per group of tensors
-// of the same types and modes, or a few for long lists
-// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
-// finite.
-bool adam(std::span<const AdamBuffers> tensors, const AdamScalars& s, void* stream);
-}  // namespace cuda
+
+}  // namespace shardopt::kernels::detail
+
+namespace shardopt::kernels {
+
+template <>
+struct Kernel<Adam> {
+  using Family = Adam;
+  using Buffers = AdamBuffers;
+  using Scalars = AdamScalars;
+  static Scalars scalars(const Adam& o, std::int64_t step, double grad_mul) {
+    return make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay, false,
+                             o.amsgrad, o.maximize, step, grad_mul);
+  }
+  static void set_states(Buffers& b, float* const* states) {
+    b.exp_avg = states[0];
+    b.exp_avg_sq = states[1];
+    b.max_exp_avg_sq = states[2];
+  }
+  template <class F>
+  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
+    return detail::dispatch_adam(b, s, f);
+  }
+};
+
+// AdamW runs Adam's kernels with decoupled weight decay.
+template <>
+struct Kernel<AdamW> : Kernel<Adam> {
+  static Scalars scalars(const AdamW& o, std::int64_t step, double grad_mul) {
+    return make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay, true,
+                             o.amsgrad, o.maximize, step, grad_mul);
+  }
+};
 
 }  // namespace shardopt::kernels

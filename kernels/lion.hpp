@@ -13,7 +13,10 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/element.hpp"
+#include "kernels/optimizer.hpp"
+#include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -70,25 +73,72 @@ struct LionBuffers : StepBuffers {
   }
 };
 
-// Each returns true if every gradient was finite (after grad_mul); the
-// update is applied either way.
-namespace reference {
-bool lion(const LionBuffers& b, const LionScalars& s);
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels::detail {
+
+template <class G, class P>
+struct LionLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = LionLoop<G2, P2>;
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const LionBuffers& b, const LionScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    float* __restrict m = b.exp_avg;
+    return for_range<force_simd<G, P>>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite = lion_element(pi, load_grad(g, i), m[i], s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const LionBuffers& b, const LionScalars& s,
+                                         std::size_t i) {
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
+    float m = b.exp_avg[i];
+    const bool finite = lion_element(p, load_grad(static_cast<const G*>(b.grad), i), m, s);
+    P::store(b.param, copy, b.remainder, i, p);
+    b.exp_avg[i] = m;
+    return finite;
+  }
+};
+
+// Calls f.template operator()<LionLoop<...>>() for the step's types.
+template <class F>
+bool dispatch_lion(const LionBuffers& b, const LionScalars&, F&& f) {
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder,
+      [&]<class G, class P>() { return f.template operator()<LionLoop<G, P>>(); });
 }
-namespace cpu {
-// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
-bool lion(const LionBuffers& b, const LionScalars& s);
-}  // namespace cpu
-namespace cuda {
-// Device buffers; `stream` is a cudaStream_t (null: the default stream).
-// Synchronous. Throws NotCompiledError in a build without CUDA.
-bool lion(const LionBuffers& b, const LionScalars& s, void* stream);
-// The same step on a list of tensors, one LionBuffers each (device buffers,
-// not overlapping), with the same scalars: one launch per group of tensors
-// of the same types and modes, or a few for long lists
-// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
-// finite.
-bool lion(std::span<const LionBuffers> tensors, const LionScalars& s, void* stream);
-}  // namespace cuda
+
+}  // namespace shardopt::kernels::detail
+
+namespace shardopt::kernels {
+
+template <>
+struct Kernel<Lion> {
+  using Family = Lion;
+  using Buffers = LionBuffers;
+  using Scalars = LionScalars;
+  static Scalars scalars(const Lion& o, std::int64_t, double grad_mul) {
+    return make_lion_scalars(o.lr, o.betas.first, o.betas.second, o.weight_decay, o.maximize,
+                             grad_mul);
+  }
+  static void set_states(Buffers& b, float* const* states) { b.exp_avg = states[0]; }
+  template <class F>
+  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
+    return detail::dispatch_lion(b, s, f);
+  }
+};
 
 }  // namespace shardopt::kernels

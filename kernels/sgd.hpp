@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/element.hpp"
+#include "kernels/optimizer.hpp"
+#include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::kernels {
@@ -85,25 +88,85 @@ struct SgdBuffers : StepBuffers {
   }
 };
 
-// Each returns true if every gradient was finite (after grad_mul); the
-// update is applied either way.
-namespace reference {
-bool sgd(const SgdBuffers& b, const SgdScalars& s);
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels::detail {
+
+template <class G, class P, bool Wd, bool Mom>
+struct SgdLoop {
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = SgdLoop<G2, P2, Wd, Mom>;
+  // GCC declines to vectorize this loop with bf16 (and forcing it slows the
+  // fp32 one): its 16-bit buffers are staged (kernels/cpu/runner.hpp).
+  static constexpr bool direct_bf16 = false;
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const SgdBuffers& b, const SgdScalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    float* __restrict buf = b.momentum_buffer;
+    unsigned bad = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      float pi = P::load(p, copy, rem, i);
+      bad |= !sgd_element<Wd, Mom>(pi, load_grad(g, i), Mom ? buf + i : nullptr, s);
+      P::store(p, copy, rem, i, pi);
+    }
+    return bad == 0;
+  }
+  SHARDOPT_HOST_DEVICE static bool apply(const SgdBuffers& b, const SgdScalars& s, std::size_t i) {
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
+    // The first step writes the buffer without reading it (torch's clone of d_p).
+    float buf = Mom && !s.first_step ? b.momentum_buffer[i] : 0.0f;
+    const bool finite =
+        sgd_element<Wd, Mom>(p, load_grad(static_cast<const G*>(b.grad), i), &buf, s);
+    P::store(b.param, copy, b.remainder, i, p);
+    if constexpr (Mom) b.momentum_buffer[i] = buf;
+    return finite;
+  }
+  // The buffers and how this loop uses them (the CUDA kernels' vector loads):
+  // with momentum, the first step only writes the momentum buffer.
+  template <class F>
+  SHARDOPT_HOST_DEVICE static void each_buffer(SgdBuffers& b, const SgdScalars& s, F&& f) {
+    b.each_buffer(f, Mom && s.first_step ? Access::write : Access::read_write);
+  }
+};
+
+// Calls f.template operator()<SgdLoop<...>>() for the step's types and modes.
+template <class F>
+bool dispatch_sgd(const SgdBuffers& b, const SgdScalars& s, F&& f) {
+  return dispatch_types(
+      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+        return with_flags(
+            [&]<bool Wd, bool Mom>() { return f.template operator()<SgdLoop<G, P, Wd, Mom>>(); },
+            s.weight_decay != 0.0f, s.momentum != 0.0f);
+      });
 }
-namespace cpu {
-// OpenMP across threads, AVX-512 / AVX2 / baseline chosen at run time.
-bool sgd(const SgdBuffers& b, const SgdScalars& s);
-}  // namespace cpu
-namespace cuda {
-// Device buffers; `stream` is a cudaStream_t (null: the default stream).
-// Synchronous. Throws NotCompiledError in a build without CUDA.
-bool sgd(const SgdBuffers& b, const SgdScalars& s, void* stream);
-// The same step on a list of tensors, one SgdBuffers each (device buffers,
-// not overlapping), with the same scalars: one launch per group of tensors
-// of the same types and modes, or a few for long lists
-// (kernels/cuda/multi_tensor.cuh). Synchronous; true if every gradient was
-// finite.
-bool sgd(std::span<const SgdBuffers> tensors, const SgdScalars& s, void* stream);
-}  // namespace cuda
+
+}  // namespace shardopt::kernels::detail
+
+namespace shardopt::kernels {
+
+template <>
+struct Kernel<SGD> {
+  using Family = SGD;
+  using Buffers = SgdBuffers;
+  using Scalars = SgdScalars;
+  static Scalars scalars(const SGD& o, std::int64_t step, double grad_mul) {
+    return make_sgd_scalars(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize,
+                            step, grad_mul);
+  }
+  static void set_states(Buffers& b, float* const* states) { b.momentum_buffer = states[0]; }
+  template <class F>
+  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
+    return detail::dispatch_sgd(b, s, f);
+  }
+};
 
 }  // namespace shardopt::kernels

@@ -8,10 +8,10 @@
 #include <random>
 #include <vector>
 
-#include "kernels/adam_loop.hpp"
+#include "kernels/adam.hpp"
 #include "kernels/lamb_loop.hpp"
 #include "kernels/multi_tensor.hpp"
-#include "kernels/sgd_loop.hpp"
+#include "kernels/sgd.hpp"
 #include "kernels/vector_step.hpp"
 #include "optim_helpers.hpp"
 

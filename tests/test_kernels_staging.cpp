@@ -101,8 +101,8 @@ TEST_CASE("CPU kernels convert every 16-bit gradient pattern as the reference do
     };
     const auto s =
         kernels::make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1, 1.0);
-    const bool f_ref = kernels::reference::adam(buffers(p_ref, m_ref, v_ref), s);
-    const bool f_cpu = kernels::cpu::adam(buffers(p_cpu, m_cpu, v_cpu), s);
+    const bool f_ref = kernels::reference::step<Adam>(buffers(p_ref, m_ref, v_ref), s);
+    const bool f_cpu = kernels::cpu::step<Adam>(buffers(p_cpu, m_cpu, v_cpu), s);
     INFO("grad type " << dtype_name(gt));
     CHECK_FALSE(f_ref);  // the patterns include inf and NaN
     CHECK(f_cpu == f_ref);
@@ -132,8 +132,8 @@ TEST_CASE("CPU kernels write 16-bit parameter copies as the reference does", "[k
       return b;
     };
     const auto s = kernels::make_sgd_scalars(0.0, 0.0, 0.0, 0.0, false, false, 1, 1.0);
-    kernels::reference::sgd(buffers(p_ref, out_ref), s);
-    kernels::cpu::sgd(buffers(p_cpu, out_cpu), s);
+    kernels::reference::step<SGD>(buffers(p_ref, out_ref), s);
+    kernels::cpu::step<SGD>(buffers(p_cpu, out_cpu), s);
     INFO("copy type " << dtype_name(ot));
     CHECK(count_diff(p_cpu, p_ref) == 0);
     CHECK(out_cpu == out_ref);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/adagrad_loop.hpp"
-#include "kernels/lion_loop.hpp"
+#include "kernels/adagrad.hpp"
+#include "kernels/lion.hpp"
 #include "vector_steps.hpp"
 
 using namespace shardopt;
@@ -27,7 +27,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adagrad and Lion", "[kernel
                   b.sum = a.fp(1);
                   set_params(b, a, storage);
                   b.n = a.f[0].size() - 4;
-                  if (!emulate) return reference::adagrad(b, s);
+                  if (!emulate) return reference::step<Adagrad>(b, s);
                   return kd::dispatch_adagrad(
                       b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                 });
@@ -39,7 +39,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adagrad and Lion", "[kernel
         b.exp_avg = a.fp(1);
         set_params(b, a, storage);
         b.n = a.f[0].size() - 4;
-        if (!emulate) return reference::lion(b, s);
+        if (!emulate) return reference::step<Lion>(b, s);
         return kd::dispatch_lion(
             b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
       });

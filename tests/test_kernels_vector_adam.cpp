@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/adam_loop.hpp"
+#include "kernels/adam.hpp"
 #include "kernels/lamb_loop.hpp"
 #include "vector_steps.hpp"
 
@@ -32,7 +32,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adam", "[kernels][vector]")
                     b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
                     set_params(b, a, storage);
                     b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::adam(b, s);
+                    if (!emulate) return reference::step<Adam>(b, s);
                     return kd::dispatch_adam(
                         b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                   });

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/rmsprop_loop.hpp"
+#include "kernels/rmsprop.hpp"
 #include "vector_steps.hpp"
 
 using namespace shardopt;
@@ -30,7 +30,7 @@ TEST_CASE("Vector steps equal the reference kernels: RMSprop", "[kernels][vector
                   b.momentum_buffer = mom ? a.fp(3) : nullptr;
                   set_params(b, a, storage);
                   b.n = a.f[0].size() - 4;
-                  if (!emulate) return reference::rmsprop(b, s);
+                  if (!emulate) return reference::step<RMSprop>(b, s);
                   return kd::dispatch_rmsprop(
                       b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                 });

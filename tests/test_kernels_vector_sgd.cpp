@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/sgd_loop.hpp"
+#include "kernels/sgd.hpp"
 #include "vector_steps.hpp"
 
 using namespace shardopt;
@@ -30,7 +30,7 @@ TEST_CASE("Vector steps equal the reference kernels: SGD, first step and later",
                     b.momentum_buffer = mom ? a.fp(1) : nullptr;
                     set_params(b, a, storage);
                     b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::sgd(b, s);
+                    if (!emulate) return reference::step<SGD>(b, s);
                     return kd::dispatch_sgd(
                         b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                   });

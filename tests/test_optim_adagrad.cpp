@@ -45,10 +45,11 @@ TEST_CASE("Adagrad reference kernel: steps computed by hand", "[optim][adagrad]"
   b.grad = &g;
   b.sum = &sum;
   b.n = 1;
-  CHECK(kernels::reference::adagrad(b, kernels::make_adagrad_scalars(0.1, 1, 0, 0, false, 1, 1)));
+  CHECK(kernels::reference::step<Adagrad>(
+      b, kernels::make_adagrad_scalars(0.1, 1, 0, 0, false, 1, 1)));
   CHECK(sum == 0.25f);
   CHECK(p == Approx(0.9f).epsilon(1e-7));
-  kernels::reference::adagrad(b, kernels::make_adagrad_scalars(0.1, 1, 0, 0, false, 2, 1));
+  kernels::reference::step<Adagrad>(b, kernels::make_adagrad_scalars(0.1, 1, 0, 0, false, 2, 1));
   CHECK(sum == 0.5f);
   CHECK(p == Approx(0.9 - 0.05 * 0.5 / std::sqrt(0.5)).epsilon(1e-6));
 }
@@ -64,7 +65,7 @@ TEST_CASE("Adagrad reference kernel follows the float64 formulas over 30 steps",
     std::vector<double> p(st.p.begin(), st.p.end()), sum(n, static_cast<float>(init));
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
-      kernels::reference::adagrad(
+      kernels::reference::step<Adagrad>(
           adagrad_buffers(st, g, DType::f32, 0),
           kernels::make_adagrad_scalars(lr, lr_decay, wd, eps, maximize, step, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
@@ -93,8 +94,8 @@ TEST_CASE("Adagrad CPU kernel equals the reference bitwise, every type and mode"
           AdagradState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, 0, 0.1f),
                          std::vector<std::uint16_t>(n)};
           AdagradState c = a;
-          const bool fa = kernels::reference::adagrad(adagrad_buffers(a, g, gt, out), s);
-          const bool fc = kernels::cpu::adagrad(adagrad_buffers(c, g, gt, out), s);
+          const bool fa = kernels::reference::step<Adagrad>(adagrad_buffers(a, g, gt, out), s);
+          const bool fc = kernels::cpu::step<Adagrad>(adagrad_buffers(c, g, gt, out), s);
           INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode);
           CHECK(fa == fc);
           CHECK(count_diff(a.p, c.p) == 0);

@@ -94,7 +94,7 @@ TEST_CASE("Adam reference kernel: one step computed by hand", "[optim][adam]") {
   b.n = 1;
   const AdamScalars s =
       kernels::make_adam_scalars(0.1, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1, 1.0);
-  CHECK(kernels::reference::adam(b, s));
+  CHECK(kernels::reference::step<Adam>(b, s));
   CHECK(m == Approx(0.05f).epsilon(1e-6));
   CHECK(v == Approx(0.00025f).epsilon(1e-6));
   CHECK(p == Approx(0.9f).epsilon(1e-6));
@@ -118,7 +118,7 @@ TEST_CASE("Adam and AdamW reference kernels follow the float64 formulas over 30 
           for (auto& g : st.g32) g = u(rng);
           const AdamScalars s = kernels::make_adam_scalars(lr, b1, b2, eps, wd, decoupled, amsgrad,
                                                            maximize, step, 1.0);
-          kernels::reference::adam(buffers(st, DType::f32, amsgrad, false, DType::bf16), s);
+          kernels::reference::step<Adam>(buffers(st, DType::f32, amsgrad, false, DType::bf16), s);
           for (std::size_t i = 0; i < n; ++i) {
             double g = maximize ? -double(st.g32[i]) : double(st.g32[i]);
             if (decoupled)
@@ -159,8 +159,9 @@ TEST_CASE("Adam CPU kernel equals the reference bitwise, every type and mode", "
             const DType ot = out == 2 ? DType::f16 : DType::bf16;
             State a = make_state(n, n * 31 + static_cast<std::size_t>(gt));
             State c = a;
-            const bool fa = kernels::reference::adam(buffers(a, gt, amsgrad, out != 0, ot), s);
-            const bool fc = kernels::cpu::adam(buffers(c, gt, amsgrad, out != 0, ot), s);
+            const bool fa =
+                kernels::reference::step<Adam>(buffers(a, gt, amsgrad, out != 0, ot), s);
+            const bool fc = kernels::cpu::step<Adam>(buffers(c, gt, amsgrad, out != 0, ot), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " amsgrad " << amsgrad);
             CHECK(fa == fc);
@@ -182,15 +183,16 @@ TEST_CASE("Adam kernels flag non-finite gradients after grad_mul", "[optim][adam
   const AdamScalars s =
       kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1.0);
   State c = st;
-  CHECK_FALSE(kernels::reference::adam(buffers(st, DType::f32, false, false, DType::bf16), s));
-  CHECK_FALSE(kernels::cpu::adam(buffers(c, DType::f32, false, false, DType::bf16), s));
+  CHECK_FALSE(
+      kernels::reference::step<Adam>(buffers(st, DType::f32, false, false, DType::bf16), s));
+  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(c, DType::f32, false, false, DType::bf16), s));
   State big = make_state(100, 6);
   big.g32[10] = 3e38f;  // finite, but not after multiplying by 1e3
   const AdamScalars s2 =
       kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1e3);
-  CHECK_FALSE(kernels::cpu::adam(buffers(big, DType::f32, false, false, DType::bf16), s2));
+  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(big, DType::f32, false, false, DType::bf16), s2));
   State fine = make_state(100, 7);
-  CHECK(kernels::cpu::adam(buffers(fine, DType::f32, false, false, DType::bf16), s2));
+  CHECK(kernels::cpu::step<Adam>(buffers(fine, DType::f32, false, false, DType::bf16), s2));
 }
 
 namespace {
@@ -224,7 +226,7 @@ TEST_CASE("functional adam/adamw: bad hyper-parameters and buffers are clear err
   CHECK(rejects([&] { functional::adam(p, g, m, v, {}, 1, Adam{.amsgrad = true}); }, bad,
                 "max_exp_avg_sq (amsgrad) has 0 elements"));
   CHECK(rejects([&] { functional::adam(p, g, m, v, vmax, 1, Adam{}); }, bad,
-                "max_exp_avg_sq was given but amsgrad is off"));
+                "max_exp_avg_sq (amsgrad) was given but amsgrad is off"));
   CHECK(rejects([&] { functional::adamw(p, g, m, std::span<float>(v).first(3), {}, 1, {}); }, bad,
                 "exp_avg_sq has 3 elements"));
   CHECK(rejects(

@@ -41,8 +41,8 @@ TEST_CASE("Lion reference kernel: one step computed by hand", "[optim][lion]") {
   // m = (0.005, -0.005, 0.099).
   LionState st{{1, 1, 1}, {0, 0, 0.1f}, {}};
   const Grads g({0.5f, -0.5f, 0.0f});
-  CHECK(kernels::reference::lion(lion_buffers(st, g, DType::f32, 0),
-                                 kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1)));
+  CHECK(kernels::reference::step<Lion>(lion_buffers(st, g, DType::f32, 0),
+                                       kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1)));
   CHECK(st.p[0] == Approx(0.85f).epsilon(1e-6));
   CHECK(st.p[1] == Approx(1.05f).epsilon(1e-6));
   CHECK(st.p[2] == Approx(0.85f).epsilon(1e-6));
@@ -51,8 +51,8 @@ TEST_CASE("Lion reference kernel: one step computed by hand", "[optim][lion]") {
   CHECK(st.m[2] == Approx(0.099f).epsilon(1e-6));
   // A zero interpolation leaves p to the decay alone.
   LionState z{{2}, {0}, {}};
-  kernels::reference::lion(lion_buffers(z, Grads({0.0f}), DType::f32, 0),
-                           kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1));
+  kernels::reference::step<Lion>(lion_buffers(z, Grads({0.0f}), DType::f32, 0),
+                                 kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1));
   CHECK(z.p[0] == 1.9f);
 }
 
@@ -65,8 +65,8 @@ TEST_CASE("Lion reference kernel follows the float64 formulas over 30 steps", "[
     std::vector<double> p(st.p.begin(), st.p.end()), m(n);
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
-      kernels::reference::lion(lion_buffers(st, g, DType::f32, 0),
-                               kernels::make_lion_scalars(lr, b1, b2, wd, maximize, 1.0));
+      kernels::reference::step<Lion>(lion_buffers(st, g, DType::f32, 0),
+                                     kernels::make_lion_scalars(lr, b1, b2, wd, maximize, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
         const double d = maximize ? -double(g.f32[i]) : double(g.f32[i]);
         const double c = b1 * m[i] + (1 - b1) * d;
@@ -91,8 +91,8 @@ TEST_CASE("Lion CPU kernel equals the reference bitwise, every type", "[optim][l
         LionState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
                     std::vector<std::uint16_t>(n)};
         LionState c = a;
-        const bool fa = kernels::reference::lion(lion_buffers(a, g, gt, out), s);
-        const bool fc = kernels::cpu::lion(lion_buffers(c, g, gt, out), s);
+        const bool fa = kernels::reference::step<Lion>(lion_buffers(a, g, gt, out), s);
+        const bool fc = kernels::cpu::step<Lion>(lion_buffers(c, g, gt, out), s);
         INFO("n " << n << " grad " << dtype_name(gt) << " out " << out);
         CHECK(fa == fc);
         CHECK(count_diff(a.p, c.p) == 0);

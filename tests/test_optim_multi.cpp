@@ -371,7 +371,7 @@ TEST_CASE("List steps: every error names the tensor and changes nothing", "[opti
     a = args();
     a.states[2] = {ts[0].states[2], {}, {}};  // amsgrad is off
     CHECK(rejects([&] { adam(a); }, bad,
-                  "Adam: tensor 0: max_exp_avg_sq was given but amsgrad is off"));
+                  "Adam: tensor 0: max_exp_avg_sq (amsgrad) was given but amsgrad is off"));
     a = args();
     a.params[1] = ParamView(ts[1].p.data(), 5, DType::bf16, {});
     CHECK(rejects([&] { adam(a); }, ErrorCode::unsupported,

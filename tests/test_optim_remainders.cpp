@@ -242,19 +242,19 @@ void kernel_step(const std::string& opt, bool cpu, KernelState& k, const Grads& 
     b.max_exp_avg_sq = k.s[2].data();
     const auto s =
         kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0.01, true, true, false, t, 0.5);
-    cpu ? kernels::cpu::adam(b, s) : kernels::reference::adam(b, s);
+    cpu ? kernels::cpu::step<Adam>(b, s) : kernels::reference::step<Adam>(b, s);
   } else if (opt == "SGD") {
     kernels::SgdBuffers b;
     params(b);
     b.momentum_buffer = k.s[0].data();
     const auto s = kernels::make_sgd_scalars(0.01, 0.9, 0.0, 0.01, true, false, t, 1.0);
-    cpu ? kernels::cpu::sgd(b, s) : kernels::reference::sgd(b, s);
+    cpu ? kernels::cpu::step<SGD>(b, s) : kernels::reference::step<SGD>(b, s);
   } else if (opt == "Adagrad") {
     kernels::AdagradBuffers b;
     params(b);
     b.sum = k.s[0].data();
     const auto s = kernels::make_adagrad_scalars(0.05, 0.01, 0.01, 1e-10, true, t, 1.0);
-    cpu ? kernels::cpu::adagrad(b, s) : kernels::reference::adagrad(b, s);
+    cpu ? kernels::cpu::step<Adagrad>(b, s) : kernels::reference::step<Adagrad>(b, s);
   } else if (opt == "RMSprop") {
     kernels::RmspropBuffers b;
     params(b);
@@ -262,13 +262,13 @@ void kernel_step(const std::string& opt, bool cpu, KernelState& k, const Grads& 
     b.grad_avg = k.s[1].data();
     b.momentum_buffer = k.s[2].data();
     const auto s = kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, 0.01, 0.9, true, false, 1.0);
-    cpu ? kernels::cpu::rmsprop(b, s) : kernels::reference::rmsprop(b, s);
+    cpu ? kernels::cpu::step<RMSprop>(b, s) : kernels::reference::step<RMSprop>(b, s);
   } else if (opt == "Lion") {
     kernels::LionBuffers b;
     params(b);
     b.exp_avg = k.s[0].data();
     const auto s = kernels::make_lion_scalars(1e-3, 0.9, 0.99, 0.1, false, 1.0);
-    cpu ? kernels::cpu::lion(b, s) : kernels::reference::lion(b, s);
+    cpu ? kernels::cpu::step<Lion>(b, s) : kernels::reference::step<Lion>(b, s);
   } else {  // LAMB: both passes, the step from the norms
     kernels::LambBuffers b;
     b.param_bf16 = k.enc.hi.data();

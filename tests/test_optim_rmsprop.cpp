@@ -58,7 +58,7 @@ TEST_CASE("RMSprop reference kernel: one step computed by hand", "[optim][rmspro
     b.grad_avg = centered ? &ga : nullptr;
     b.momentum_buffer = momentum ? &buf : nullptr;
     b.n = 1;
-    CHECK(kernels::reference::rmsprop(
+    CHECK(kernels::reference::step<RMSprop>(
         b, kernels::make_rmsprop_scalars(0.1, 0.75, 0, 0, momentum ? 0.5 : 0, centered, false, 1)));
     const double avg = centered ? std::sqrt(0.046875) : 0.25;
     INFO("mode " << mode);
@@ -86,7 +86,7 @@ TEST_CASE("RMSprop reference kernel follows the float64 formulas over 30 steps",
         kernels::make_rmsprop_scalars(lr, alpha, eps, wd, momentum, centered, maximize, 1.0);
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
-      kernels::reference::rmsprop(rmsprop_buffers(st, g, DType::f32, s, 0), s);
+      kernels::reference::step<RMSprop>(rmsprop_buffers(st, g, DType::f32, s, 0), s);
       for (std::size_t i = 0; i < n; ++i) {
         double d = maximize ? -double(g.f32[i]) : double(g.f32[i]);
         d += wd * p[i];
@@ -121,8 +121,8 @@ TEST_CASE("RMSprop CPU kernel equals the reference bitwise, every type and mode"
               (mode + out) % 2 == 1, out == 2 ? 0.5 : 1.0);
           RmspropState a = make_state(n, 2 * n);
           RmspropState c = a;
-          const bool fa = kernels::reference::rmsprop(rmsprop_buffers(a, g, gt, s, out), s);
-          const bool fc = kernels::cpu::rmsprop(rmsprop_buffers(c, g, gt, s, out), s);
+          const bool fa = kernels::reference::step<RMSprop>(rmsprop_buffers(a, g, gt, s, out), s);
+          const bool fc = kernels::cpu::step<RMSprop>(rmsprop_buffers(c, g, gt, s, out), s);
           INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode);
           CHECK(fa == fc);
           CHECK(count_diff(a.p, c.p) == 0);

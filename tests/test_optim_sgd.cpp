@@ -45,17 +45,17 @@ TEST_CASE("SGD reference kernel: steps computed by hand", "[optim][sgd]") {
   b.grad = &g;
   b.momentum_buffer = &buf;
   b.n = 1;
-  CHECK(
-      kernels::reference::sgd(b, kernels::make_sgd_scalars(0.1, 0.5, 0.5, 0, false, false, 1, 1)));
+  CHECK(kernels::reference::step<SGD>(
+      b, kernels::make_sgd_scalars(0.1, 0.5, 0.5, 0, false, false, 1, 1)));
   CHECK(buf == 0.5f);
   CHECK(p == Approx(0.95f).epsilon(1e-7));
-  kernels::reference::sgd(b, kernels::make_sgd_scalars(0.1, 0.5, 0.5, 0, false, false, 2, 1));
+  kernels::reference::step<SGD>(b, kernels::make_sgd_scalars(0.1, 0.5, 0.5, 0, false, false, 2, 1));
   CHECK(buf == 0.5f);
   CHECK(p == Approx(0.9f).epsilon(1e-7));
   // Nesterov, weight decay 0.1, maximize: g' = -0.5 + 0.1 * 0.9 = -0.41;
   // buf = 0.5 * 0.5 + 1 * (-0.41) = -0.16; step with g' + 0.5 * buf = -0.49:
   // p = 0.9 + 0.1 * 0.49 = 0.949
-  kernels::reference::sgd(b, kernels::make_sgd_scalars(0.1, 0.5, 0.0, 0.1, true, true, 3, 1));
+  kernels::reference::step<SGD>(b, kernels::make_sgd_scalars(0.1, 0.5, 0.0, 0.1, true, true, 3, 1));
   CHECK(buf == Approx(-0.16f).epsilon(1e-6));
   CHECK(p == Approx(0.949f).epsilon(1e-6));
 }
@@ -73,7 +73,7 @@ TEST_CASE("SGD reference kernel follows the float64 formulas over 30 steps", "[o
     std::vector<double> p(st.p.begin(), st.p.end()), buf(n);
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
-      kernels::reference::sgd(
+      kernels::reference::step<SGD>(
           sgd_buffers(st, g, DType::f32, momentum != 0, 0),
           kernels::make_sgd_scalars(lr, momentum, dampening, wd, nesterov, maximize, step, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
@@ -111,8 +111,8 @@ TEST_CASE("SGD CPU kernel equals the reference bitwise, every type and mode", "[
             SgdState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
                        std::vector<std::uint16_t>(n)};
             SgdState c = a;
-            const bool fa = kernels::reference::sgd(sgd_buffers(a, g, gt, momentum, out), s);
-            const bool fc = kernels::cpu::sgd(sgd_buffers(c, g, gt, momentum, out), s);
+            const bool fa = kernels::reference::step<SGD>(sgd_buffers(a, g, gt, momentum, out), s);
+            const bool fc = kernels::cpu::step<SGD>(sgd_buffers(c, g, gt, momentum, out), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " step " << step);
             CHECK(fa == fc);
@@ -133,15 +133,15 @@ TEST_CASE("SGD kernels flag non-finite gradients after grad_mul", "[optim][sgd]"
   SgdState st{uniform(100, 6, -1, 1), std::vector<float>(100), {}};
   SgdState c = st;
   const SgdScalars s = kernels::make_sgd_scalars(0.01, 0.9, 0, 0, false, false, 1, 1.0);
-  CHECK_FALSE(kernels::reference::sgd(sgd_buffers(st, g, DType::f32, true, 0), s));
-  CHECK_FALSE(kernels::cpu::sgd(sgd_buffers(c, g, DType::f32, true, 0), s));
+  CHECK_FALSE(kernels::reference::step<SGD>(sgd_buffers(st, g, DType::f32, true, 0), s));
+  CHECK_FALSE(kernels::cpu::step<SGD>(sgd_buffers(c, g, DType::f32, true, 0), s));
   std::vector<float> big = uniform(100, 7, -1, 1);
   big[10] = 3e38f;  // finite, but not after multiplying by 1e3
   const Grads gb(big);
   const SgdScalars s2 = kernels::make_sgd_scalars(0.01, 0, 0, 0, false, false, 1, 1e3);
-  CHECK_FALSE(kernels::cpu::sgd(sgd_buffers(st, gb, DType::f32, false, 0), s2));
+  CHECK_FALSE(kernels::cpu::step<SGD>(sgd_buffers(st, gb, DType::f32, false, 0), s2));
   const Grads fine(uniform(100, 8, -1, 1));
-  CHECK(kernels::cpu::sgd(sgd_buffers(st, fine, DType::f32, false, 0), s2));
+  CHECK(kernels::cpu::step<SGD>(sgd_buffers(st, fine, DType::f32, false, 0), s2));
 }
 
 TEST_CASE("functional sgd: bad hyper-parameters and buffers are clear errors", "[optim][sgd]") {

@@ -38,13 +38,6 @@
 
 namespace shardopt::test::zero {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 // ------------------------------------------------------------- precision
 
 // How the model stores its parameters, and where the fp32 master lives.
@@ -329,77 +322,73 @@ class Model {
 
 inline const char* kind_name(const OptimizerConfig& c) {
   return std::visit(
-      Overloaded{[](const SGD&) { return "SGD"; }, [](const Adam&) { return "Adam"; },
-                 [](const AdamW&) { return "AdamW"; }, [](const Adagrad&) { return "Adagrad"; },
-                 [](const RMSprop&) { return "RMSprop"; }, [](const Lion&) { return "Lion"; },
-                 [](const Lamb&) { return "Lamb"; },
-                 [](const CustomOptimizer&) { return "custom"; }},
+      [](const auto& o) -> const char* {
+        using O = std::remove_cvref_t<decltype(o)>;
+        if constexpr (is_optimizer<O>)
+          return O::name;
+        else
+          return "custom";
+      },
       c);
 }
 
+// "Adam(lr=0.01 betas=(0.9, 0.999) ... maximize=0)": every hyper-parameter.
 inline std::string describe(const OptimizerConfig& c) {
   std::ostringstream s;
-  s << kind_name(c);
+  s << kind_name(c) << "(";
   std::visit(
-      Overloaded{[&](const SGD& o) {
-                   s << "(lr=" << o.lr << " momentum=" << o.momentum << " dampening=" << o.dampening
-                     << " wd=" << o.weight_decay << (o.nesterov ? " nesterov" : "")
-                     << (o.maximize ? " maximize" : "") << ")";
-                 },
-                 [&](const Adam& o) {
-                   s << "(lr=" << o.lr << " wd=" << o.weight_decay << (o.amsgrad ? " amsgrad" : "")
-                     << (o.maximize ? " maximize" : "") << ")";
-                 },
-                 [&](const AdamW& o) {
-                   s << "(lr=" << o.lr << " wd=" << o.weight_decay << (o.amsgrad ? " amsgrad" : "")
-                     << (o.maximize ? " maximize" : "") << ")";
-                 },
-                 [&](const Adagrad& o) {
-                   s << "(lr=" << o.lr << " lr_decay=" << o.lr_decay
-                     << " init=" << o.initial_accumulator_value << ")";
-                 },
-                 [&](const RMSprop& o) {
-                   s << "(lr=" << o.lr << " momentum=" << o.momentum
-                     << (o.centered ? " centered" : "") << ")";
-                 },
-                 [&](const Lion& o) { s << "(lr=" << o.lr << " wd=" << o.weight_decay << ")"; },
-                 [&](const Lamb& o) { s << "(lr=" << o.lr << " wd=" << o.weight_decay << ")"; },
-                 [&](const CustomOptimizer& o) { s << "(" << o.name << ")"; }},
+      [&](const auto& o) {
+        using O = std::remove_cvref_t<decltype(o)>;
+        if constexpr (is_optimizer<O>) {
+          const char* sep = "";
+          O::fields([&](const char* name, auto member, const char*, Check) {
+            const auto& v = o.*member;
+            s << sep << name << "=";
+            if constexpr (requires { v.first; })
+              s << "(" << v.first << ", " << v.second << ")";
+            else
+              s << v;
+            sep = " ";
+          });
+        } else {
+          s << o.name;
+        }
+      },
       c);
+  s << ")";
   return s.str();
 }
 
 // The optimizer's per-element fp32 states, as state_names() lists them
-// after "master".
+// after "master": the slots its options use.
 inline std::vector<std::string> optimizer_state_names(const OptimizerConfig& c) {
-  return std::visit(Overloaded{[](const SGD& o) {
-                                 return o.momentum != 0.0
-                                            ? std::vector<std::string>{"momentum_buffer"}
-                                            : std::vector<std::string>{};
-                               },
-                               [](const Adam& o) {
-                                 std::vector<std::string> v = {"exp_avg", "exp_avg_sq"};
-                                 if (o.amsgrad) v.push_back("max_exp_avg_sq");
-                                 return v;
-                               },
-                               [](const AdamW& o) {
-                                 std::vector<std::string> v = {"exp_avg", "exp_avg_sq"};
-                                 if (o.amsgrad) v.push_back("max_exp_avg_sq");
-                                 return v;
-                               },
-                               [](const Adagrad&) { return std::vector<std::string>{"sum"}; },
-                               [](const RMSprop& o) {
-                                 std::vector<std::string> v = {"square_avg"};
-                                 if (o.centered) v.push_back("grad_avg");
-                                 if (o.momentum != 0.0) v.push_back("momentum_buffer");
-                                 return v;
-                               },
-                               [](const Lion&) { return std::vector<std::string>{"exp_avg"}; },
-                               [](const Lamb&) {
-                                 return std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-                               },
-                               [](const CustomOptimizer& o) { return o.state_names; }},
-                    c);
+  return std::visit(
+      [](const auto& o) {
+        using O = std::remove_cvref_t<decltype(o)>;
+        std::vector<std::string> v;
+        if constexpr (is_optimizer<O>)
+          o.slots([&v](const Slot& slot) {
+            if (slot.used) v.push_back(slot.name);
+          });
+        else
+          v = o.state_names;
+        return v;
+      },
+      c);
+}
+
+// The value a state starts at before step 1 (Adagrad's sum), 0 for the others.
+inline float initial_state(const OptimizerConfig& c, const std::string& name) {
+  double value = 0.0;
+  std::visit(
+      [&](const auto& o) {
+        if constexpr (is_optimizer<std::remove_cvref_t<decltype(o)>>)
+          o.slots([&](const Slot& slot) {
+            if (name == slot.name) value = slot.initial;
+          });
+      },
+      c);
+  return static_cast<float>(value);
 }
 
 // The learning rate of a config (for tolerances that scale with it).
@@ -430,13 +419,8 @@ class Reference {
       if (p == Precision::bf16_rem)
         t.rem.assign(n, 0);  // a bf16 model: the master is the bf16 value
       const OptimizerConfig& cfg = groups_[static_cast<std::size_t>(layout_.group(i))];
-      for (const std::string& name : optimizer_state_names(cfg)) {
-        float init_value = 0.0f;
-        if (const auto* a = std::get_if<Adagrad>(&cfg)) {
-          init_value = static_cast<float>(a->initial_accumulator_value);
-        }
-        t.states[name].assign(n, init_value);
-      }
+      for (const std::string& name : optimizer_state_names(cfg))
+        t.states[name].assign(n, initial_state(cfg, name));
       if (std::holds_alternative<Lamb>(cfg)) t.update.resize(n);
       tensors_.push_back(std::move(t));
     }
@@ -473,26 +457,18 @@ class Reference {
         return it == t.states.end() ? std::span<float>() : std::span<float>(it->second);
       };
       std::visit(
-          Overloaded{
-              [&](const SGD& o) { functional::sgd(pv, gv, st("momentum_buffer"), steps_, o, so); },
-              [&](const Adam& o) {
-                functional::adam(pv, gv, st("exp_avg"), st("exp_avg_sq"), st("max_exp_avg_sq"),
-                                 steps_, o, so);
-              },
-              [&](const AdamW& o) {
-                functional::adamw(pv, gv, st("exp_avg"), st("exp_avg_sq"), st("max_exp_avg_sq"),
-                                  steps_, o, so);
-              },
-              [&](const Adagrad& o) { functional::adagrad(pv, gv, st("sum"), steps_, o, so); },
-              [&](const RMSprop& o) {
-                functional::rmsprop(pv, gv, st("square_avg"), st("grad_avg"), st("momentum_buffer"),
-                                    o, so);
-              },
-              [&](const Lion& o) { functional::lion(pv, gv, st("exp_avg"), o, so); },
-              [&](const Lamb& o) {
-                functional::lamb(pv, gv, st("exp_avg"), st("exp_avg_sq"), t.update, steps_, o, so);
-              },
-              [&](const CustomOptimizer& o) { custom_step(t, i, o, grads[i], grad_mul, group); }},
+          [&](const auto& o) {
+            using O = std::remove_cvref_t<decltype(o)>;
+            if constexpr (is_elementwise<O>) {
+              std::vector<std::span<float>> states;
+              o.slots([&](const Slot& slot) { states.push_back(st(slot.name)); });
+              functional::step(pv, gv, states, steps_, o, so);
+            } else if constexpr (std::is_same_v<O, Lamb>) {
+              functional::lamb(pv, gv, st("exp_avg"), st("exp_avg_sq"), t.update, steps_, o, so);
+            } else {
+              custom_step(t, i, o, grads[i], grad_mul, group);
+            }
+          },
           cfg);
     }
   }

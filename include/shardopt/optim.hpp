@@ -1,6 +1,6 @@
-// shardopt: optimizer options (the names and defaults of torch.optim) and the
-// functional optimizers: stateless steps over explicit parameter, gradient
-// and state buffers, host or device.
+// shardopt: the functional optimizers: stateless steps over explicit
+// parameter, gradient and state buffers, host or device. Their options (the
+// names and defaults of torch.optim) are in shardopt/optimizers.hpp.
 //
 // A functional step reads and writes only the buffers it is given, so the
 // caller owns every byte of state (the ZeRO engine passes its shards). Each
@@ -20,80 +20,10 @@
 
 #include "shardopt/export.h"
 #include "shardopt/half.hpp"
+#include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt {
-
-// torch.optim.Adam.
-struct Adam {
-  double lr = 1e-3;
-  std::pair<double, double> betas = {0.9, 0.999};
-  double eps = 1e-8;
-  double weight_decay = 0.0;  // L2: added to the gradient
-  bool amsgrad = false;
-  bool maximize = false;
-};
-
-// torch.optim.AdamW: decoupled weight decay, p *= 1 - lr * weight_decay.
-struct AdamW {
-  double lr = 1e-3;
-  std::pair<double, double> betas = {0.9, 0.999};
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  bool amsgrad = false;
-  bool maximize = false;
-};
-
-// torch.optim.SGD. torch has no default learning rate (lr is required
-// there); shardopt's 1e-3 is a placeholder to be set.
-struct SGD {
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;  // L2: added to the gradient
-  bool nesterov = false;      // needs momentum > 0 and dampening 0
-  bool maximize = false;
-};
-
-// torch.optim.Adagrad.
-struct Adagrad {
-  double lr = 1e-2;
-  double lr_decay = 0.0;  // step t uses lr / (1 + (t - 1) * lr_decay)
-  double weight_decay = 0.0;
-  double initial_accumulator_value = 0.0;  // the caller's initial state_sum
-  double eps = 1e-10;
-  bool maximize = false;
-};
-
-// torch.optim.RMSprop.
-struct RMSprop {
-  double lr = 1e-2;
-  double alpha = 0.99;
-  double eps = 1e-8;  // added outside the square root
-  double weight_decay = 0.0;
-  double momentum = 0.0;
-  bool centered = false;
-  bool maximize = false;
-};
-
-// Lion (Chen et al. 2023; torch.optim has none): the sign of an
-// interpolated momentum, decoupled weight decay p *= 1 - lr * weight_decay.
-struct Lion {
-  double lr = 1e-4;
-  std::pair<double, double> betas = {0.9, 0.99};
-  double weight_decay = 0.0;
-  bool maximize = false;
-};
-
-// LAMB (You et al. 2020; torch.optim has none): Adam's direction plus
-// weight_decay * p, scaled per tensor by the trust ratio ||p|| / ||r||.
-struct Lamb {
-  double lr = 1e-3;
-  std::pair<double, double> betas = {0.9, 0.999};
-  double eps = 1e-6;
-  double weight_decay = 0.01;
-  bool maximize = false;
-};
 
 namespace functional {
 
@@ -213,6 +143,40 @@ struct StepResult {
 // InvalidArgument for null gradients with a size, or a grad_mul that is not
 // finite; NotCompiledError for device gradients in a build without CUDA.
 SHARDOPT_API bool grads_finite(GradView grads, double grad_mul = 1.0, void* stream = nullptr);
+
+// One step of any element-wise optimizer O of shardopt/optimizers.hpp (every
+// one but LAMB, which has lamb() below), with its state buffers in `states`,
+// one span per slot of O in the order of O::slots (exp_avg, exp_avg_sq,
+// max_exp_avg_sq for Adam), an empty span for a slot the options do not use.
+// Reads grads; reads and writes params and the used states. `step` counts
+// steps including this one (1 for the first), as torch's state["step"] after
+// its increment; optimizers without a step count (O::counts_steps false)
+// ignore it. The named steps below (adam(), sgd(), ...) are this step with
+// their states spelled out. Local; not collective.
+// Errors: InvalidArgument for a bad hyper-parameter (naming it, as torch
+// does), a wrong number of state spans, mismatched sizes or null buffers;
+// DeviceError for buffers in different memories; NotCompiledError for device
+// buffers in a build without CUDA.
+template <class O>
+requires is_elementwise<O> SHARDOPT_API StepResult step(ParamView params, GradView grads,
+                                                        std::span<const std::span<float>> states,
+                                                        std::int64_t step, const O& options,
+                                                        const StepOptions& extra = {});
+
+// The same step on a list of tensors (see "Lists of tensors" below):
+// states[k] is slot k's list, one span per tensor (or empty for a slot the
+// options do not use).
+template <class O>
+requires is_elementwise<O> SHARDOPT_API StepResult
+step(std::span<const ParamView> params, std::span<const GradView> grads,
+     std::span<const std::span<const std::span<float>>> states, std::int64_t step, const O& options,
+     const StepOptions& extra = {}, std::span<void* const> params_out = {});
+
+// Checks O's hyper-parameters as torch.optim.O's constructor does (each
+// field's range, then the rules between fields). Local.
+// Errors: InvalidArgument naming the first bad value and its range.
+template <class O>
+requires is_optimizer<O> SHARDOPT_API void check_options(const O& options);
 
 // Every step takes its parameters as a ParamView: fp32, or bf16 with
 // remainders (then the remainders are read and written with them). Errors

@@ -80,9 +80,19 @@ struct CustomOptimizer {
   std::function<void(const CustomStep&, double lr)> update;
 };
 
-// The optimizer of a parameter group, with its hyper-parameters.
-using OptimizerConfig =
-    std::variant<SGD, Adam, AdamW, Adagrad, RMSprop, Lion, Lamb, CustomOptimizer>;
+namespace detail {
+template <class List>
+struct ConfigOf;
+template <class... O>
+struct ConfigOf<OptimizerList<O...>> {
+  using type = std::variant<O..., CustomOptimizer>;
+};
+}  // namespace detail
+
+// The optimizer of a parameter group, with its hyper-parameters: one of
+// shardopt/optimizers.hpp's (SHARDOPT_OPTIMIZERS, in that order), or a
+// CustomOptimizer (always the last alternative).
+using OptimizerConfig = detail::ConfigOf<Optimizers>::type;
 
 // What step() does when a reduced gradient holds an inf or a NaN. The
 // check is one pass over the rank's shard of the gradients before the

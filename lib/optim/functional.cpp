@@ -1,86 +1,94 @@
-// The functional optimizers: check the hyper-parameters and buffers the way
-// torch.optim does, then run the kernel where the buffers live.
-#include "kernels/adam.hpp"
+// The named functional steps: each is functional::step (functional_step.cpp)
+// with its optimizer's state buffers spelled out, in the order of its slots
+// (shardopt/optimizers.hpp).
 #include "shardopt/optim.hpp"
-#include "step_checks.hpp"
 
 namespace shardopt::functional {
 
-namespace {
-
-template <class Options>
-void check_adam_options(const char* opt, const Options& o) {
-  // The checks and their order are torch.optim.Adam's.
-  if (!(o.lr >= 0.0)) detail::bad_hyper(opt, "learning rate (lr)", o.lr, "lr must be >= 0");
-  if (!(o.eps >= 0.0)) detail::bad_hyper(opt, "epsilon value (eps)", o.eps, "eps must be >= 0");
-  if (!(o.betas.first >= 0.0 && o.betas.first < 1.0))
-    detail::bad_hyper(opt, "beta parameter at index 0 (betas.first)", o.betas.first,
-                      "betas must be in [0, 1)");
-  if (!(o.betas.second >= 0.0 && o.betas.second < 1.0))
-    detail::bad_hyper(opt, "beta parameter at index 1 (betas.second)", o.betas.second,
-                      "betas must be in [0, 1)");
-  if (!(o.weight_decay >= 0.0))
-    detail::bad_hyper(opt, "weight_decay value", o.weight_decay, "weight_decay must be >= 0");
-}
-
-template <class Options>
-StepResult adam_like(const char* opt, bool decoupled, ParamView params, GradView grads,
-                     std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                     std::span<float> max_exp_avg_sq, std::int64_t step, const Options& o,
-                     const StepOptions& extra) {
-  check_adam_options(opt, o);
-  detail::check_step(opt, step);
-  detail::check_step_buffers(opt, params, grads, extra);
-  const std::size_t n = params.size;
-  detail::check_size(opt, "exp_avg", exp_avg.size(), n, exp_avg.data());
-  detail::check_size(opt, "exp_avg_sq", exp_avg_sq.size(), n, exp_avg_sq.data());
-  if (o.amsgrad) {
-    detail::check_size(opt, "max_exp_avg_sq (amsgrad)", max_exp_avg_sq.size(), n,
-                       max_exp_avg_sq.data());
-  } else if (!max_exp_avg_sq.empty()) {
-    detail::bad_buffer(opt, "max_exp_avg_sq was given but amsgrad is off",
-                       "pass an empty span without amsgrad, or turn amsgrad on");
-  }
-
-  kernels::AdamBuffers b;
-  b.grad = grads.data;
-  b.grad_type = grads.dtype;
-  b.exp_avg = exp_avg.data();
-  b.exp_avg_sq = exp_avg_sq.data();
-  b.max_exp_avg_sq = o.amsgrad ? max_exp_avg_sq.data() : nullptr;
-  detail::set_params(b, params, extra);
-  b.n = n;
-  const kernels::AdamScalars s =
-      kernels::make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay,
-                                 decoupled, o.amsgrad, o.maximize, step, extra.grad_mul);
-
-  const detail::MemoryLocation where =
-      detail::common_location(opt, {{"params", params.data},
-                                    {"grads", b.grad},
-                                    {"exp_avg", b.exp_avg},
-                                    {"exp_avg_sq", b.exp_avg_sq},
-                                    {"max_exp_avg_sq", b.max_exp_avg_sq},
-                                    {"remainders", params.remainders},
-                                    {"param_out", extra.param_out}});
-  return detail::run_step(
-      opt, where, grads, extra, [&] { return kernels::cpu::adam(b, s); },
-      [&] { return kernels::cuda::adam(b, s, extra.stream); });
-}
-
-}  // namespace
+using StateList = std::span<const std::span<float>>;
 
 StepResult adam(ParamView params, GradView grads, std::span<float> exp_avg,
                 std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                 const Adam& options, const StepOptions& extra) {
-  return adam_like("Adam", false, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options,
-                   extra);
+  const std::span<float> states[] = {exp_avg, exp_avg_sq, max_exp_avg_sq};
+  return functional::step(params, grads, states, step, options, extra);
 }
 
 StepResult adamw(ParamView params, GradView grads, std::span<float> exp_avg,
                  std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                  const AdamW& options, const StepOptions& extra) {
-  return adam_like("AdamW", true, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options,
-                   extra);
+  const std::span<float> states[] = {exp_avg, exp_avg_sq, max_exp_avg_sq};
+  return functional::step(params, grads, states, step, options, extra);
+}
+
+StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffer,
+               std::int64_t step, const SGD& options, const StepOptions& extra) {
+  const std::span<float> states[] = {momentum_buffer};
+  return functional::step(params, grads, states, step, options, extra);
+}
+
+StepResult adagrad(ParamView params, GradView grads, std::span<float> state_sum, std::int64_t step,
+                   const Adagrad& options, const StepOptions& extra) {
+  const std::span<float> states[] = {state_sum};
+  return functional::step(params, grads, states, step, options, extra);
+}
+
+StepResult rmsprop(ParamView params, GradView grads, std::span<float> square_avg,
+                   std::span<float> grad_avg, std::span<float> momentum_buffer,
+                   const RMSprop& options, const StepOptions& extra) {
+  const std::span<float> states[] = {square_avg, grad_avg, momentum_buffer};
+  return functional::step(params, grads, states, 0, options, extra);
+}
+
+StepResult lion(ParamView params, GradView grads, std::span<float> exp_avg, const Lion& options,
+                const StepOptions& extra) {
+  const std::span<float> states[] = {exp_avg};
+  return functional::step(params, grads, states, 0, options, extra);
+}
+
+StepResult adam(std::span<const ParamView> params, std::span<const GradView> grads,
+                StateList exp_avgs, StateList exp_avg_sqs, StateList max_exp_avg_sqs,
+                std::int64_t step, const Adam& options, const StepOptions& extra,
+                std::span<void* const> params_out) {
+  const StateList states[] = {exp_avgs, exp_avg_sqs, max_exp_avg_sqs};
+  return functional::step(params, grads, states, step, options, extra, params_out);
+}
+
+StepResult adamw(std::span<const ParamView> params, std::span<const GradView> grads,
+                 StateList exp_avgs, StateList exp_avg_sqs, StateList max_exp_avg_sqs,
+                 std::int64_t step, const AdamW& options, const StepOptions& extra,
+                 std::span<void* const> params_out) {
+  const StateList states[] = {exp_avgs, exp_avg_sqs, max_exp_avg_sqs};
+  return functional::step(params, grads, states, step, options, extra, params_out);
+}
+
+StepResult sgd(std::span<const ParamView> params, std::span<const GradView> grads,
+               StateList momentum_buffers, std::int64_t step, const SGD& options,
+               const StepOptions& extra, std::span<void* const> params_out) {
+  const StateList states[] = {momentum_buffers};
+  return functional::step(params, grads, states, step, options, extra, params_out);
+}
+
+StepResult adagrad(std::span<const ParamView> params, std::span<const GradView> grads,
+                   StateList state_sums, std::int64_t step, const Adagrad& options,
+                   const StepOptions& extra, std::span<void* const> params_out) {
+  const StateList states[] = {state_sums};
+  return functional::step(params, grads, states, step, options, extra, params_out);
+}
+
+StepResult rmsprop(std::span<const ParamView> params, std::span<const GradView> grads,
+                   StateList square_avgs, StateList grad_avgs, StateList momentum_buffers,
+                   const RMSprop& options, const StepOptions& extra,
+                   std::span<void* const> params_out) {
+  const StateList states[] = {square_avgs, grad_avgs, momentum_buffers};
+  return functional::step(params, grads, states, 0, options, extra, params_out);
+}
+
+StepResult lion(std::span<const ParamView> params, std::span<const GradView> grads,
+                StateList exp_avgs, const Lion& options, const StepOptions& extra,
+                std::span<void* const> params_out) {
+  const StateList states[] = {exp_avgs};
+  return functional::step(params, grads, states, 0, options, extra, params_out);
 }
 
 }  // namespace shardopt::functional

@@ -18,7 +18,7 @@ std::string num(double v) {
 
 }  // namespace
 
-void bad_hyper(const char* opt, const std::string& what, double value, const char* rule) {
+void bad_hyper(const char* opt, const std::string& what, double value, const std::string& rule) {
   throw_error(ErrorCode::invalid_argument,
               std::string(opt) + ": invalid " + what + ": " + num(value) + " (" + rule + ")",
               std::string("set ") + what + " within its range, as torch.optim." + opt + " requires",
@@ -151,8 +151,7 @@ void check_step_buffers(const char* opt, const functional::ParamView& params,
   }
 }
 
-MemoryLocation common_location(const char* opt,
-                               std::initializer_list<std::pair<const char*, const void*>> buffers,
+MemoryLocation common_location(const char* opt, std::span<const NamedBuffer> buffers,
                                const char* hint) {
   MemoryLocation first{};
   const char* first_name = nullptr;
@@ -175,6 +174,82 @@ MemoryLocation common_location(const char* opt,
     }
   }
   return first;
+}
+
+void check_value(const char* opt, const char* name, const std::string& what, double value,
+                 Check check) {
+  const std::string n(name);
+  switch (check) {
+    case Check::non_neg:
+      if (!(value >= 0.0)) bad_hyper(opt, what, value, n + " must be >= 0");
+      break;
+    case Check::finite:
+      if (!std::isfinite(value)) bad_hyper(opt, what, value, n + " must be finite");
+      break;
+    case Check::unit_open:
+      if (!(value >= 0.0 && value < 1.0)) bad_hyper(opt, what, value, n + " must be in [0, 1)");
+      break;
+    case Check::none:
+      break;
+  }
+}
+
+TensorList::TensorList(const char* opt, std::size_t params, std::size_t grads,
+                       const functional::StepOptions& extra, std::span<void* const> params_out)
+    : opt_(opt), size_(params), extra_(extra), params_out_(params_out) {
+  if (extra.param_out != nullptr) {
+    bad_buffer(opt, "StepOptions::param_out was given to a step on a list of tensors",
+               "pass each tensor's low-precision copy in params_out (null for a tensor "
+               "without one) and leave StepOptions::param_out null");
+  }
+  check_length("grads", grads, false);
+  check_length("params_out", params_out.size(), true);
+}
+
+void TensorList::check_length(const std::string& what, std::size_t got, bool may_be_empty) const {
+  if (got == size_ || (may_be_empty && got == 0)) return;
+  bad_buffer(opt_,
+             what + " has " + std::to_string(got) + " entries but params has " +
+                 std::to_string(size_) + " tensors",
+             may_be_empty ? "pass one entry per tensor, or an empty list for what the "
+                            "options do not use"
+                          : "pass one entry per tensor in every list");
+}
+
+std::string TensorList::name(std::size_t i) const {
+  return std::string(opt_) + ": tensor " + std::to_string(i);
+}
+
+functional::StepOptions TensorList::options(std::size_t i) const {
+  functional::StepOptions e = extra_;
+  e.param_out = params_out_.empty() ? nullptr : params_out_[i];
+  return e;
+}
+
+void ListLocation::add(std::size_t i, const std::string& name,
+                       std::span<const NamedBuffer> buffers) {
+  const MemoryLocation here = common_location(name.c_str(), buffers);
+  bool any = false;
+  for (const auto& buffer : buffers) any = any || buffer.second != nullptr;
+  if (!any) return;
+  if (!any_) {
+    any_ = true;
+    first_ = i;
+    where_ = here;
+    return;
+  }
+  const bool same = here.kind == MemoryKind::host
+                        ? where_.kind == MemoryKind::host
+                        : where_.kind != MemoryKind::host && here.device == where_.device;
+  if (!same) {
+    throw_error(ErrorCode::wrong_device,
+                std::string(opt_) + ": tensor " + std::to_string(i) + " is in " +
+                    location_name(here) + " but tensor " + std::to_string(first_) + " is in " +
+                    location_name(where_),
+                "keep every tensor of a list in the same memory (all host, or all on one "
+                "GPU), or call the step once per memory",
+                __FILE__, __LINE__);
+  }
 }
 
 }  // namespace shardopt::detail

@@ -9,7 +9,9 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "build_config.hpp"
 #include "common/check.hpp"
@@ -20,7 +22,35 @@ namespace shardopt::detail {
 
 // "<opt>: invalid <what>: <value> (<rule>)", an InvalidArgument error.
 [[noreturn]] void bad_hyper(const char* opt, const std::string& what, double value,
-                            const char* rule);
+                            const std::string& rule);
+
+// One hyper-parameter `name` (torch's words: `what`) within its range.
+void check_value(const char* opt, const char* name, const std::string& what, double value,
+                 Check check);
+
+// O's hyper-parameters, from its descriptor (shardopt/optimizers.hpp): each
+// field's range in order, then the rules between fields.
+template <class O>
+void check_fields(const O& o) {
+  O::fields([&](const char* name, auto member, const char* what, Check check) {
+    const auto& v = o.*member;
+    using T = std::remove_cvref_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, double>) {
+      check_value(O::name, name, what, v, check);
+    } else if constexpr (std::is_same_v<T, std::pair<double, double>>) {
+      const std::string n(name);
+      check_value(O::name, name, std::string(what) + " at index 0 (" + n + ".first)", v.first,
+                  check);
+      check_value(O::name, name, std::string(what) + " at index 1 (" + n + ".second)", v.second,
+                  check);
+    }
+  });
+  if constexpr (requires { o.check_rules([](const std::string&, const char*) {}); })
+    o.check_rules([](const std::string& message, const char* hint) {
+      throw_error(ErrorCode::invalid_argument, std::string(O::name) + ": " + message, hint,
+                  __FILE__, __LINE__);
+    });
+}
 
 // "<opt>: <message>", an InvalidArgument error with `hint`.
 [[noreturn]] void bad_buffer(const char* opt, const std::string& message, const char* hint);
@@ -70,9 +100,13 @@ inline constexpr const char* kSameMemoryHint =
 // Where the step runs: every non-null buffer must be in the same memory
 // (host, or one CUDA device), else a WrongDevice error naming two of them,
 // with `hint`.
-MemoryLocation common_location(const char* opt,
-                               std::initializer_list<std::pair<const char*, const void*>> buffers,
+using NamedBuffer = std::pair<const char*, const void*>;
+MemoryLocation common_location(const char* opt, std::span<const NamedBuffer> buffers,
                                const char* hint = kSameMemoryHint);
+inline MemoryLocation common_location(const char* opt, std::initializer_list<NamedBuffer> buffers,
+                                      const char* hint = kSameMemoryHint) {
+  return common_location(opt, std::span<const NamedBuffer>(buffers.begin(), buffers.size()), hint);
+}
 
 // Runs host() for host memory or device() for device memory and returns its
 // result; a std::runtime_error from device() (a failed CUDA call) becomes a
@@ -127,5 +161,69 @@ functional::StepResult run_step(const char* opt, const MemoryLocation& where,
     return {.grads_finite = false, .applied = false};
   return {.grads_finite = run_at(opt, where, host, device), .applied = true};
 }
+
+// ------------------------------------------------------------------------
+// Steps on lists of tensors.
+
+// Runs a list step where its buffers live, through the skip rule of the
+// single steps: with StepOptions::skip_nonfinite every tensor's gradients
+// are checked first, and one non-finite gradient anywhere skips the whole
+// list, writing nothing.
+template <class Host, class Device>
+functional::StepResult run_list(const char* opt, const MemoryLocation& where,
+                                std::span<const functional::GradView> grads,
+                                const functional::StepOptions& extra, Host&& host,
+                                Device&& device) {
+  if (extra.skip_nonfinite) {
+    for (const functional::GradView& g : grads)
+      if (!grads_finite_at(opt, where, g, extra.grad_mul, extra.stream))
+        return {.grads_finite = false, .applied = false};
+  }
+  return {.grads_finite = run_at(opt, where, host, device), .applied = true};
+}
+
+// The lists' lengths, each tensor's name in messages and its StepOptions.
+class TensorList {
+ public:
+  TensorList(const char* opt, std::size_t params, std::size_t grads,
+             const functional::StepOptions& extra, std::span<void* const> params_out);
+
+  std::size_t size() const { return size_; }
+
+  // A list needs one entry per tensor; one `may_be_empty` may also be empty.
+  void check_length(const std::string& what, std::size_t got, bool may_be_empty) const;
+
+  // "Adam: tensor 3", the prefix of tensor i's messages.
+  std::string name(std::size_t i) const;
+
+  // The StepOptions of a single step on tensor i: the list's, with its copy.
+  functional::StepOptions options(std::size_t i) const;
+
+ private:
+  const char* opt_;
+  std::size_t size_;
+  functional::StepOptions extra_;
+  std::span<void* const> params_out_;
+};
+
+// Entry i of a state list that may be empty (a state the options do not use).
+inline std::span<float> entry(std::span<const std::span<float>> list, std::size_t i) {
+  return list.empty() ? std::span<float>{} : list[i];
+}
+
+// Where a list's tensors live: each tensor's buffers in one memory (checked as
+// a single step checks them), and every tensor with a buffer in the same one.
+class ListLocation {
+ public:
+  explicit ListLocation(const char* opt) : opt_(opt) {}
+  void add(std::size_t i, const std::string& name, std::span<const NamedBuffer> buffers);
+  const MemoryLocation& where() const { return where_; }
+
+ private:
+  const char* opt_;
+  bool any_ = false;
+  std::size_t first_ = 0;
+  MemoryLocation where_{};
+};
 
 }  // namespace shardopt::detail

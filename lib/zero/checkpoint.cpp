@@ -31,12 +31,6 @@ using json = nlohmann::ordered_json;
 
 constexpr const char* kScalerTensor = "shardopt.loss_scaler";
 
-const char* kind_key(OptKind k) {
-  static const char* const names[] = {"sgd",     "adam", "adamw", "adagrad",
-                                      "rmsprop", "lion", "lamb",  "custom"};
-  return names[static_cast<int>(k)];
-}
-
 std::string hex64(std::uint64_t v) {
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
@@ -54,72 +48,11 @@ std::string shape_text(const std::vector<std::uint64_t>& s) {
   return t + "]";
 }
 
-// Every hyper-parameter of a group, by the names of its struct's fields.
-json group_json(const OptimizerConfig& g) {
-  json j = json::object();
-  std::visit(
-      [&](const auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, CustomOptimizer>) {
-          j["name"] = o.name;
-          j["state_names"] = o.state_names;
-        }
-        j["lr"] = o.lr;
-        if constexpr (requires { o.betas; }) j["betas"] = {o.betas.first, o.betas.second};
-        if constexpr (requires { o.eps; }) j["eps"] = o.eps;
-        if constexpr (requires { o.weight_decay; }) j["weight_decay"] = o.weight_decay;
-        if constexpr (requires { o.amsgrad; }) j["amsgrad"] = o.amsgrad;
-        if constexpr (requires { o.momentum; }) j["momentum"] = o.momentum;
-        if constexpr (requires { o.dampening; }) j["dampening"] = o.dampening;
-        if constexpr (requires { o.nesterov; }) j["nesterov"] = o.nesterov;
-        if constexpr (requires { o.lr_decay; }) j["lr_decay"] = o.lr_decay;
-        if constexpr (requires { o.initial_accumulator_value; })
-          j["initial_accumulator_value"] = o.initial_accumulator_value;
-        if constexpr (requires { o.alpha; }) j["alpha"] = o.alpha;
-        if constexpr (requires { o.centered; }) j["centered"] = o.centered;
-        if constexpr (requires { o.maximize; }) j["maximize"] = o.maximize;
-      },
-      g);
-  return j;
-}
-
-// The inverse of group_json for a group of the same kind; a custom
-// optimizer takes its learning rate only. Throws json exceptions on a field
-// of the wrong type.
-void apply_group_json(OptimizerConfig& g, const json& j) {
-  std::visit(
-      [&](auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        const auto take = [&](const char* key, auto& field) {
-          if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
-        };
-        take("lr", o.lr);
-        if constexpr (!std::is_same_v<O, CustomOptimizer>) {
-          if constexpr (requires { o.betas; })
-            if (j.contains("betas"))
-              o.betas = {j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()};
-          if constexpr (requires { o.eps; }) take("eps", o.eps);
-          if constexpr (requires { o.weight_decay; }) take("weight_decay", o.weight_decay);
-          if constexpr (requires { o.amsgrad; }) take("amsgrad", o.amsgrad);
-          if constexpr (requires { o.momentum; }) take("momentum", o.momentum);
-          if constexpr (requires { o.dampening; }) take("dampening", o.dampening);
-          if constexpr (requires { o.nesterov; }) take("nesterov", o.nesterov);
-          if constexpr (requires { o.lr_decay; }) take("lr_decay", o.lr_decay);
-          if constexpr (requires { o.initial_accumulator_value; })
-            take("initial_accumulator_value", o.initial_accumulator_value);
-          if constexpr (requires { o.alpha; }) take("alpha", o.alpha);
-          if constexpr (requires { o.centered; }) take("centered", o.centered);
-          if constexpr (requires { o.maximize; }) take("maximize", o.maximize);
-        }
-      },
-      g);
-}
-
 // What must match for a checkpoint to load, independent of the rank count,
 // the stage and the bucket size.
-std::string layout_fingerprint(const std::vector<Param>& params, DType dtype, OptKind kind) {
+std::string layout_fingerprint(const std::vector<Param>& params, DType dtype, const char* kind) {
   std::ostringstream s;
-  s << "kind=" << kind_key(kind) << "\ndtype=" << dtype_name(dtype) << "\n";
+  s << "kind=" << kind << "\ndtype=" << dtype_name(dtype) << "\n";
   for (const Param& p : params)
     s << p.name << " " << p.numel << " " << shape_text(shape_of(p)) << " " << p.group << "\n";
   const std::string t = s.str();
@@ -258,9 +191,9 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
     pieces.push_back({tensors.size() - 1, 0, sizeof scaler, 0, rank_ == 0 ? scaler : nullptr});
 
   auto m = checkpoint_metadata("checkpoint");
-  m["shardopt.optimizer"] = kind_key(kind_);
+  m["shardopt.optimizer"] = kind_key(groups_[0]);
   json groups = json::array();
-  for (const OptimizerConfig& g : groups_) groups.push_back(group_json(g));
+  for (const OptimizerConfig& g : groups_) groups.push_back(hypers_json(g));
   m["shardopt.groups"] = groups.dump();
   json plist = json::array();
   for (const Param& p : params_)
@@ -270,7 +203,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
   m["shardopt.stage"] = std::to_string(opt_.stage);
   m["shardopt.ranks"] = std::to_string(nranks_);
   m["shardopt.param_remainders"] = remainders_ ? "true" : "false";
-  m["shardopt.layout_fingerprint"] = layout_fingerprint(params_, dtype_, kind_);
+  m["shardopt.layout_fingerprint"] = layout_fingerprint(params_, dtype_, kind_key(groups_[0]));
   for (const auto& [k, v] : o.metadata) m["user." + k] = v;
   ckpt::WriteOptions w;
   w.chunk_bytes = o.chunk_bytes;
@@ -324,9 +257,9 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   const std::string kind = meta(h, path, "shardopt.optimizer");
   const json groups = meta_json(h, path, "shardopt.groups");
   std::vector<std::string> problems;
-  if (kind != kind_key(kind_))
-    problems.push_back("it was saved by optimizer '" + kind + "', this one is '" + kind_key(kind_) +
-                       "'");
+  if (kind != kind_key(groups_[0]))
+    problems.push_back("it was saved by optimizer '" + kind + "', this one is '" +
+                       kind_key(groups_[0]) + "'");
   if (!groups.is_array() || groups.size() != groups_.size())
     problems.push_back("it has " + std::to_string(groups.is_array() ? groups.size() : 0) +
                        " parameter group(s), this optimizer " + std::to_string(groups_.size()));
@@ -383,12 +316,12 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
          "register the same parameters (names, shapes, dtype) and optimizer as the run that "
          "saved it, or load with LoadOptions::strict = false to take the tensors that match");
   }
-  const bool restore_groups = o.hyper_parameters && kind == kind_key(kind_) && groups.is_array() &&
-                              groups.size() == groups_.size();
+  const bool restore_groups = o.hyper_parameters && kind == kind_key(groups_[0]) &&
+                              groups.is_array() && groups.size() == groups_.size();
   std::vector<OptimizerConfig> new_groups = groups_;
   if (restore_groups) {
     try {
-      for (std::size_t g = 0; g < groups_.size(); ++g) apply_group_json(new_groups[g], groups[g]);
+      for (std::size_t g = 0; g < groups_.size(); ++g) apply_hypers_json(new_groups[g], groups[g]);
     } catch (const json::exception& e) {
       fail(std::string("its group hyper-parameters are malformed (") + e.what() + ")",
            "the header is corrupted; load another checkpoint");

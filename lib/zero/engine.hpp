@@ -33,6 +33,7 @@
 #include "shardopt/error.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
+#include "zero/optimizer_config.hpp"
 
 namespace shardopt::detail {
 
@@ -63,9 +64,6 @@ struct Bucket {
   int staging = -1;                      // pool buffer receiving streamed gradients, -1 for none
   std::size_t ready = 0;                 // elements marked ready this micro-batch
 };
-
-// The kinds of optimizer, in OptimizerConfig's order.
-enum class OptKind : int { sgd, adam, adamw, adagrad, rmsprop, lion, lamb, custom };
 
 class ZeroEngine {
  public:
@@ -213,7 +211,7 @@ class ZeroEngine {
   std::vector<Param> params_;
   std::vector<OptimizerConfig> groups_;
   ZeroOptions opt_;
-  OptKind kind_ = OptKind::adam;
+  OptKind kind_ = 0;  // OptimizerConfig's alternative, the same in every group
   int rank_ = 0, nranks_ = 1;
   DType dtype_ = DType::f32;        // of parameters and gradients
   DType reduce_type_ = DType::f32;  // of the communicated gradients

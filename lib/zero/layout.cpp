@@ -14,56 +14,18 @@
 #include "shardopt/cast.hpp"
 #include "zero/agree.hpp"
 #include "zero/engine.hpp"
+#include "zero/optimizer_config.hpp"
 
 namespace shardopt::detail {
 
 namespace {
 
-const char* kind_name(OptKind k) {
-  static const char* const names[] = {"SGD",     "Adam", "AdamW", "Adagrad",
-                                      "RMSprop", "Lion", "Lamb",  "custom"};
-  return names[static_cast<int>(k)];
-}
-
-std::string num(double v) {
-  std::ostringstream s;
-  s.precision(17);
-  s << v;
-  return s.str();
-}
+std::string num(double v) { return format_number(v); }
 
 // "key=value" lines of a group's hyper-parameters, for the fingerprint and
 // for naming the first one that differs.
 std::string describe_group(const OptimizerConfig& g, int index) {
-  std::ostringstream s;
-  const std::string p = "group " + std::to_string(index) + " ";
-  std::visit(
-      [&](const auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        s << p << "lr=" << num(o.lr) << "\n";
-        if constexpr (requires { o.betas; })
-          s << p << "betas=(" << num(o.betas.first) << ", " << num(o.betas.second) << ")\n";
-        if constexpr (requires { o.eps; }) s << p << "eps=" << num(o.eps) << "\n";
-        if constexpr (requires { o.weight_decay; })
-          s << p << "weight_decay=" << num(o.weight_decay) << "\n";
-        if constexpr (requires { o.amsgrad; }) s << p << "amsgrad=" << o.amsgrad << "\n";
-        if constexpr (requires { o.maximize; }) s << p << "maximize=" << o.maximize << "\n";
-        if constexpr (requires { o.momentum; }) s << p << "momentum=" << num(o.momentum) << "\n";
-        if constexpr (requires { o.dampening; }) s << p << "dampening=" << num(o.dampening) << "\n";
-        if constexpr (requires { o.nesterov; }) s << p << "nesterov=" << o.nesterov << "\n";
-        if constexpr (requires { o.lr_decay; }) s << p << "lr_decay=" << num(o.lr_decay) << "\n";
-        if constexpr (requires { o.initial_accumulator_value; })
-          s << p << "initial_accumulator_value=" << num(o.initial_accumulator_value) << "\n";
-        if constexpr (requires { o.alpha; }) s << p << "alpha=" << num(o.alpha) << "\n";
-        if constexpr (requires { o.centered; }) s << p << "centered=" << o.centered << "\n";
-        if constexpr (std::is_same_v<O, CustomOptimizer>) {
-          s << p << "name=" << o.name << "\n" << p << "state_names=";
-          for (const auto& n : o.state_names) s << n << ",";
-          s << "\n";
-        }
-      },
-      g);
-  return s.str();
+  return describe_hypers(g, "group " + std::to_string(index) + " ");
 }
 
 }  // namespace
@@ -77,7 +39,7 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
       opt_(std::move(options)),
       rank_(comm.rank()),
       nranks_(comm.size()) {
-  if (!groups_.empty()) kind_ = static_cast<OptKind>(groups_[0].index());
+  if (!groups_.empty()) kind_ = groups_[0].index();
   if (!params_.empty()) dtype_ = params_[0].dtype;
   std::string error;
   ErrorCode code = ErrorCode::invalid_argument;
@@ -143,10 +105,10 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   }
   if (groups_.empty()) fail(bad, "no parameter group: pass at least one OptimizerConfig");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (static_cast<OptKind>(groups_[g].index()) != kind_)
+    if (groups_[g].index() != kind_)
       fail(bad, std::string("parameter group ") + std::to_string(g) + " uses " +
-                    kind_name(static_cast<OptKind>(groups_[g].index())) + " but group 0 uses " +
-                    kind_name(kind_) + "; every group must use the same kind of optimizer");
+                    kind_name(groups_[g]) + " but group 0 uses " + kind_name(groups_[0]) +
+                    "; every group must use the same kind of optimizer");
     if (const auto* c = std::get_if<CustomOptimizer>(&groups_[g]); c && !c->update)
       fail(bad, "CustomOptimizer '" + c->name + "' of group " + std::to_string(g) +
                     " has no update function");
@@ -240,7 +202,7 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
                                                "parameters, these are ") +
                                        dtype_name(dtype_) +
                                        " (an f16 value is not the high half of an fp32 one)");
-    if (kind_ == OptKind::custom)
+    if (kind_ == kCustomKind)
       fail(ErrorCode::unsupported,
            "ZeroOptions::param_remainders is not supported with a CustomOptimizer; keep an fp32 "
            "master copy (param_remainders = false)");
@@ -251,7 +213,7 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
 // agree on.
 namespace {
 
-std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, double bucket_mb,
+std::string describe_options(const ZeroOptions& o, DType dtype, double bucket_mb,
                              int check_sync_every, const std::vector<OptimizerConfig>& groups) {
   std::ostringstream s;
   s << "stage=" << o.stage << "\n";
@@ -272,7 +234,7 @@ std::string describe_options(const ZeroOptions& o, OptKind kind, DType dtype, do
   } else {
     s << "loss_scaler=none\n";
   }
-  s << "optimizer=" << kind_name(kind) << "\n";
+  s << "optimizer=" << (groups.empty() ? "none" : kind_name(groups[0])) << "\n";
   s << "parameter groups=" << groups.size() << "\n";
   for (std::size_t g = 0; g < groups.size(); ++g) s << describe_group(groups[g], int(g));
   return s.str();
@@ -296,8 +258,7 @@ void ZeroEngine::agree_on_layout() {
   check_sync_every_ = opt_.check_sync_every > 0    ? opt_.check_sync_every
                       : opt_.check_sync_every == 0 ? settings().check_sync
                                                    : 0;
-  const std::string options =
-      describe_options(opt_, kind_, dtype_, bucket_mb, check_sync_every_, groups_);
+  const std::string options = describe_options(opt_, dtype_, bucket_mb, check_sync_every_, groups_);
   const char* hint =
       "every rank must register the same parameters (names, sizes, dtypes, groups) in the same "
       "order, with the same optimizer, hyper-parameters and options";
@@ -412,55 +373,18 @@ void ZeroEngine::allocate() {
   const std::size_t n = static_cast<std::size_t>(nranks_);
   const std::size_t full = shard_ * n;  // the padded flat size
   slots_.clear();
-  const auto any = [&](auto pred) {
-    for (const auto& g : groups_)
-      if (pred(g)) return true;
-    return false;
-  };
-  switch (kind_) {
-    case OptKind::sgd:
-      if (any([](const auto& g) { return std::get<SGD>(g).momentum != 0.0; }))
-        slots_ = {"momentum_buffer"};
-      break;
-    case OptKind::adam:
-    case OptKind::adamw:
-      slots_ = {"exp_avg", "exp_avg_sq"};
-      if (any([](const auto& g) {
-            return std::visit(
-                [](const auto& o) {
-                  if constexpr (requires { o.amsgrad; })
-                    return o.amsgrad;
-                  else
-                    return false;
-                },
-                g);
-          }))
-        slots_.push_back("max_exp_avg_sq");
-      break;
-    case OptKind::adagrad:
-      slots_ = {"sum"};
-      break;
-    case OptKind::rmsprop:
-      slots_ = {"square_avg"};
-      if (any([](const auto& g) { return std::get<RMSprop>(g).centered; }))
-        slots_.push_back("grad_avg");
-      if (any([](const auto& g) { return std::get<RMSprop>(g).momentum != 0.0; }))
-        slots_.push_back("momentum_buffer");
-      break;
-    case OptKind::lion:
-      slots_ = {"exp_avg"};
-      break;
-    case OptKind::lamb:
-      slots_ = {"exp_avg", "exp_avg_sq"};
-      break;
-    case OptKind::custom:
-      slots_ = std::get<CustomOptimizer>(groups_[0]).state_names;
-      break;
+  // A slot is allocated when some group's options use it.
+  for (const OptimizerConfig& g : groups_) {
+    const std::vector<Slot> slots = slots_of(g);
+    if (slots_.empty()) slots_.assign(slots.size(), std::string());
+    for (std::size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].used) slots_[k] = slots[k].name;
   }
+  std::erase(slots_, std::string());
   if (master_) master_buf_ = HostBuffer(storage_ * 4);
   if (remainders_) master_buf_ = HostBuffer(storage_ * 2);
   for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(storage_ * 4);
-  if (kind_ == OptKind::lamb) lamb_update_ = HostBuffer(storage_ * 4);
+  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(storage_ * 4);
   if (opt_.stage == 2) grad_shard_ = HostBuffer(shard_ * 4);
   if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
   // Null gradients: the optimizer owns them, or, with stream_grads (stage
@@ -524,7 +448,7 @@ void ZeroEngine::allocate() {
     for (int k = 0; k < 2; ++k) pool_.emplace_back(pool_bytes);
     pool_busy_.assign(pool_.size(), false);
   }
-  if (kind_ == OptKind::custom) {
+  if (kind_ == kCustomKind) {
     std::size_t longest = 0;
     for (std::size_t s : mine_) longest = std::max(longest, segments_[s].count);
     custom_scratch_ = HostBuffer(longest * 4);
@@ -532,16 +456,20 @@ void ZeroEngine::allocate() {
 }
 
 void ZeroEngine::init_state() {
+  // Each group's (state index, initial value) for the states it starts off 0.
+  std::vector<std::vector<std::pair<std::size_t, float>>> initial(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (const Slot& slot : slots_of(groups_[g]))
+      for (std::size_t k = 0; k < slots_.size(); ++k)
+        if (slot.used && slot.initial != 0.0 && slots_[k] == slot.name)
+          initial[g].emplace_back(k, static_cast<float>(slot.initial));
   for (std::size_t si : mine_) {
     const Segment& s = segments_[si];
     const std::byte* src = static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_;
     if (master_) cast(src, dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
-    if (kind_ == OptKind::adagrad) {
-      const float v =
-          static_cast<float>(std::get<Adagrad>(groups_[std::size_t(params_[s.param].group)])
-                                 .initial_accumulator_value);
-      std::fill_n(states_[0].as<float>() + s.storage, s.count, v);
-    }
+    // States that do not start at 0 (Adagrad's sum).
+    for (const auto& [state, value] : initial[std::size_t(params_[s.param].group)])
+      std::fill_n(states_[state].as<float>() + s.storage, s.count, value);
   }
   if (opt_.loss_scaler) {
     scale_ = opt_.loss_scaler->init_scale;

@@ -21,39 +21,21 @@
 namespace shardopt::detail {
 
 void ZeroEngine::check_hyper_parameters() const {
-  using namespace functional;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     try {
-      if (static_cast<OptKind>(groups_[g].index()) != kind_)
+      if (groups_[g].index() != kind_)
         throw_error(
             ErrorCode::invalid_argument, "the optimizer kind was changed after construction",
             "change hyper-parameters only, never the kind of optimizer", __FILE__, __LINE__);
-      // A step over no elements checks the hyper-parameters and nothing else.
       std::visit(
           [&](const auto& o) {
-            using O = std::decay_t<decltype(o)>;
-            const ParamView p;
-            const GradView gr;
-            if constexpr (std::is_same_v<O, SGD>) {
-              sgd(p, gr, {}, 1, o);
-            } else if constexpr (std::is_same_v<O, Adam>) {
-              adam(p, gr, {}, {}, {}, 1, o);
-            } else if constexpr (std::is_same_v<O, AdamW>) {
-              adamw(p, gr, {}, {}, {}, 1, o);
-            } else if constexpr (std::is_same_v<O, Adagrad>) {
-              adagrad(p, gr, {}, 1, o);
-            } else if constexpr (std::is_same_v<O, RMSprop>) {
-              rmsprop(p, gr, {}, {}, {}, o);
-            } else if constexpr (std::is_same_v<O, Lion>) {
-              lion(p, gr, {}, o);
-            } else if constexpr (std::is_same_v<O, Lamb>) {
-              lamb(p, gr, {}, {}, {}, 1, o);
-            } else {
-              if (!(o.lr >= 0.0))
-                throw_error(ErrorCode::invalid_argument,
-                            "CustomOptimizer '" + o.name +
-                                "': invalid learning rate: " + std::to_string(o.lr),
-                            "lr must be >= 0", __FILE__, __LINE__);
+            if constexpr (requires { o.key; }) {
+              functional::check_options(o);
+            } else if (!(o.lr >= 0.0)) {
+              throw_error(ErrorCode::invalid_argument,
+                          "CustomOptimizer '" + o.name +
+                              "': invalid learning rate: " + std::to_string(o.lr),
+                          "lr must be >= 0", __FILE__, __LINE__);
             }
           },
           groups_[g]);
@@ -195,9 +177,9 @@ StepInfo ZeroEngine::step() {
   }
   mul *= clip_coef_;
   ++steps_;
-  if (kind_ == OptKind::lamb)
+  if (kind_ == kind_of<Lamb>())
     update_lamb(mul);
-  else if (kind_ == OptKind::custom)
+  else if (kind_ == kCustomKind)
     update_custom(mul);
   else
     update(mul);
@@ -400,11 +382,7 @@ void ZeroEngine::for_each_run(const std::function<void(const Run&)>& f) {
 
 void ZeroEngine::update(double mul) {
   using namespace functional;
-  const auto slot = [&](const char* name, const Run& r) -> std::span<float> {
-    for (std::size_t k = 0; k < slots_.size(); ++k)
-      if (slots_[k] == name) return {states_[k].as<float>() + r.storage, r.count};
-    return {};
-  };
+  std::vector<std::span<float>> states;
   for_each_run([&](const Run& r) {
     const ParamView pv =
         remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
@@ -418,24 +396,17 @@ void ZeroEngine::update(double mul) {
     so.param_out_dtype = dtype_;
     std::visit(
         [&](const auto& o) {
-          using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, SGD>) {
-            sgd(pv, gv, o.momentum != 0.0 ? slot("momentum_buffer", r) : std::span<float>(), steps_,
-                o, so);
-          } else if constexpr (std::is_same_v<O, Adam> || std::is_same_v<O, AdamW>) {
-            const std::span<float> mx = o.amsgrad ? slot("max_exp_avg_sq", r) : std::span<float>();
-            if constexpr (std::is_same_v<O, Adam>)
-              adam(pv, gv, slot("exp_avg", r), slot("exp_avg_sq", r), mx, steps_, o, so);
-            else
-              adamw(pv, gv, slot("exp_avg", r), slot("exp_avg_sq", r), mx, steps_, o, so);
-          } else if constexpr (std::is_same_v<O, Adagrad>) {
-            adagrad(pv, gv, slot("sum", r), steps_, o, so);
-          } else if constexpr (std::is_same_v<O, RMSprop>) {
-            rmsprop(pv, gv, slot("square_avg", r),
-                    o.centered ? slot("grad_avg", r) : std::span<float>(),
-                    o.momentum != 0.0 ? slot("momentum_buffer", r) : std::span<float>(), o, so);
-          } else if constexpr (std::is_same_v<O, Lion>) {
-            lion(pv, gv, slot("exp_avg", r), o, so);
+          if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
+            // This group's slots, in order, from the engine's state buffers
+            // (allocated for the slots any group uses).
+            states.clear();
+            o.slots([&](const Slot& slot) {
+              std::span<float> span;
+              for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
+                if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage, r.count};
+              states.push_back(span);
+            });
+            functional::step(pv, gv, states, steps_, o, so);
           }
         },
         groups_[std::size_t(r.group)]);

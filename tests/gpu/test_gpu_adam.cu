@@ -106,7 +106,7 @@ int main() {
             hb.n = n;
             const auto s = kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, mode ? 0.1 : 0.0,
                                                       mode == 2, ams, out == 1, 4, 0.5);
-            kernels::reference::adam(hb, s);
+            kernels::reference::step<Adam>(hb, s);
             // The same step on the device.
             float *dp = to_device(p, shift), *dm = to_device(m, shift), *dv = to_device(v, shift),
                   *dvmax = to_device(vmax, shift);
@@ -120,7 +120,7 @@ int main() {
             db.exp_avg_sq = dv;
             db.max_exp_avg_sq = ams ? dvmax : nullptr;
             db.param_out = out ? dout : nullptr;
-            kernels::cuda::adam(db, s, nullptr);
+            kernels::cuda::step<Adam>(db, s, nullptr);
             check(same_bits(to_host(dp, n).data(), rp.data(), n * 4), "params equal bitwise");
             check(same_bits(to_host(dm, n).data(), rm.data(), n * 4), "exp_avg equal bitwise");
             check(same_bits(to_host(dv, n).data(), rv.data(), n * 4), "exp_avg_sq equal bitwise");

@@ -115,12 +115,12 @@ int main() {
                                               mom && (mode & 4), maximize, step, grad_mul);
                 kernels::SgdBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
                                       mom ? buf.host.data() : nullptr};
-                kernels::reference::sgd(b, s);
+                kernels::reference::step<SGD>(b, s);
                 b.param = p.dev;
                 b.grad = dg;
                 b.momentum_buffer = mom ? buf.dev : nullptr;
                 b.param_out = out ? o.dev : nullptr;
-                kernels::cuda::sgd(b, s, nullptr);
+                kernels::cuda::step<SGD>(b, s, nullptr);
               }
               check(p.same() && buf.same() && o.same(), "SGD " + where);
             }
@@ -131,12 +131,12 @@ int main() {
                                                            maximize, 3, grad_mul);
               kernels::AdagradBuffers b{
                   {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n}, sum.host.data()};
-              kernels::reference::adagrad(b, s);
+              kernels::reference::step<Adagrad>(b, s);
               b.param = p.dev;
               b.grad = dg;
               b.sum = sum.dev;
               b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::adagrad(b, s, nullptr);
+              kernels::cuda::step<Adagrad>(b, s, nullptr);
               check(p.same() && sum.same() && o.same(), "Adagrad " + where);
             }
             if (mode < 2) {  // Lion
@@ -146,12 +146,12 @@ int main() {
                   kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
               kernels::LionBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
                                      m.host.data()};
-              kernels::reference::lion(b, s);
+              kernels::reference::step<Lion>(b, s);
               b.param = p.dev;
               b.grad = dg;
               b.exp_avg = m.dev;
               b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::lion(b, s, nullptr);
+              kernels::cuda::step<Lion>(b, s, nullptr);
               check(p.same() && m.same() && o.same(), "Lion " + where);
             }
             if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
@@ -194,14 +194,14 @@ int main() {
                   sq.host.data(),
                   centered ? ga.host.data() : nullptr,
                   mom ? buf.host.data() : nullptr};
-              kernels::reference::rmsprop(b, s);
+              kernels::reference::step<RMSprop>(b, s);
               b.param = p.dev;
               b.grad = dg;
               b.square_avg = sq.dev;
               b.grad_avg = centered ? ga.dev : nullptr;
               b.momentum_buffer = mom ? buf.dev : nullptr;
               b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::rmsprop(b, s, nullptr);
+              kernels::cuda::step<RMSprop>(b, s, nullptr);
               check(p.same() && sq.same() && ga.same() && buf.same() && o.same(),
                     "RMSprop " + where);
             }
