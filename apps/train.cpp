@@ -447,25 +447,6 @@ shardopt::OptimizerConfig optimizer_config(const Options& o) {
   return shardopt::AdamW{};
 }
 
-// fp32 optimizer-state bytes per parameter, for the ZeRO formula.
-double state_bytes(const shardopt::OptimizerConfig& config) {
-  struct Visitor {
-    double operator()(const shardopt::SGD& c) const { return c.momentum != 0.0 ? 4.0 : 0.0; }
-    double operator()(const shardopt::Adam& c) const { return c.amsgrad ? 12.0 : 8.0; }
-    double operator()(const shardopt::AdamW& c) const { return c.amsgrad ? 12.0 : 8.0; }
-    double operator()(const shardopt::Adagrad&) const { return 4.0; }
-    double operator()(const shardopt::RMSprop& c) const {
-      return 4.0 + (c.centered ? 4.0 : 0.0) + (c.momentum != 0.0 ? 4.0 : 0.0);
-    }
-    double operator()(const shardopt::Lion&) const { return 4.0; }
-    double operator()(const shardopt::Lamb&) const { return 8.0; }
-    double operator()(const shardopt::CustomOptimizer& c) const {
-      return 4.0 * static_cast<double>(c.state_names.size());
-    }
-  };
-  return std::visit(Visitor{}, config);
-}
-
 double scheduled_lr(const Options& o, int step_index) {
   if (o.schedule == Schedule::constant) return o.learning_rate();
   const double t = static_cast<double>(step_index) / static_cast<double>(o.steps);
@@ -1141,8 +1122,8 @@ void print_start(const RunContext& c, const ModelTensors& m,
   const Options& o = c.o;
   const shardopt::MemoryReport mem = opt.memory_report();
   const double psi = static_cast<double>(m.numel());
-  const double formula =
-      shardopt::zero_memory_formula(o.stage, psi, c.ranks, o.precision, state_bytes(config));
+  const double formula = shardopt::zero_memory_formula(o.stage, psi, c.ranks, o.precision,
+                                                       shardopt::state_bytes_per_param(config));
   // What the formula counts, measured: shardopt's allocations but its
   // buckets, the model's parameters, and in stages 0 and 1 its gradients
   // (stage 2 counts the gradient shard instead: a code that frees or reuses
@@ -1211,9 +1192,9 @@ void print_start(const RunContext& c, const ModelTensors& m,
   std::printf(
       "#   ZeRO formula (stage %d, %zu params, %d ranks, %s, %g B of state a param): %s;\n"
       "#   measured alike (allocated less buckets, plus params%s): %s\n",
-      o.stage, m.numel(), c.ranks, precision_name(o.precision), state_bytes(config),
-      format_bytes(formula).c_str(), o.stage < 2 ? " and grads" : "",
-      format_bytes(comparable).c_str());
+      o.stage, m.numel(), c.ranks, precision_name(o.precision),
+      shardopt::state_bytes_per_param(config), format_bytes(formula).c_str(),
+      o.stage < 2 ? " and grads" : "", format_bytes(comparable).c_str());
   std::printf("#\n");
   std::printf("# %6s %11s %9s %9s %9s %9s %9s %9s %10s\n", "step", "loss", "lr", "compute",
               "reduce", "update", "gather", "step", "samples/s");

@@ -220,6 +220,22 @@ struct MemoryReport {
   }
 };
 
+// The optimizer-state bytes per parameter of a group's optimizer: 4 (fp32)
+// for each state slot its options use (Adam: 8, with amsgrad 12), the
+// state_bytes of zero_memory_formula. Local.
+inline double state_bytes_per_param(const OptimizerConfig& config) {
+  return std::visit(
+      [](const auto& o) {
+        double bytes = 0.0;
+        if constexpr (is_optimizer<std::remove_cvref_t<decltype(o)>>)
+          o.slots([&bytes](const Slot& s) { bytes += s.used ? 4.0 : 0.0; });
+        else
+          bytes = 4.0 * static_cast<double>(o.state_names.size());
+        return bytes;
+      },
+      config);
+}
+
 // The memory per rank of the ZeRO paper for psi parameters of `dtype` on
 // `ranks` ranks with state_bytes optimizer-state bytes per parameter (Adam:
 // 8): model parameters and gradients (dtype), fp32 master weights for 16-bit
