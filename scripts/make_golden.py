@@ -180,10 +180,20 @@ OPTIONS = {
         "eps": (1e-6, 1e-3),
         "weight_decay": (0.01, 0.1),
     },
+    "nadam": {
+        "lr": 0.01,  # default 2e-3
+        "beta1": (0.9, 0.8),
+        "beta2": (0.999, 0.95),
+        "eps": (1e-8, 1e-3),
+        "weight_decay": (0.0, 0.1),
+        "momentum_decay": (4e-3, 0.1),
+        "decoupled_weight_decay": (0, 1),
+        "maximize": (0, 1),
+    },
 }
 
 DEFAULT_LR = {"lion": 1e-4, "lamb": 1e-3, "adam": 1e-3, "adamw": 1e-3,
-              "adagrad": 1e-2, "rmsprop": 1e-2}
+              "adagrad": 1e-2, "rmsprop": 1e-2, "nadam": 2e-3}
 
 TORCH_CLASS = {
     "sgd": torch.optim.SGD,
@@ -214,6 +224,8 @@ def valid(opt, o):
             return False  # dampening is unused; nesterov is an error
         if o["nesterov"] and o["dampening"] != 0:
             return False  # an error in torch
+    if o.get("decoupled_weight_decay") and o["weight_decay"] == 0:
+        return False  # no decay to decouple
     return True
 
 
@@ -222,7 +234,7 @@ def torch_kwargs(opt, o):
     for k, v in o.items():
         if k in ("beta1", "beta2"):
             continue
-        if k in ("nesterov", "maximize", "amsgrad", "centered"):
+        if k in ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay"):
             v = bool(v)
         kw[k] = v
     if "beta1" in o:
@@ -299,6 +311,11 @@ def case_list(opt):
                  ({"weight_decay": T}, 1)],
         "lamb": [({"lr": DEFAULT_LR["lamb"]}, 0), ({"beta1": T, "beta2": T, "eps": T}, 1),
                  ({"weight_decay": 0.0}, 0), ({"weight_decay": T}, 0)],
+        "nadam": [({"lr": DEFAULT_LR["nadam"]}, 0), ({}, 0), ({"beta1": T, "beta2": T}, 0),
+                  ({"momentum_decay": T}, 0), ({"weight_decay": T}, 0),
+                  ({"weight_decay": T, "decoupled_weight_decay": T}, 0), ({"maximize": T}, 0),
+                  ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T, "momentum_decay": T,
+                    "decoupled_weight_decay": T}, 1)],
     }[opt]
 
     # Every combination of defaults and non-defaults, at the small sizes.
@@ -317,7 +334,10 @@ def case_list(opt):
 
     # Mixed precision: bf16/fp16 gradients, fp32 master weights and states.
     for prec in ("bf16grad", "f16grad"):
-        if opt in ("adam", "adamw"):
+        if opt == "nadam":
+            add(Case(opt, full_options(opt, {}), prec), SIZES_SMALL + (SIZE_MID,))
+            add(Case(opt, full_options(opt, {"weight_decay": T}), prec), SIZES_SMALL)
+        elif opt in ("adam", "adamw"):
             add(Case(opt, full_options(opt, {}), prec), SIZES_SMALL + (SIZE_MID,))
             add(Case(opt, full_options(opt, {"weight_decay": T, "amsgrad": T}), prec),
                 SIZES_SMALL + ((SIZE_MID, SIZE_BIG) if opt == "adamw" and prec == "bf16grad"
@@ -336,6 +356,8 @@ def case_list(opt):
 
 def run_torch(opt, o, p0, grads):
     """torch.optim on one fp32 tensor; [(steps+1) x n] float32, row 0 = p0."""
+    if opt in TORCH_OPS:
+        return TORCH_OPS[opt](o, p0, grads)
     p = torch.nn.Parameter(torch.from_numpy(p0.copy()))
     optimizer = TORCH_CLASS[opt]([p], **torch_kwargs(opt, o))
     rows = [p0.copy()]
@@ -344,6 +366,73 @@ def run_torch(opt, o, p0, grads):
         optimizer.step()
         rows.append(p.detach().numpy().copy())
     return np.stack(rows)
+
+
+# NAdam: torch's single-tensor step written out in torch's own
+# float32 tensor operations, as torch 2 performs them: the options torch 1.13
+# lacks (decoupled_weight_decay, maximize) and NAdam's next momentum product,
+# mu_product * mu_next (torch 1.13 multiplies mu in twice there, a bug torch
+# 2.0 fixed). The moments are updated as torch 1.13 does (mul_ then add_), as
+# for shardopt's Adam; torch 2 uses lerp_ for the first moment. Each is
+# checked against torch 1.13's own class, bitwise, on the cases the class can
+# run (torch_nadam with bug113=True reproduces torch 1.13's NAdam).
+
+
+def torch_nadam(o, p0, grads, bug113=False):
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
+    md = o["momentum_decay"]
+    p = torch.from_numpy(p0.copy())
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    mu_product = torch.tensor(1.0)  # float32, as torch's state["mu_product"]
+    rows = [p0.copy()]
+    for step, g in enumerate(grads, 1):
+        grad = torch.from_numpy(g.copy())
+        if o["maximize"]:
+            grad = -grad
+        step_f = float(torch.tensor(float(step)).item())  # torch's float32 step count
+        bias_correction2 = 1 - b2 ** step_f
+        if wd != 0:
+            if o["decoupled_weight_decay"]:
+                p.mul_(1 - lr * wd)
+            else:
+                grad = grad.add(p, alpha=wd)
+        mu = b1 * (1.0 - 0.5 * (0.96 ** (step_f * md)))
+        mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((step_f + 1) * md)))
+        mu_product *= mu
+        if bug113:
+            mu_product_next = (mu_product * mu * mu_next).item()
+        else:
+            mu_product_next = mu_product.item() * mu_next
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = v.div(bias_correction2).sqrt().add_(eps)
+        p.addcdiv_(grad, denom, value=(-lr * (1.0 - mu) / (1.0 - mu_product.item())))
+        p.addcdiv_(m, denom, value=(-lr * mu_next) / (1.0 - mu_product_next))
+        rows.append(p.numpy().copy())
+    return np.stack(rows)
+
+
+TORCH_OPS = {"nadam": torch_nadam}
+
+
+def check_torch_ops(opt, o, p0, grads):
+    """The op-by-op step against torch 1.13's class, bitwise, where the class
+    can run the case."""
+    if o["maximize"] or o["decoupled_weight_decay"]:
+        return
+    kw = {k: v for k, v in torch_kwargs(opt, o).items()
+          if k not in ("maximize", "decoupled_weight_decay")}
+    p = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    optimizer = torch.optim.NAdam([p], **kw)
+    rows = [p0.copy()]
+    for g in grads:
+        p.grad = torch.from_numpy(g.copy())
+        optimizer.step()
+        rows.append(p.detach().numpy().copy())
+    mine = torch_nadam(o, p0, grads, bug113=True)
+    if not np.array_equal(np.stack(rows).view(np.uint32), mine.view(np.uint32)):
+        sys.exit(f"{opt} {o}: the op-by-op step differs from torch.optim's")
 
 
 def ref_sgd(o, p, grads):
@@ -455,6 +544,30 @@ def ref_lamb(o, p, grads):
         yield p
 
 
+def ref_nadam(o, p, grads):
+    """NAdam (Dozat 2016) as torch 2 defines it: momentum decay mu_t, its
+    running product, the Nesterov look-ahead with mu_{t+1}."""
+    lr, b1, b2, eps, wd, md = (o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"],
+                               o["momentum_decay"])
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    prod = 1.0
+    for t, g in enumerate(grads, 1):
+        g = -g if o["maximize"] else g
+        if o["decoupled_weight_decay"]:
+            p = p * (1 - lr * wd)
+        elif wd != 0:
+            g = g + wd * p
+        mu = b1 * (1 - 0.5 * 0.96 ** (t * md))
+        mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * md))
+        prod *= mu
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        denom = np.sqrt(v / (1 - b2**t)) + eps
+        p = p - lr * (1 - mu) / (1 - prod) * g / denom - lr * mu_next / (1 - prod * mu_next) * m / denom
+        yield p
+
+
 def run_float64(opt, o, p0, grads, margins=None):
     """The float64 formulas; [(steps+1) x n] float64, row 0 = p0."""
     p = p0.astype(np.float64)
@@ -467,6 +580,7 @@ def run_float64(opt, o, p0, grads, margins=None):
         "rmsprop": lambda: ref_rmsprop(o, p, g64),
         "lion": lambda: ref_lion(o, p, g64, margins),
         "lamb": lambda: ref_lamb(o, p, g64),
+        "nadam": lambda: ref_nadam(o, p, g64),
     }[opt]()
     return np.stack([p] + list(it))
 
@@ -522,7 +636,9 @@ def main():
                 name = case.name(n)
                 seed = case.seed(n)
                 p0, grads = inputs(seed, n, STEPS, case.grad_scale, case.precision)
-                if opt in TORCH_CLASS:
+                if opt in TORCH_CLASS or opt in TORCH_OPS:
+                    if opt in TORCH_OPS:
+                        check_torch_ops(opt, case.options, p0, grads)
                     traj = run_torch(opt, case.options, p0, grads)
                     ref = run_float64(opt, case.options, p0, grads)
                     diff = np.abs(traj.astype(np.float64) - ref)
@@ -544,7 +660,7 @@ def main():
         os.replace(path + ".tmp", path)
         total += len(blob)
         line = f"{opt:8s} {len(records):4d} cases {len(blob):9d} bytes {time.time() - t0:6.1f} s"
-        if opt in TORCH_CLASS:
+        if opt in TORCH_CLASS or opt in TORCH_OPS:
             line += (f"   torch vs float64 formulas: max abs {worst_abs:.3g},"
                      f" max rel {worst_rel:.3g} (|x| floored at 1e-3)")
         if margins:

@@ -260,6 +260,39 @@ struct SHARDOPT_API Lamb {
   }
 };
 
+// torch.optim.NAdam: Adam with Nesterov momentum, whose coefficient mu_t
+// rises towards beta1 as momentum_decay sets. Options of torch 2
+// (decoupled_weight_decay, maximize) included; docs/optimizers.md.
+struct SHARDOPT_API NAdam {
+  double lr = 2e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum_decay = 4e-3;
+  bool decoupled_weight_decay = false;  // p *= 1 - lr * weight_decay instead of L2
+  bool maximize = false;
+
+  static constexpr const char* name = "NAdam";
+  static constexpr const char* key = "nadam";
+  static constexpr bool counts_steps = true;
+  template <class F>
+  static constexpr void fields(F&& f) {
+    f("lr", &NAdam::lr, "learning rate (lr)", Check::non_neg);
+    f("betas", &NAdam::betas, "beta parameter", Check::unit_open);
+    f("eps", &NAdam::eps, "epsilon value (eps)", Check::non_neg);
+    f("weight_decay", &NAdam::weight_decay, "weight_decay value", Check::non_neg);
+    f("momentum_decay", &NAdam::momentum_decay, "momentum_decay value", Check::non_neg);
+    f("decoupled_weight_decay", &NAdam::decoupled_weight_decay, "decoupled_weight_decay",
+      Check::none);
+    f("maximize", &NAdam::maximize, "maximize", Check::none);
+  }
+  template <class F>
+  constexpr void slots(F&& f) const {
+    f(Slot{"exp_avg", "exp_avg"});
+    f(Slot{"exp_avg_sq", "exp_avg_sq"});
+  }
+};
+
 // Every optimizer, in the order of OptimizerConfig's alternatives (checkpoints
 // name optimizers by key, so the order is free). kernels/meson.build reads
 // this list: one name per line, each as X(Name).
@@ -270,7 +303,8 @@ struct SHARDOPT_API Lamb {
   X(Adagrad)                   \
   X(RMSprop)                   \
   X(Lion)                      \
-  X(Lamb)
+  X(Lamb)                      \
+  X(NAdam)
 
 // ------------------------------------------------------------------------
 // What the descriptors give, for generic code.
