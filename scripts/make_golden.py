@@ -190,10 +190,19 @@ OPTIONS = {
         "decoupled_weight_decay": (0, 1),
         "maximize": (0, 1),
     },
+    "radam": {
+        "lr": 0.01,  # default 1e-3
+        "beta1": (0.9, 0.8),
+        "beta2": (0.999, 0.95),
+        "eps": (1e-8, 1e-3),
+        "weight_decay": (0.0, 0.1),
+        "decoupled_weight_decay": (0, 1),
+        "maximize": (0, 1),
+    },
 }
 
 DEFAULT_LR = {"lion": 1e-4, "lamb": 1e-3, "adam": 1e-3, "adamw": 1e-3,
-              "adagrad": 1e-2, "rmsprop": 1e-2, "nadam": 2e-3}
+              "adagrad": 1e-2, "rmsprop": 1e-2, "nadam": 2e-3, "radam": 1e-3}
 
 TORCH_CLASS = {
     "sgd": torch.optim.SGD,
@@ -316,6 +325,11 @@ def case_list(opt):
                   ({"weight_decay": T, "decoupled_weight_decay": T}, 0), ({"maximize": T}, 0),
                   ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T, "momentum_decay": T,
                     "decoupled_weight_decay": T}, 1)],
+        "radam": [({"lr": DEFAULT_LR["radam"]}, 0), ({}, 0), ({"beta1": T, "beta2": T}, 0),
+                  ({"weight_decay": T}, 0),
+                  ({"weight_decay": T, "decoupled_weight_decay": T}, 0), ({"maximize": T}, 0),
+                  ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T,
+                    "decoupled_weight_decay": T, "maximize": T}, 1)],
     }[opt]
 
     # Every combination of defaults and non-defaults, at the small sizes.
@@ -334,7 +348,7 @@ def case_list(opt):
 
     # Mixed precision: bf16/fp16 gradients, fp32 master weights and states.
     for prec in ("bf16grad", "f16grad"):
-        if opt == "nadam":
+        if opt in ("nadam", "radam"):
             add(Case(opt, full_options(opt, {}), prec), SIZES_SMALL + (SIZE_MID,))
             add(Case(opt, full_options(opt, {"weight_decay": T}), prec), SIZES_SMALL)
         elif opt in ("adam", "adamw"):
@@ -368,7 +382,7 @@ def run_torch(opt, o, p0, grads):
     return np.stack(rows)
 
 
-# NAdam: torch's single-tensor step written out in torch's own
+# NAdam and RAdam: torch's single-tensor steps written out in torch's own
 # float32 tensor operations, as torch 2 performs them: the options torch 1.13
 # lacks (decoupled_weight_decay, maximize) and NAdam's next momentum product,
 # mu_product * mu_next (torch 1.13 multiplies mu in twice there, a bug torch
@@ -413,7 +427,41 @@ def torch_nadam(o, p0, grads, bug113=False):
     return np.stack(rows)
 
 
-TORCH_OPS = {"nadam": torch_nadam}
+def torch_radam(o, p0, grads):
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
+    p = torch.from_numpy(p0.copy())
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    rows = [p0.copy()]
+    for step, g in enumerate(grads, 1):
+        grad = torch.from_numpy(g.copy())
+        if o["maximize"]:
+            grad = -grad
+        step_f = float(torch.tensor(float(step)).item())
+        bias_correction1 = 1 - b1 ** step_f
+        bias_correction2 = 1 - b2 ** step_f
+        if wd != 0:
+            if o["decoupled_weight_decay"]:
+                p.mul_(1 - lr * wd)
+            else:
+                grad = grad.add(p, alpha=wd)
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        bias_corrected_exp_avg = m / bias_correction1
+        rho_inf = 2 / (1 - b2) - 1
+        rho_t = rho_inf - 2 * step_f * (b2 ** step_f) / bias_correction2
+        if rho_t > 5.0:
+            rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf
+                             / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+            adaptive_lr = math.sqrt(bias_correction2) / v.sqrt().add_(eps)
+            p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, alpha=-1.0)
+        else:
+            p.add_(bias_corrected_exp_avg * lr, alpha=-1.0)
+        rows.append(p.numpy().copy())
+    return np.stack(rows)
+
+
+TORCH_OPS = {"nadam": torch_nadam, "radam": torch_radam}
 
 
 def check_torch_ops(opt, o, p0, grads):
@@ -424,13 +472,13 @@ def check_torch_ops(opt, o, p0, grads):
     kw = {k: v for k, v in torch_kwargs(opt, o).items()
           if k not in ("maximize", "decoupled_weight_decay")}
     p = torch.nn.Parameter(torch.from_numpy(p0.copy()))
-    optimizer = torch.optim.NAdam([p], **kw)
+    optimizer = {"nadam": torch.optim.NAdam, "radam": torch.optim.RAdam}[opt]([p], **kw)
     rows = [p0.copy()]
     for g in grads:
         p.grad = torch.from_numpy(g.copy())
         optimizer.step()
         rows.append(p.detach().numpy().copy())
-    mine = torch_nadam(o, p0, grads, bug113=True)
+    mine = torch_nadam(o, p0, grads, bug113=True) if opt == "nadam" else torch_radam(o, p0, grads)
     if not np.array_equal(np.stack(rows).view(np.uint32), mine.view(np.uint32)):
         sys.exit(f"{opt} {o}: the op-by-op step differs from torch.optim's")
 
@@ -568,6 +616,30 @@ def ref_nadam(o, p, grads):
         yield p
 
 
+def ref_radam(o, p, grads):
+    """RAdam (Liu et al. 2020, Algorithm 2)."""
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    rho_inf = 2 / (1 - b2) - 1
+    for t, g in enumerate(grads, 1):
+        g = -g if o["maximize"] else g
+        if o["decoupled_weight_decay"]:
+            p = p * (1 - lr * wd)
+        elif wd != 0:
+            g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1**t)
+        rho_t = rho_inf - 2 * t * b2**t / (1 - b2**t)
+        if rho_t > 5:
+            rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+            p = p - lr * m_hat * rect * math.sqrt(1 - b2**t) / (np.sqrt(v) + eps)
+        else:
+            p = p - lr * m_hat
+        yield p
+
+
 def run_float64(opt, o, p0, grads, margins=None):
     """The float64 formulas; [(steps+1) x n] float64, row 0 = p0."""
     p = p0.astype(np.float64)
@@ -581,6 +653,7 @@ def run_float64(opt, o, p0, grads, margins=None):
         "lion": lambda: ref_lion(o, p, g64, margins),
         "lamb": lambda: ref_lamb(o, p, g64),
         "nadam": lambda: ref_nadam(o, p, g64),
+        "radam": lambda: ref_radam(o, p, g64),
     }[opt]()
     return np.stack([p] + list(it))
 

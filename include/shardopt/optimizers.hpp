@@ -293,6 +293,38 @@ struct SHARDOPT_API NAdam {
   }
 };
 
+// torch.optim.RAdam: Adam whose adaptive step is rectified for the variance
+// of its early steps, plain momentum steps until that variance is tractable.
+// Options of torch 2 (decoupled_weight_decay, maximize) included;
+// docs/optimizers.md.
+struct SHARDOPT_API RAdam {
+  double lr = 1e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // p *= 1 - lr * weight_decay instead of L2
+  bool maximize = false;
+
+  static constexpr const char* name = "RAdam";
+  static constexpr const char* key = "radam";
+  static constexpr bool counts_steps = true;
+  template <class F>
+  static constexpr void fields(F&& f) {
+    f("lr", &RAdam::lr, "learning rate (lr)", Check::non_neg);
+    f("betas", &RAdam::betas, "beta parameter", Check::unit_open);
+    f("eps", &RAdam::eps, "epsilon value (eps)", Check::non_neg);
+    f("weight_decay", &RAdam::weight_decay, "weight_decay value", Check::non_neg);
+    f("decoupled_weight_decay", &RAdam::decoupled_weight_decay, "decoupled_weight_decay",
+      Check::none);
+    f("maximize", &RAdam::maximize, "maximize", Check::none);
+  }
+  template <class F>
+  constexpr void slots(F&& f) const {
+    f(Slot{"exp_avg", "exp_avg"});
+    f(Slot{"exp_avg_sq", "exp_avg_sq"});
+  }
+};
+
 // Every optimizer, in the order of OptimizerConfig's alternatives (checkpoints
 // name optimizers by key, so the order is free). kernels/meson.build reads
 // this list: one name per line, each as X(Name).
@@ -304,7 +336,8 @@ struct SHARDOPT_API NAdam {
   X(RMSprop)                   \
   X(Lion)                      \
   X(Lamb)                      \
-  X(NAdam)
+  X(NAdam)                     \
+  X(RAdam)
 
 // ------------------------------------------------------------------------
 // What the descriptors give, for generic code.
