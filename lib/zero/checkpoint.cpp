@@ -121,7 +121,7 @@ std::map<std::string, std::string> ZeroEngine::checkpoint_metadata(const char* c
 void ZeroEngine::add_pieces(std::size_t first, std::size_t bytes,
                             const std::function<const void*(const Segment&)>& data,
                             std::vector<ckpt::Piece>& pieces) const {
-  for (const Segment& s : segments_) {
+  for (const Segment& s : layout_.segments) {
     if (s.count == 0) continue;
     pieces.push_back({first + s.param, s.offset * bytes, s.count * bytes, s.rank,
                       s.rank == rank_ ? data(s) : nullptr});
@@ -134,11 +134,11 @@ std::function<const void*(const Segment&)> ZeroEngine::master_source(
     std::vector<float>& decoded) const {
   if (remainders_) {
     std::size_t n = 0;
-    for (const Segment& s : segments_)
+    for (const Segment& s : layout_.segments)
       if (s.rank == rank_) n += s.count;
     decoded.resize(n);
     std::size_t at = 0;
-    for (const Segment& s : segments_) {
+    for (const Segment& s : layout_.segments) {
       if (s.rank != rank_) continue;
       functional::decode_param_remainders(
           {reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
@@ -348,7 +348,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
                                             std::vector<char>(params_.size(), 0));
   for (std::size_t k = 0; k <= slots_.size(); ++k) {
     if (by_slot[k].empty()) continue;
-    staging[k] = HostBuffer(storage_ * 4);
+    staging[k] = HostBuffer(layout_.storage * 4);
     for (const Want* w : by_slot[k]) load_param[k][w->param] = 1;
   }
   const auto index_of = [&](const ckpt::TensorInfo* t) {
@@ -358,8 +358,8 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   for (const Want& w : want)
     if (w.have && w.slot != std::string::npos)
       tensor_of[w.slot * params_.size() + w.param] = w.have;
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     for (std::size_t k = 0; k <= slots_.size(); ++k) {
       const ckpt::TensorInfo* t = tensor_of[k * params_.size() + s.param];
       if (t == nullptr || s.count == 0) continue;
@@ -379,8 +379,8 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   if (master_ && whole(0)) master_buf_ = std::move(staging[0]);
   for (std::size_t k = 1; k <= slots_.size(); ++k)
     if (whole(k)) states_[k - 1] = std::move(staging[k]);
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     if (load_param[0][s.param]) {
       if (master_) {
         float* m = master_buf_.as<float>() + s.storage;

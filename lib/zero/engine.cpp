@@ -27,7 +27,8 @@ void ZeroEngine::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, cons
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
-      std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - flat_[p]) * elem_, (e - s) * elem_);
+      std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - layout_.flat[p]) * elem_,
+                  (e - s) * elem_);
   }
 }
 
@@ -36,7 +37,8 @@ void ZeroEngine::from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, co
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
-      std::memcpy(user(p) + (s - flat_[p]) * elem_, buf + (s - b.begin) * elem_, (e - s) * elem_);
+      std::memcpy(user(p) + (s - layout_.flat[p]) * elem_, buf + (s - b.begin) * elem_,
+                  (e - s) * elem_);
   }
 }
 
@@ -128,9 +130,9 @@ void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
-  // Buckets start at multiples of bucket_elems_: those the parameter spans.
-  for (std::size_t b = flat_[i] / bucket_elems_;
-       p.numel > 0 && b <= (flat_[i] + p.numel - 1) / bucket_elems_; ++b) {
+  // Buckets start at multiples of the bucket size: those the parameter spans.
+  for (std::size_t b = layout_.flat[i] / layout_.bucket_elems;
+       p.numel > 0 && b <= (layout_.flat[i] + p.numel - 1) / layout_.bucket_elems; ++b) {
     if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
     const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);
     buckets_[b].ready += e - s;
@@ -179,8 +181,8 @@ void ZeroEngine::stream_grad(std::size_t bi, std::size_t p, const std::byte* gra
   }
   std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
   const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
-  convert(grad + (s - flat_[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_, e - s,
-          static_cast<float>(1.0 / opt_.predivide_factor));
+  convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_,
+          e - s, static_cast<float>(1.0 / opt_.predivide_factor));
 }
 
 void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
@@ -191,8 +193,8 @@ void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
     if (s >= e || streamed_[p] != 0) continue;  // streamed ones are in place already
-    convert(user_grad(p, s - flat_[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_, e - s,
-            mul);
+    convert(user_grad(p, s - layout_.flat[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_,
+            e - s, mul);
   }
   std::memset(out + b.len * rsize, 0, (b.padded - b.len) * rsize);
 }

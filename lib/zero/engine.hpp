@@ -1,20 +1,7 @@
-// shardopt: the ZeRO engine behind ZeroRedundancyOptimizer (internal).
-//
-// Layout. The parameters, in registration order, form one flat index space
-// of T elements. It is cut into buckets of B elements (B a multiple of
-// N * kShardAlign, N ranks); the last bucket is padded to such a multiple.
-// Each bucket is split into N equal pieces, piece q belonging to rank q, so
-// that every bucket's gradients are reduce-scattered with one equal-count
-// call and every rank gets a share of every bucket. A rank's shard is the
-// concatenation of its pieces of all buckets: S elements, contiguous in its
-// state buffers (master weights, moments, gradient shard), each piece
-// aligned to kShardAlign elements. Stage 0 keeps every rank's shard: its
-// state buffers hold N * S elements, rank q's shard at q * S.
-//
-// A segment is the part of one parameter inside one rank's piece of one
-// bucket: the unit of every kernel call and every partial sum, identical in
-// all stages, which is why the stages agree bitwise (the norms are summed
-// per segment, then per rank in order, then over ranks in order).
+// shardopt: the ZeRO engine behind ZeroRedundancyOptimizer (internal). Its
+// sharded layout (buckets, shards, segments) is a ShardLayout
+// (lib/zero/shards.hpp), computed without MPI; the engine adds the buffers,
+// the reductions, the update and the checkpoints.
 #pragma once
 
 #include <algorithm>
@@ -34,28 +21,12 @@
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
 #include "zero/optimizer_config.hpp"
+#include "zero/shards.hpp"
 
 namespace shardopt::detail {
 
-// Shard pieces start at multiples of this many elements (64 bytes of fp32).
-inline constexpr std::size_t kShardAlign = 16;
-
-struct Segment {
-  std::size_t param = 0;
-  std::size_t offset = 0;  // within the parameter
-  std::size_t count = 0;
-  std::size_t flat = 0;     // flat index of the first element
-  std::size_t storage = 0;  // index in the state buffers (stage 0: q * S + ...)
-  int rank = 0;             // the owner
-  std::size_t bucket = 0;
-};
-
-struct Bucket {
-  std::size_t begin = 0;                       // flat index
-  std::size_t len = 0;                         // elements of parameters
-  std::size_t padded = 0;                      // len rounded up to N * kShardAlign
-  std::size_t shard_offset = 0;                // of this bucket's piece in a rank's shard
-  std::size_t first_param = 0, end_param = 0;  // parameters overlapping it
+// A bucket of the layout with the engine's state of it.
+struct Bucket : BucketRange {
   // Whether the user's (or owned) gradients / parameters of the whole padded
   // bucket are one contiguous buffer of the communicated type, so that the
   // collectives run on it in place, without packing.
@@ -88,7 +59,7 @@ class ZeroEngine {
   int num_groups() const noexcept { return static_cast<int>(groups_.size()); }
   void set_lr(double lr, int group);
   std::vector<std::string> state_names() const;
-  std::span<const ShardRange> owned_ranges() const noexcept { return owned_; }
+  std::span<const ShardRange> owned_ranges() const noexcept { return layout_.owned; }
   std::vector<float> gather_state(std::string_view name, std::size_t i) const;
   MemoryReport memory_report() const;
 
@@ -137,7 +108,7 @@ class ZeroEngine {
   // Flat elements [s, e) of parameter p inside [lo, hi) (s >= e if none).
   std::pair<std::size_t, std::size_t> overlap(std::size_t p, std::size_t lo,
                                               std::size_t hi) const noexcept {
-    return {std::max(lo, flat_[p]), std::min(hi, flat_[p] + params_[p].numel)};
+    return {std::max(lo, layout_.flat[p]), std::min(hi, layout_.flat[p] + params_[p].numel)};
   }
   void allgather_grads();
   void pack_grads(std::size_t b, void* dst) const;
@@ -218,15 +189,9 @@ class ZeroEngine {
   std::size_t elem_ = 4;            // bytes of dtype_
   bool master_ = false;             // a separate fp32 master copy
   bool remainders_ = false;
-  std::vector<std::size_t> flat_;  // flat index of each parameter
-  std::size_t total_ = 0;          // T
-  std::size_t bucket_elems_ = 0;   // B
-  std::size_t shard_ = 0;          // S
-  std::size_t storage_ = 0;        // S, or N * S in stage 0
-  std::vector<Bucket> buckets_;
-  std::vector<Segment> segments_;  // every rank's, by bucket, rank, parameter
-  std::vector<std::size_t> mine_;  // indices of the segments this rank updates
-  std::vector<ShardRange> owned_;
+  ShardLayout layout_;
+  std::size_t bucket_elems_ = 0;    // B asked for (agreed), before the layout caps it
+  std::vector<Bucket> buckets_;     // the layout's, with the engine's state of each
   std::vector<std::string> slots_;  // state names after "master"
 
   // Buffers, allocated once.

@@ -1,5 +1,6 @@
 // shardopt: the ZeRO engine's construction: local checks, the agreement on
-// the layout across ranks, the flat layout and its buffers.
+// the layout across ranks, the sharded layout (lib/zero/shards.hpp) and its
+// buffers.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -299,79 +300,26 @@ void ZeroEngine::agree_on_layout() {
             std::to_string(fewest) + ": " + gather_first_nonempty(ctl_, extra) + ")",
         hint, __FILE__, __LINE__);
   }
-  const double bytes = bucket_mb * 1024.0 * 1024.0;
-  const std::size_t unit = kShardAlign * static_cast<std::size_t>(nranks_);
   reduce_type_ = (opt_.reduce_in_fp32 || dtype_ == DType::f32) ? DType::f32 : dtype_;
-  std::size_t b = static_cast<std::size_t>(bytes / double(dtype_size(reduce_type_)));
-  b = std::max(unit, b / unit * unit);
-  bucket_elems_ = b;
+  bucket_elems_ = ShardLayout::bucket_elements(bucket_mb, dtype_size(reduce_type_), nranks_);
 }
 
 void ZeroEngine::build_layout() {
   elem_ = dtype_size(dtype_);
   master_ = dtype_ != DType::f32 && !opt_.param_remainders;
   remainders_ = opt_.param_remainders;
-  const std::size_t n = static_cast<std::size_t>(nranks_);
-  flat_.resize(params_.size());
-  total_ = 0;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    flat_[i] = total_;
-    total_ += params_[i].numel;
-  }
-  const std::size_t unit = kShardAlign * n;
-  bucket_elems_ = std::min(bucket_elems_, std::max(unit, (total_ + unit - 1) / unit * unit));
-  shard_ = 0;
-  for (std::size_t begin = 0; begin < total_; begin += bucket_elems_) {
-    Bucket b;
-    b.begin = begin;
-    b.len = std::min(bucket_elems_, total_ - begin);
-    b.padded = (b.len + unit - 1) / unit * unit;
-    b.shard_offset = shard_;
-    shard_ += b.padded / n;
-    buckets_.push_back(b);
-  }
-  storage_ = opt_.stage == 0 ? shard_ * n : shard_;
-  // Segments: bucket by bucket, rank by rank, parameter by parameter.
-  std::size_t first = 0;  // the first parameter that may overlap the bucket
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    Bucket& b = buckets_[bi];
-    const std::size_t end = b.begin + b.len;
-    while (first < params_.size() && flat_[first] + params_[first].numel <= b.begin) ++first;
-    b.first_param = first;
-    std::size_t last = first;
-    while (last < params_.size() && flat_[last] < end) ++last;
-    b.end_param = last;
-    const std::size_t pc = b.padded / n;
-    for (int q = 0; q < nranks_; ++q) {
-      const std::size_t lo = b.begin + std::size_t(q) * pc;
-      const std::size_t hi = std::min(lo + pc, end);
-      for (std::size_t p = first; p < last && lo < hi; ++p) {
-        const std::size_t s = std::max(lo, flat_[p]);
-        const std::size_t e = std::min(hi, flat_[p] + params_[p].numel);
-        if (s >= e) continue;
-        Segment seg;
-        seg.param = p;
-        seg.offset = s - flat_[p];
-        seg.count = e - s;
-        seg.flat = s;
-        seg.storage = (opt_.stage == 0 ? std::size_t(q) * shard_ : 0) + b.shard_offset + (s - lo);
-        seg.rank = q;
-        seg.bucket = bi;
-        if (opt_.stage == 0 || q == rank_) {
-          mine_.push_back(segments_.size());
-          owned_.push_back({p, seg.offset, seg.count, seg.storage});
-        }
-        segments_.push_back(seg);
-      }
-    }
-  }
+  std::vector<std::size_t> numel(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) numel[i] = params_[i].numel;
+  layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_);
+  buckets_.clear();
+  for (const BucketRange& b : layout_.buckets) buckets_.push_back(Bucket{b});
   ready_.assign(params_.size(), 0);
   next_launch_ = buckets_.size();
 }
 
 void ZeroEngine::allocate() {
   const std::size_t n = static_cast<std::size_t>(nranks_);
-  const std::size_t full = shard_ * n;  // the padded flat size
+  const std::size_t full = layout_.shard * n;  // the padded flat size
   slots_.clear();
   // A slot is allocated when some group's options use it.
   for (const OptimizerConfig& g : groups_) {
@@ -381,11 +329,11 @@ void ZeroEngine::allocate() {
       if (slots[k].used) slots_[k] = slots[k].name;
   }
   std::erase(slots_, std::string());
-  if (master_) master_buf_ = HostBuffer(storage_ * 4);
-  if (remainders_) master_buf_ = HostBuffer(storage_ * 2);
-  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(storage_ * 4);
-  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(storage_ * 4);
-  if (opt_.stage == 2) grad_shard_ = HostBuffer(shard_ * 4);
+  if (master_) master_buf_ = HostBuffer(layout_.storage * 4);
+  if (remainders_) master_buf_ = HostBuffer(layout_.storage * 2);
+  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(layout_.storage * 4);
+  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(layout_.storage * 4);
+  if (opt_.stage == 2) grad_shard_ = HostBuffer(layout_.shard * 4);
   if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
   // Null gradients: the optimizer owns them, or, with stream_grads (stage
   // 2), they exist only in their buckets, copied in by grad_ready(i, grad).
@@ -403,7 +351,7 @@ void ZeroEngine::allocate() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     grad_ptr_[i] = params_[i].grad != nullptr
                        ? static_cast<std::byte*>(params_[i].grad)
-                       : (owned ? owned_grads_.as<std::byte>() + flat_[i] * elem_ : nullptr);
+                       : (owned ? owned_grads_.as<std::byte>() + layout_.flat[i] * elem_ : nullptr);
   }
   // Which buckets the collectives can run on in place.
   const std::size_t rsize = dtype_size(reduce_type_);
@@ -416,7 +364,7 @@ void ZeroEngine::allocate() {
         if (params_[p].numel == 0) continue;
         std::byte* ptr = ptr_of(p);
         if (base == nullptr) {
-          base = ptr + (b.begin - flat_[p]) * elem_;
+          base = ptr + (b.begin - layout_.flat[p]) * elem_;
         } else if (ptr != next) {
           return static_cast<std::byte*>(nullptr);
         }
@@ -450,7 +398,7 @@ void ZeroEngine::allocate() {
   }
   if (kind_ == kCustomKind) {
     std::size_t longest = 0;
-    for (std::size_t s : mine_) longest = std::max(longest, segments_[s].count);
+    for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);
     custom_scratch_ = HostBuffer(longest * 4);
   }
 }
@@ -463,8 +411,8 @@ void ZeroEngine::init_state() {
       for (std::size_t k = 0; k < slots_.size(); ++k)
         if (slot.used && slot.initial != 0.0 && slots_[k] == slot.name)
           initial[g].emplace_back(k, static_cast<float>(slot.initial));
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     const std::byte* src = static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_;
     if (master_) cast(src, dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
     // States that do not start at 0 (Adagrad's sum).

@@ -67,7 +67,7 @@ const void* ZeroEngine::reduced_grad(const Segment& s, DType& type) const {
 
 double ZeroEngine::local_sum_squares(int q) const {
   double sum = 0.0;
-  for (const Segment& s : segments_) {
+  for (const Segment& s : layout_.segments) {
     if (s.rank != q) continue;
     DType t;
     const void* g = reduced_grad(s, t);
@@ -77,8 +77,8 @@ double ZeroEngine::local_sum_squares(int q) const {
 }
 
 bool ZeroEngine::local_grads_finite(double mul) const {
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     DType t;
     const void* g = reduced_grad(s, t);
     if (!functional::grads_finite(functional::GradView(g, s.count, t), mul)) return false;
@@ -287,8 +287,8 @@ void ZeroEngine::throw_non_finite(double mul) {
   std::int64_t where[2] = {kNone, kNone};  // parameter, element
   int kind = 0;                            // 1 nan, 2 +inf, 3 -inf
   std::vector<float> g;
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     if (static_cast<std::int64_t>(s.param) > where[0]) continue;
     DType t;
     const void* src = reduced_grad(s, t);
@@ -363,8 +363,8 @@ void ZeroEngine::for_each_run(const std::function<void(const Run&)>& f) {
   const std::size_t psize = master_ ? 4 : elem_;
   Run cur;
   bool open = false;
-  for (std::size_t si : mine_) {
-    const Run r = run_of(segments_[si]);
+  for (std::size_t si : layout_.mine) {
+    const Run r = run_of(layout_.segments[si]);
     if (open && r.group == cur.group && r.storage == cur.storage + cur.count &&
         r.param == cur.param + cur.count * psize &&
         r.grad == cur.grad + cur.count * dtype_size(cur.grad_type) &&
@@ -440,7 +440,7 @@ void ZeroEngine::update_lamb(double mul) {
     d[0] += n.param_sq;
     d[1] += n.update_sq;
   };
-  for (std::size_t si : mine_) direction(segments_[si]);
+  for (std::size_t si : layout_.mine) direction(layout_.segments[si]);
   if (opt_.stage > 0) {
     std::vector<double> mine(partial.begin() + std::ptrdiff_t(std::size_t(rank_) * np * 2),
                              partial.begin() + std::ptrdiff_t(std::size_t(rank_ + 1) * np * 2));
@@ -457,8 +457,8 @@ void ZeroEngine::update_lamb(double mul) {
     const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[p].group)]);
     neg_step[p] = static_cast<float>(-(o.lr * trust));
   }
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     kernels::LambApplyBuffers a;
     if (remainders_) {
       a.param_out = user_param(s);
@@ -526,8 +526,8 @@ std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i
   // Each element is owned by one rank; the others contribute -1 to a
   // maximum over the bit patterns, which keeps -0 and every nan as it is.
   std::vector<std::int64_t> bits(p.numel, -1);
-  for (std::size_t si : mine_) {
-    const Segment& s = segments_[si];
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
     if (s.param != i) continue;
     std::vector<float> v(s.count);
     if (slot >= 0) {
