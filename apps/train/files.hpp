@@ -1,0 +1,24 @@
+// shardopt-train: the --save-params file (its format: docs/train.md), and
+// the checks before training that the files a run writes can be written.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model.hpp"
+
+namespace train {
+
+// Writes FILE.tmp and renames it to FILE, so that FILE is either the old
+// file or the whole new one. Returns an error message, empty on success.
+std::string save_params(const std::string& path, const ModelTensors& m, std::int64_t steps);
+
+// Before training: fails early where FILE.tmp cannot be created.
+std::string check_writable(const std::string& path);
+
+// Before training: fails early where no file can be created beside PATH
+// (checkpoints and exports are written under a temporary name in PATH's
+// directory, then renamed to PATH).
+std::string check_directory(const std::string& option, const std::string& path);
+
+}  // namespace train

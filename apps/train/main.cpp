@@ -1,0 +1,115 @@
+// shardopt-train: a small data-parallel training job on the ZeRO engine.
+//
+// A multi-layer perceptron (matmuls through OpenBLAS) learns, with an MSE
+// loss, to reproduce a fixed random "teacher" network on random inputs. The
+// teacher and the student's initial weights are drawn from the seed, the
+// same on every rank; each rank draws its own samples (from the seed and its
+// rank), so the global batch is split across the ranks. Each layer's weight
+// and bias is one shardopt::Param in the trainer's own buffers; the backward
+// pass hands each gradient to the optimizer as soon as it is complete
+// (grad_ready, last layer first), so that stage 2 reduces while the rest of
+// the backward pass runs, and step() updates and gathers the parameters.
+//
+//   mpirun -n 2 shardopt-train                          # adamw, stage 2, f32
+//   mpirun -n 4 shardopt-train -o lamb -s 1 -p bf16 --clip 1.0 --json
+//
+// Rank 0 prints the configuration, the memory per rank beside the ZeRO
+// formula, a line every --log-every steps and a summary; docs/train.md
+// describes the options, the output and the --save-params file. With
+// --checkpoint the optimizer saves checkpoints (save()), which --resume
+// loads (load()) at any rank count; --export writes the parameters
+// (export_params()). Uses only the public API of shardopt, MPI, OpenBLAS
+// and the standard library.
+//
+// This file holds main(); options.cpp the command line (the optimizer's
+// options: optimizer_options.cpp); model.cpp the model and the data;
+// run.cpp the training from start to summary; output.cpp what it prints;
+// files.cpp the --save-params file.
+#include <cblas.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "../cli.hpp"
+#include "files.hpp"
+#include "options.hpp"
+#include "output.hpp"
+#include "run.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace train {
+namespace {
+
+// Everything that needs MPI; run_with_mpi's Environment outlives it.
+int train_main(int argc, char** argv) {
+  int rank = 0;
+  int ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const cli::UsageError& e) {
+    // Every rank parses the same argv: every rank stops here, rank 0 says why.
+    cli::print_usage_error(kProgram, rank, e);
+    return 2;
+  }
+  if (opt.help) {
+    if (rank == 0) std::printf("%s\n%s", kUsage, optimizer_usage().c_str());
+    return 0;
+  }
+
+  // Local checks that can fail on some ranks only: agree before going on,
+  // so that every rank stops.
+  std::string local_error;
+  try {
+    (void)shardopt::settings();
+    if (rank == 0 && !opt.save_params.empty()) local_error = check_writable(opt.save_params);
+    if (rank == 0 && local_error.empty() && !opt.checkpoint.empty()) {
+      local_error = check_directory("--checkpoint", opt.checkpoint);
+    }
+    if (rank == 0 && local_error.empty() && !opt.export_path.empty()) {
+      local_error = check_directory("--export", opt.export_path);
+    }
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  if (!all_ok(local_error.empty(), MPI_COMM_WORLD)) {
+    if (!local_error.empty()) cli::print_error(kProgram, rank, local_error);
+    return 1;
+  }
+
+  // The ranks are the parallelism: one BLAS thread each, unless the user
+  // asks for more.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
+
+  MPI_Comm stats = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &stats);
+  int status = 1;
+  try {
+    shardopt::Communicator comm(MPI_COMM_WORLD);
+    const bool live = rank == 0 && !opt.json &&
+                      (opt.progress == Progress::on ||
+                       (opt.progress == Progress::automatic && output_is_terminal()));
+    status = run({opt, comm, stats, rank, ranks, rank == 0, live});
+    comm.free();
+  } catch (const std::exception& e) {
+    // A failure on some ranks only, possibly in the middle of a collective
+    // the others wait in: stop the job rather than hang.
+    cli::print_error(kProgram, rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Comm_free(&stats);
+  return status;
+}
+
+}  // namespace
+}  // namespace train
+
+int main(int argc, char** argv) {
+  return cli::run_with_mpi(train::kProgram, argc, argv, train::train_main);
+}

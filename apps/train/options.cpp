@@ -1,0 +1,281 @@
+// shardopt-train: the command line (options.hpp).
+#include "options.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <system_error>
+#include <vector>
+
+#include "../cli.hpp"
+
+namespace train {
+
+using cli::bad_value;
+using cli::OptionSpec;
+using cli::parse_int;
+using cli::UsageError;
+using shardopt::DType;
+
+const char* const kUsage =
+    "usage: shardopt-train [options]\n"
+    "\n"
+    "Trains a multi-layer perceptron (tanh hidden layers, matmuls through OpenBLAS) data-\n"
+    "parallel on shardopt's ZeRO engine: it learns, with an MSE loss, to reproduce a fixed\n"
+    "random teacher network on random inputs. Each rank draws its own samples; the global\n"
+    "batch is --batch times the number of ranks. Run it under mpirun or srun.\n"
+    "\n"
+    "Optimizer and engine:\n"
+    "  -o, --optimizer NAME   the optimizer (default adamw); the list and each one's flags\n"
+    "                         are below\n"
+    "  -s, --stage N          ZeRO stage 0, 1 or 2 (default 2)\n"
+    "  -p, --precision T      f32 bf16 f16: the type of the model's parameters and gradients\n"
+    "                         (default f32); 16-bit models are computed in fp32 working copies\n"
+    "      --lr X             learning rate (default per optimizer: sgd 0.2 with momentum\n"
+    "                         0.9, adam 5e-3, adamw 5e-3, adagrad 1e-2, rmsprop 1e-3,\n"
+    "                         lion 3e-4, lamb 2e-2; others torch's default)\n"
+    "      --schedule S       cosine (decay to 0 over --steps) or constant (default cosine)\n"
+    "      --clip MAX_NORM    clip the global gradient norm to MAX_NORM before each step\n"
+    "      --bucket-mb X      gradient bucket size in MiB (default: SHARDOPT_BUCKET_MB, 25)\n"
+    "      --loss-scale M     dynamic or none (default: dynamic for f16, none otherwise)\n"
+    "      --param-remainders bf16 only: keep the fp32 master as 16-bit remainders\n"
+    "      --reduce-fp32      reduce 16-bit gradients in fp32\n"
+    "\n"
+    "Training:\n"
+    "  -n, --steps N          optimizer steps, in all: those before a --resume checkpoint\n"
+    "                         included (default 500)\n"
+    "  -b, --batch N          samples per rank and step (default 128)\n"
+    "  -m, --micro-batches N  split each rank's batch into N micro-batches, gradients\n"
+    "                         accumulated (default 1)\n"
+    "      --seed N           seed of the teacher, the initial weights and the data (default 1)\n"
+    "      --eval-samples N   held-out samples per rank for the initial and final loss\n"
+    "                         (default 1024)\n"
+    "\n"
+    "Model:\n"
+    "      --inputs N         input features (default 16)\n"
+    "      --outputs N        output features (default 4)\n"
+    "      --hidden N         width of the hidden layers (default 768)\n"
+    "      --layers N         linear layers, N - 1 of them hidden (default 3)\n"
+    "      --teacher-hidden N width of the teacher's hidden layers (default 16)\n"
+    "      --scattered        allocate each parameter and gradient separately instead of\n"
+    "                         one buffer for all parameters and one for all gradients\n"
+    "\n"
+    "Output:\n"
+    "  -l, --log-every N      print a line every N steps (default 25), and the first and last\n"
+    "      --json             one JSON object per line instead of text\n"
+    "      --progress P       auto, on or off: a live progress line on a terminal (default\n"
+    "                         auto: when the output goes to a terminal)\n"
+    "      --save-params FILE write the final parameters to FILE (format: docs/train.md)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "Checkpoints (safetensors files, docs/train.md):\n"
+    "      --checkpoint PATH  write a checkpoint of the optimizer (master weights, optimizer\n"
+    "                         state, step count, loss scaler) to PATH at the end\n"
+    "      --checkpoint-every N\n"
+    "                         also every N steps (default 0: at the end only)\n"
+    "      --keep-last K      keep the K newest checkpoints: PATH, then the older ones at\n"
+    "                         PATH.1, PATH.2, ... (default 1)\n"
+    "      --resume PATH      load the checkpoint PATH (written at any rank count and stage)\n"
+    "                         and go on from its step count to --steps steps in all\n"
+    "      --export PATH      write the final fp32 parameters to PATH, for inference\n"
+    "\n"
+    "Each log line shows the step, the training loss of the step's batch averaged over the\n"
+    "ranks, the learning rate, and the mean time per step since the previous line of the\n"
+    "slowest rank: compute (forward and backward), reduce (finishing the gradient\n"
+    "reduction, clip_grad_norm included), update, gather (the allgather of the\n"
+    "parameters), the whole step, and the samples per second over all ranks. The summary\n"
+    "gives the loss on held-out samples before and after training.\n"
+    "\n"
+    "A step the loss scaler skips (non-finite gradients) is tried again on the same batch\n"
+    "at the lower scale: --steps counts the steps applied, so that the batch and the\n"
+    "learning rate of step s depend on the seed, the rank and s only, and a run resumed\n"
+    "from a checkpoint takes the same steps as one that was never stopped.\n"
+    "\n"
+    "Exit status: 0 done, 1 an error, 2 a bad option.\n";
+
+double parse_number(const std::string& label, std::string_view s, bool allow_zero) {
+  double v = 0.0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v) ||
+      v < 0.0 || (!allow_zero && v == 0.0)) {
+    bad_value(label, s, allow_zero ? "a number >= 0" : "a number > 0");
+  }
+  return v;
+}
+
+namespace {
+
+// The options but the optimizer's (optimizer_option_specs()).
+constexpr OptionSpec kOptionSpecs[] = {
+    {'s', "stage", true},
+    {'p', "precision", true},
+    {0, "schedule", true},
+    {0, "clip", true},
+    {0, "bucket-mb", true},
+    {0, "loss-scale", true},
+    {0, "param-remainders", false},
+    {0, "reduce-fp32", false},
+    {'n', "steps", true},
+    {'b', "batch", true},
+    {'m', "micro-batches", true},
+    {0, "seed", true},
+    {0, "eval-samples", true},
+    {0, "inputs", true},
+    {0, "outputs", true},
+    {0, "hidden", true},
+    {0, "layers", true},
+    {0, "teacher-hidden", true},
+    {0, "scattered", false},
+    {'l', "log-every", true},
+    {0, "json", false},
+    {0, "progress", true},
+    {0, "save-params", true},
+    {0, "checkpoint", true},
+    {0, "checkpoint-every", true},
+    {0, "keep-last", true},
+    {0, "resume", true},
+    {0, "export", true},
+    {'h', "help", false},
+};
+
+constexpr int kMaxDim = 1 << 16;
+
+void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
+                  std::string_view v) {
+  if (apply_optimizer_option(o.optimizer, spec, label, v)) return;
+  const std::string_view name = spec.long_name;
+  if (name == "stage") {
+    o.stage = parse_int(label, v, 0, 2, "0 1 2");
+  } else if (name == "precision") {
+    if (v == "f32") {
+      o.precision = DType::f32;
+    } else if (v == "bf16") {
+      o.precision = DType::bf16;
+    } else if (v == "f16") {
+      o.precision = DType::f16;
+    } else {
+      bad_value(label, v, "f32 bf16 f16");
+    }
+  } else if (name == "schedule") {
+    if (v == "cosine") {
+      o.schedule = Schedule::cosine;
+    } else if (v == "constant") {
+      o.schedule = Schedule::constant;
+    } else {
+      bad_value(label, v, "cosine constant");
+    }
+  } else if (name == "clip") {
+    o.clip = parse_number(label, v, false);
+  } else if (name == "bucket-mb") {
+    o.bucket_mb = parse_number(label, v, false);
+    if (o.bucket_mb > 65536.0) bad_value(label, v, "a number of MiB > 0 and <= 65536");
+  } else if (name == "loss-scale") {
+    if (v == "dynamic") {
+      o.loss_scale = LossScaling::dynamic;
+    } else if (v == "none") {
+      o.loss_scale = LossScaling::none;
+    } else {
+      bad_value(label, v, "dynamic none");
+    }
+  } else if (name == "param-remainders") {
+    o.param_remainders = true;
+  } else if (name == "reduce-fp32") {
+    o.reduce_in_fp32 = true;
+  } else if (name == "steps") {
+    o.steps = parse_int(label, v, 1, 1 << 30, "an integer >= 1");
+  } else if (name == "batch") {
+    o.batch = parse_int(label, v, 1, 1 << 20, "an integer from 1 to 1048576");
+  } else if (name == "micro-batches") {
+    o.micro_batches = parse_int(label, v, 1, 1 << 20, "an integer >= 1 and <= --batch");
+  } else if (name == "seed") {
+    const auto s = cli::parse_unsigned(v);
+    if (!s) bad_value(label, v, "an integer >= 0");
+    o.seed = *s;
+  } else if (name == "eval-samples") {
+    o.eval_samples = parse_int(label, v, 1, 1 << 24, "an integer >= 1");
+  } else if (name == "inputs") {
+    o.inputs = parse_int(label, v, 1, kMaxDim, "an integer from 1 to 65536");
+  } else if (name == "outputs") {
+    o.outputs = parse_int(label, v, 1, kMaxDim, "an integer from 1 to 65536");
+  } else if (name == "hidden") {
+    o.hidden = parse_int(label, v, 1, kMaxDim, "an integer from 1 to 65536");
+  } else if (name == "layers") {
+    o.layers = parse_int(label, v, 1, 64, "an integer from 1 to 64");
+  } else if (name == "teacher-hidden") {
+    o.teacher_hidden = parse_int(label, v, 1, kMaxDim, "an integer from 1 to 65536");
+  } else if (name == "scattered") {
+    o.scattered = true;
+  } else if (name == "log-every") {
+    o.log_every = parse_int(label, v, 1, 1 << 30, "an integer >= 1");
+  } else if (name == "json") {
+    o.json = true;
+  } else if (name == "progress") {
+    if (v == "auto") {
+      o.progress = Progress::automatic;
+    } else if (v == "on") {
+      o.progress = Progress::on;
+    } else if (v == "off") {
+      o.progress = Progress::off;
+    } else {
+      bad_value(label, v, "auto on off");
+    }
+  } else if (name == "save-params") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.save_params = std::string(v);
+  } else if (name == "checkpoint") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.checkpoint = std::string(v);
+  } else if (name == "checkpoint-every") {
+    o.checkpoint_every = parse_int(label, v, 0, 1 << 30, "an integer >= 0");
+  } else if (name == "keep-last") {
+    o.keep_last = parse_int(label, v, 1, 1000, "an integer from 1 to 1000");
+  } else if (name == "resume") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.resume = std::string(v);
+  } else if (name == "export") {
+    if (v.empty()) bad_value(label, v, "a file name");
+    o.export_path = std::string(v);
+  } else if (name == "help") {
+    o.help = true;
+  }
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  std::vector<OptionSpec> specs(optimizer_option_specs().begin(), optimizer_option_specs().end());
+  specs.insert(specs.end(), std::begin(kOptionSpecs), std::end(kOptionSpecs));
+  cli::for_each_option(argc, argv, specs,
+                       [&](const OptionSpec& spec, const std::string& label, std::string_view v) {
+                         apply_option(o, spec, label, v);
+                       });
+  if (o.help) return o;
+  optimizer_config(o.optimizer);  // a flag the optimizer does not have is a usage error
+  if (o.micro_batches > o.batch) {
+    throw UsageError{"-m (--micro-batches) " + std::to_string(o.micro_batches) +
+                     " is more than -b (--batch) " + std::to_string(o.batch) +
+                     ": each micro-batch needs at least one sample"};
+  }
+  if (o.param_remainders && o.precision != DType::bf16) {
+    throw UsageError{
+        "--param-remainders needs -p (--precision) bf16: the remainders complete "
+        "bf16 parameters to the fp32 master"};
+  }
+  if (o.checkpoint.empty() && (o.checkpoint_every > 0 || o.keep_last)) {
+    throw UsageError{std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last") +
+                     " needs --checkpoint PATH: where the checkpoints go"};
+  }
+  // Every layer's activations and gradients are [batch, width] fp32 arrays
+  // indexed with int by BLAS.
+  const std::int64_t widest = std::max({o.inputs, o.outputs, o.hidden, o.teacher_hidden});
+  if (static_cast<std::int64_t>(o.batch) * widest > std::numeric_limits<int>::max() / 2) {
+    throw UsageError{"-b (--batch) times the widest layer is too large for one BLAS call"};
+  }
+  return o;
+}
+
+}  // namespace train

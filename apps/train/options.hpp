@@ -1,0 +1,69 @@
+// shardopt-train: the command line: the options, their defaults and checks,
+// and the usage text. The optimizer's options are in optimizer_options.hpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "optimizer_options.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace train {
+
+enum class LossScaling { automatic, dynamic, none };
+enum class Schedule { cosine, constant };
+enum class Progress { automatic, on, off };
+
+struct Options {
+  OptimizerOptions optimizer;  // -o, --lr
+  int stage = 2;
+  shardopt::DType precision = shardopt::DType::f32;
+  int steps = 500;
+  Schedule schedule = Schedule::cosine;
+  int batch = 128;
+  int micro_batches = 1;
+  int inputs = 16;
+  int outputs = 4;
+  int hidden = 768;
+  int layers = 3;
+  int teacher_hidden = 16;
+  int eval_samples = 1024;
+  std::optional<double> clip;
+  double bucket_mb = 0.0;
+  std::uint64_t seed = 1;
+  int log_every = 25;
+  LossScaling loss_scale = LossScaling::automatic;
+  bool param_remainders = false;
+  bool reduce_in_fp32 = false;
+  bool scattered = false;
+  std::string save_params;
+  std::string checkpoint;  // --checkpoint: where checkpoints go
+  int checkpoint_every = 0;
+  std::optional<int> keep_last;
+  std::string resume;  // --resume: the checkpoint to start from
+  std::string export_path;
+  bool json = false;
+  Progress progress = Progress::automatic;
+  bool help = false;
+
+  double learning_rate() const { return optimizer.learning_rate(); }
+  bool uses_scaler() const {
+    return loss_scale == LossScaling::dynamic ||
+           (loss_scale == LossScaling::automatic && precision == shardopt::DType::f16);
+  }
+};
+
+// What -h prints.
+extern const char* const kUsage;
+
+// A finite number >= 0 (> 0 unless allow_zero) for the option `label`;
+// cli::UsageError otherwise.
+double parse_number(const std::string& label, std::string_view s, bool allow_zero);
+
+// The options of argv, checked together; throws cli::UsageError for a bad
+// command line.
+Options parse_options(int argc, char** argv);
+
+}  // namespace train

@@ -1,0 +1,488 @@
+// shardopt-train: a run, from the model's construction to the summary
+// (run.hpp).
+#include "run.hpp"
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "../cli.hpp"
+#include "../report.hpp"
+#include "files.hpp"
+#include "model.hpp"
+#include "output.hpp"
+#include "shardopt/zero.hpp"
+
+namespace train {
+namespace {
+
+using report::json_number;
+
+double scheduled_lr(const Options& o, int step_index) {
+  if (o.schedule == Schedule::constant) return o.learning_rate();
+  const double t = static_cast<double>(step_index) / static_cast<double>(o.steps);
+  return o.learning_rate() * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+}
+
+// ---------------------------------------------------------------------------
+// Reductions over the ranks
+
+// The slowest rank's sums of each phase (each phase's maximum on its own).
+Times slowest(const Times& local, MPI_Comm comm) {
+  std::array<double, 9> a = local.array();
+  MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(a.size()), MPI_DOUBLE, MPI_MAX, comm);
+  return Times::from(a);
+}
+
+double mean_over_ranks(double v, MPI_Comm comm) {
+  int n = 1;
+  MPI_Comm_size(comm, &n);
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return v / n;
+}
+
+// FNV-1a over the bytes of every parameter.
+std::uint64_t params_hash(const ModelTensors& m) {
+  std::uint64_t h = report::kFnv1aBasis;
+  const std::size_t esize = shardopt::dtype_size(m.dtype());
+  for (std::size_t i = 0; i < m.count(); ++i) h = report::fnv1a(m.param(i), m.numel(i) * esize, h);
+  return h;
+}
+
+bool same_on_every_rank(std::uint64_t v, MPI_Comm comm) {
+  std::array<std::uint64_t, 2> lo_hi = {v, ~v};
+  MPI_Allreduce(MPI_IN_PLACE, lo_hi.data(), 2, MPI_UINT64_T, MPI_MIN, comm);
+  return lo_hi[0] == v && lo_hi[1] == ~v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---------------------------------------------------------------------------
+// Collective calls of the optimizer that write or read files
+
+// The slowest rank's value of `seconds`.
+double slowest_seconds(double seconds, MPI_Comm comm) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return seconds;
+}
+
+// Ends a collective library call (save, load, export) that throws the same
+// error on every rank: each rank that failed prints the error (a job's ranks
+// often log to files of their own), and the ranks agree, so that no rank
+// goes on alone into a collective the others have left. True if it
+// succeeded on every rank.
+bool collective_ok(const RunContext& c, const std::string& error) {
+  if (!error.empty()) cli::print_error(kProgram, c.rank, error);
+  return all_ok(error.empty(), c.stats);
+}
+
+// Runs a collective call of the optimizer that writes or reads `path`:
+// returns its slowest rank's seconds, or nullopt after an error on any rank
+// (printed by every rank that saw it).
+template <class Call>
+std::optional<double> timed_collective(const RunContext& c, const std::string& what,
+                                       const std::string& path, Call&& call) {
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    call();
+  } catch (const shardopt::Error& e) {
+    error = what + " '" + path + "': " + e.what();
+  }
+  const double seconds = seconds_since(t0);
+  if (!collective_ok(c, error)) return std::nullopt;
+  return slowest_seconds(seconds, c.stats);
+}
+
+// ---------------------------------------------------------------------------
+// The training
+
+// One run on one rank, in the order run() takes its steps. The methods that
+// return false have stopped the run after an error, on every rank alike.
+class Training {
+ public:
+  // The model and the data: the student's tensors and initial weights, its
+  // network, and the teacher, drawn from the seed alike on every rank.
+  explicit Training(const RunContext& c)
+      : c_(c),
+        model_(student_shape(c.o), c.o.precision, c.o.scattered),
+        student_(student_shape(c.o), c.o.batch),
+        teacher_net_(teacher_shape(c.o), c.o.batch),
+        teacher_(make_teacher(teacher_net_, c.o.seed)),
+        params_(model_.layer_params()),
+        grads_(model_.layer_grads()) {
+    model_.set_params(student_init(student_.shape(), c.o.seed));
+  }
+
+  bool make_optimizer();
+  bool resume();
+  void start();
+  bool train();
+  int finish();
+
+ private:
+  bool write_checkpoint();
+  double forward_backward(const Batch& batch, std::vector<float>& dy, double grad_scale);
+  shardopt::StepInfo try_step(const Batch& batch, std::vector<float>& dy, Times& t, double& loss);
+  void log_interval(const shardopt::StepInfo& info, double lr);
+
+  const RunContext& c_;
+  ModelTensors model_;
+  train::Mlp student_;
+  train::Mlp teacher_net_;
+  Teacher teacher_;
+  std::vector<train::LayerParams> params_;
+  std::vector<train::LayerGrads> grads_;
+
+  shardopt::OptimizerConfig config_;
+  shardopt::ZeroOptions zopt_;
+  std::optional<shardopt::ZeroRedundancyOptimizer> engine_;
+  std::optional<Resumed> resumed_;
+  std::int64_t start_step_ = 0;
+
+  Batch eval_;
+  double initial_loss_ = 0.0;
+
+  // The checkpoints this run wrote.
+  int checkpoints_ = 0;
+  double checkpoint_seconds_ = 0.0;
+  std::int64_t last_checkpoint_ = -1;  // the step of the newest one
+
+  // The steps tried, and those since the last log line.
+  Times all_;
+  int attempts_ = 0;  // skipped ones included
+  int skipped_ = 0;
+  Times interval_;
+  double interval_loss_ = 0.0;
+  int interval_steps_ = 0;
+  int interval_skipped_ = 0;
+  double last_norm_ = -1.0;
+  std::chrono::steady_clock::time_point last_redraw_;
+};
+
+// The optimizer: its configuration and the engine over the model's tensors.
+bool Training::make_optimizer() {
+  const Options& o = c_.o;
+  config_ = optimizer_config(o.optimizer);
+  zopt_.stage = o.stage;
+  zopt_.bucket_mb = o.bucket_mb;
+  zopt_.param_remainders = o.param_remainders;
+  zopt_.reduce_in_fp32 = o.reduce_in_fp32;
+  if (o.uses_scaler()) zopt_.loss_scaler = shardopt::LossScaler{};
+  // Collective: a bad layout or argument throws the same error on every
+  // rank, so every rank can stop cleanly here.
+  try {
+    engine_.emplace(c_.comm, model_.registration(), config_, zopt_);
+  } catch (const shardopt::Error& e) {
+    if (c_.rank == 0) cli::print_error(kProgram, c_.rank, e.what());
+    return false;
+  }
+  return true;
+}
+
+// --resume: the parameters, the optimizer state, the step count and the
+// loss scaler as the checkpoint has them; training goes on from its step.
+bool Training::resume() {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  if (!o.resume.empty()) {
+    Resumed r;
+    r.path = o.resume;
+    const std::optional<double> seconds = timed_collective(c_, "cannot resume from", o.resume,
+                                                           [&] { r.report = opt.load(o.resume); });
+    if (!seconds) return false;
+    r.seconds = *seconds;
+    // The report is the same on every rank: every rank stops here alike.
+    if (r.report.step > o.steps) {
+      if (c_.rank == 0) {
+        cli::print_error(kProgram, c_.rank,
+                         "the checkpoint '" + o.resume + "' is at step " +
+                             std::to_string(r.report.step) + ", past -n (--steps) " +
+                             std::to_string(o.steps) +
+                             ": --steps counts the steps in all, those before the checkpoint "
+                             "included");
+      }
+      return false;
+    }
+    resumed_ = std::move(r);
+  }
+  start_step_ = opt.steps();
+  return true;
+}
+
+// The loss on held-out samples before training, then the configuration
+// and the banner.
+void Training::start() {
+  const Options& o = c_.o;
+  draw_batch(eval_, o.eval_samples,
+             train::stream_key(o.seed, kEvalStream, static_cast<std::uint64_t>(c_.rank)), teacher_,
+             teacher_net_);
+  model_.refresh_working();
+  initial_loss_ = mean_over_ranks(evaluate(student_, params_, eval_), c_.stats);
+
+  if (c_.printer) {
+    print_start(c_, model_, *engine_, config_);
+    if (resumed_) print_resumed(c_, *resumed_);
+  }
+}
+
+bool Training::write_checkpoint() {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  shardopt::SaveOptions so;
+  so.keep_last = o.keep_last.value_or(1);
+  const std::optional<double> seconds = timed_collective(
+      c_, "cannot write the checkpoint", o.checkpoint, [&] { opt.save(o.checkpoint, so); });
+  if (!seconds) return false;
+  ++checkpoints_;
+  checkpoint_seconds_ += *seconds;
+  last_checkpoint_ = opt.steps();
+  if (c_.printer) print_written(c_, "checkpoint", o.checkpoint, opt.steps(), *seconds);
+  return true;
+}
+
+// The forward and backward passes over the micro-batches of `batch`, each
+// gradient handed to the optimizer as soon as it is complete; returns the
+// batch's loss.
+double Training::forward_backward(const Batch& batch, std::vector<float>& dy, double grad_scale) {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  double loss = 0.0;
+  int first = 0;
+  for (int mb = 0; mb < o.micro_batches; ++mb) {
+    // Micro-batch sizes differ by at most one sample.
+    const int rows = o.batch / o.micro_batches + (mb < o.batch % o.micro_batches ? 1 : 0);
+    const bool last = mb + 1 == o.micro_batches;
+    const float* x = batch.x.data() + static_cast<std::size_t>(first) * o.inputs;
+    const float* y = batch.y.data() + static_cast<std::size_t>(first) * o.outputs;
+    const float* y_hat = student_.forward(params_, x, rows);
+    const std::size_t count = static_cast<std::size_t>(rows) * o.outputs;
+    loss += train::mse(y_hat, y, count, dy.data(), grad_scale) * rows / o.batch;
+    // Stage 2 reduces every micro-batch as its backward pass runs, into
+    // the engine's fp32 gradient shard. Stages 0 and 1 accumulate the
+    // micro-batches in the gradient buffers and reduce once, in the last.
+    const bool reduce_now = o.stage == 2 || last;
+    const bool accumulate = o.stage != 2 && mb > 0;
+    student_.backward(params_, grads_, dy.data(), rows, accumulate, [&](int l) {
+      if (!reduce_now) return;
+      // The bias, then the weight: descending order, as buckets start.
+      for (const std::size_t i :
+           {2 * static_cast<std::size_t>(l) + 1, 2 * static_cast<std::size_t>(l)}) {
+        model_.publish_grad(i);
+        opt.grad_ready(i);
+      }
+    });
+    if (o.stage == 2 && !last) opt.reduce_gradients();
+    first += rows;
+  }
+  return loss;
+}
+
+// One try of a step on `batch`, timed into t: the gradients, the clipping
+// and step(). Sets `loss` to the batch's loss.
+shardopt::StepInfo Training::try_step(const Batch& batch, std::vector<float>& dy, Times& t,
+                                      double& loss) {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  const auto t0 = std::chrono::steady_clock::now();
+  model_.refresh_working();
+  // The loss is multiplied by the scale, so its gradient is too; step()
+  // divides it out in its fused update.
+  const double loss_scale = opt.loss_scale();
+  const double grad_scale =
+      loss_scale / (static_cast<double>(o.batch) * static_cast<double>(o.outputs));
+  loss = forward_backward(batch, dy, grad_scale);
+  t.compute = seconds_since(t0);
+
+  if (o.clip) {
+    const auto tc = std::chrono::steady_clock::now();
+    last_norm_ = opt.clip_grad_norm(*o.clip);
+    t.reduce += seconds_since(tc);
+  }
+  const shardopt::StepInfo info = opt.step();
+  t.total = seconds_since(t0);
+  t.reduce += info.reduce_seconds;
+  t.update = info.update_seconds;
+  t.gather = info.gather_seconds;
+  t.exposed = info.exposed_comm_seconds;
+  t.span = info.reduce_span_seconds;
+  t.reduce_bytes = static_cast<double>(info.reduce_bytes);
+  t.gather_bytes = static_cast<double>(info.gather_bytes);
+  return info;
+}
+
+// Collective: the log line of the steps since the previous one, printed by
+// the printer; starts the next interval.
+void Training::log_interval(const shardopt::StepInfo& info, double lr) {
+  const Times worst = slowest(interval_, c_.stats);
+  const double global_batch = static_cast<double>(c_.o.batch) * c_.ranks;
+  LogLine line;
+  line.step = static_cast<int>(info.step);
+  line.loss = mean_over_ranks(interval_loss_ / interval_steps_, c_.stats);
+  line.lr = lr;
+  line.per_step = worst.per(interval_steps_);
+  line.samples_per_s = worst.total > 0.0 ? global_batch * interval_steps_ / worst.total : 0.0;
+  line.loss_scale = info.loss_scale;
+  line.grad_norm = last_norm_;
+  line.skipped = interval_skipped_;
+  if (c_.printer) print_log(c_, line);
+  interval_ = Times{};
+  interval_loss_ = 0.0;
+  interval_steps_ = 0;
+  interval_skipped_ = 0;
+}
+
+// The training loop, to --steps steps in all.
+//
+// Step s (the steps applied so far) trains on a batch drawn from the seed,
+// the rank and s alone, at the learning rate of s: no state carries from one
+// step to the next but what the optimizer holds (and a checkpoint restores),
+// so a resumed run takes the steps of one that was never stopped. A step
+// the loss scaler skips is tried again, on the same batch, at the lower
+// scale.
+bool Training::train() {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  Batch batch;
+  std::vector<float> dy(static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.outputs));
+  last_redraw_ = std::chrono::steady_clock::now();
+  while (opt.steps() < o.steps) {
+    const int s = static_cast<int>(opt.steps());
+    // The data is drawn outside the timed step: it stands for the input
+    // pipeline, which a real code overlaps with training.
+    draw_batch(batch, o.batch,
+               train::stream_key(o.seed, kDataStream, static_cast<std::uint64_t>(c_.rank),
+                                 static_cast<std::uint64_t>(s)),
+               teacher_, teacher_net_);
+    const double lr = scheduled_lr(o, s);
+    opt.set_lr(lr);
+
+    Times t;
+    double loss = 0.0;
+    const shardopt::StepInfo info = try_step(batch, dy, t, loss);
+
+    ++attempts_;
+    if (!info.applied) {
+      ++skipped_;
+      ++interval_skipped_;
+    }
+    interval_.add(t);
+    all_.add(t);
+    interval_loss_ += loss;
+    ++interval_steps_;
+    if (!info.applied && info.loss_scale <= zopt_.loss_scaler->min_scale) {
+      // The next try would repeat this one: the same batch, parameters and
+      // scale. Whether the step was applied is agreed across ranks, so
+      // every rank stops here.
+      if (c_.rank == 0) {
+        cli::print_error(kProgram, c_.rank,
+                         "step " + std::to_string(s + 1) +
+                             ": the gradients are not finite even at the smallest loss scale (" +
+                             json_number(info.loss_scale) +
+                             "): the training diverged; lower --lr or clip the gradients (--clip)");
+      }
+      return false;
+    }
+
+    const std::int64_t done = info.step;  // steps applied, this one included
+    const bool log =
+        info.applied && (s == start_step_ || done % o.log_every == 0 || done == o.steps);
+    if (log) {
+      log_interval(info, lr);
+    } else if (c_.live && seconds_since(last_redraw_) >= 0.1) {
+      // At most ten redraws a second: a terminal is slower than a fast step.
+      std::printf("\r\033[K  step %d/%d  loss %.4e (rank 0)", s + 1, o.steps, loss);
+      std::fflush(stdout);
+      last_redraw_ = std::chrono::steady_clock::now();
+    }
+    if (info.applied && !o.checkpoint.empty() && o.checkpoint_every > 0 &&
+        done % o.checkpoint_every == 0 && !write_checkpoint()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// After the loop: the loss on the held-out samples, the parameters checked
+// and written (--save-params), the last checkpoint, the export and the
+// summary. Returns the exit status.
+int Training::finish() {
+  const Options& o = c_.o;
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  Summary s;
+  s.attempts = attempts_;
+  s.skipped = skipped_;
+  s.start_step = start_step_;
+  s.resumed = resumed_.has_value();
+  s.initial_loss = initial_loss_;
+  model_.refresh_working();
+  s.final_loss = mean_over_ranks(evaluate(student_, params_, eval_), c_.stats);
+  s.worst = slowest(all_, c_.stats);
+  s.applied = opt.steps() - start_step_;
+
+  // step() leaves every rank's parameters identical, so rank 0 writes its
+  // own; check the promise first, at the cost of one small reduction.
+  s.identical = same_on_every_rank(params_hash(model_), c_.stats);
+  if (!s.identical) {
+    s.save_error = "the parameters differ between ranks after the last step";
+  } else if (!o.save_params.empty() && c_.rank == 0) {
+    s.save_error = save_params(o.save_params, model_, opt.steps());
+  }
+  s.saved = all_ok(s.save_error.empty(), c_.stats);
+
+  // The checkpoint at the end, unless this run already wrote it, or the
+  // run took no step from the checkpoint it resumed at that very path.
+  std::error_code same_ec;
+  const bool unchanged_resume = s.applied == 0 && !o.resume.empty() && !o.checkpoint.empty() &&
+                                std::filesystem::equivalent(o.resume, o.checkpoint, same_ec);
+  if (!o.checkpoint.empty() && last_checkpoint_ != opt.steps() && !unchanged_resume &&
+      !write_checkpoint()) {
+    return 1;
+  }
+  if (!o.export_path.empty()) {
+    shardopt::ExportOptions eo;
+    eo.fp32 = true;
+    const std::optional<double> seconds =
+        timed_collective(c_, "cannot export the parameters to", o.export_path,
+                         [&] { opt.export_params(o.export_path, eo); });
+    if (!seconds) return 1;
+    s.export_seconds = *seconds;
+    if (c_.printer) print_written(c_, "export", o.export_path, opt.steps(), s.export_seconds);
+  }
+
+  s.final_step = opt.steps();
+  s.checkpoints = checkpoints_;
+  s.checkpoint_seconds = checkpoint_seconds_;
+  if (c_.printer) print_summary(c_, s);
+  if (!s.save_error.empty() && c_.rank == 0) cli::print_error(kProgram, c_.rank, s.save_error);
+  return s.saved ? 0 : 1;
+}
+
+}  // namespace
+
+bool all_ok(bool ok, MPI_Comm comm) {
+  int v = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, comm);
+  return v == 1;
+}
+
+int run(const RunContext& c) {
+  Training t(c);  // the model and the data
+  if (!t.make_optimizer() || !t.resume()) return 1;
+  t.start();  // the initial loss, the configuration and the banner
+  if (!t.train()) return 1;
+  return t.finish();  // the final loss, the files, the summary
+}
+
+}  // namespace train
