@@ -144,7 +144,22 @@ struct Precision {
   bool copy;  // writes a low-precision copy of the new parameters
   DType copy_type;
   bool remainders;  // bf16 parameters with remainders instead of fp32 ones
+  bool by_default;  // run when -p is not given
   const char* description;
+};
+
+// Every precision the benchmarks know; a program offers those its
+// memory-only kernel handles (bench::precisions(), bench_optim_harness.hpp).
+inline constexpr Precision kPrecisions[] = {
+    {"fp32", DType::f32, false, DType::bf16, false, true, "f32 grads, no copy"},
+    {"bf16", DType::bf16, true, DType::bf16, false, true,
+     "bf16 grads, fp32 master + states, bf16 copy out"},
+    {"f16", DType::f16, true, DType::f16, false, true,
+     "f16 grads, fp32 master + states, f16 copy out"},
+    {"bf16-rem", DType::bf16, false, DType::bf16, true, true,
+     "bf16 grads, bf16 params with remainders (no fp32 master)"},
+    {"fp32-bf16", DType::f32, true, DType::bf16, false, false,
+     "f32 grads, fp32 master + states, bf16 copy out"},
 };
 
 // Bytes moved per parameter, every read and write counted once (per pass).
