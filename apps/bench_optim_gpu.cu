@@ -17,48 +17,36 @@
 //
 // Without a CUDA device it says so and exits with 77. It needs no launcher
 // and no MPI_Init: the functional API is local. Uses only the public API of
-// shardopt, the CUDA runtime and the standard library.
+// shardopt, the CUDA runtime and the standard library. The options, the
+// sweep, the timing, the table and the goal are shared with
+// shardopt-bench-optim (bench_optim_harness.hpp, over the optimizer table of
+// optim_steps.hpp); this file holds what is the device's: the arrays in
+// device memory, the CUDA memory-only kernels and fills, the events that
+// time them and the device-to-device copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
+#include <functional>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "bench_optim_harness.hpp"
 #include "cli.hpp"
 #include "optim_steps.hpp"
-#include "report.hpp"
-#include "shardopt/build_info.hpp"
-#include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 
 namespace {
 
-using bench::bytes_formula;
-using bench::bytes_per_param;
 using bench::kMaxStates;
-using bench::OptimizerEntry;
-using bench::optimizers;
-using bench::Precision;
 using bench::Streams;
-using cli::bad_value;
-using cli::human_count;
-using cli::OptionSpec;
-using cli::parse_int;
-using cli::split;
-using cli::UsageError;
-using report::median;
-using report::num;
 using shardopt::DType;
 
 constexpr const char* kProgram = "shardopt-bench-optim-gpu";
@@ -66,12 +54,10 @@ constexpr const char* kProgram = "shardopt-bench-optim-gpu";
 // (Meson, Automake) report as skipped.
 constexpr int kExitNoDevice = 77;
 
-// The goal (docs/benchmarks.md): at this many parameters and more, a step
-// runs at this fraction of the device-to-device copy rate or better.
-constexpr std::size_t kGoalNumel = std::size_t{16} << 20;
+// The goal (docs/benchmarks.md): at bench::kGoalNumel parameters and more, a
+// step runs at this fraction of the device-to-device copy rate or better.
 constexpr double kGoalOfCopy = 0.90;
 constexpr int kMaxReps = 10000;
-constexpr std::uint64_t kSeed = 0x243f6a8885a308d3ULL;  // shardopt-bench-optim's
 
 // The limit kernel's launch: grid-stride over chunks of kVec elements, at
 // most kBlocksPerSm blocks of kThreads per SM (as the optimizer kernels).
@@ -150,21 +136,6 @@ class Timer {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
-
-// ---------------------------------------------------------------------------
-// Precisions (bytes per parameter: bench::bytes_per_param)
-
-constexpr Precision kPrecisions[] = {
-    {"fp32", DType::f32, false, DType::bf16, false, "f32 grads, no copy"},
-    {"bf16", DType::bf16, true, DType::bf16, false,
-     "bf16 grads, fp32 master + states, bf16 copy out"},
-    {"f16", DType::f16, true, DType::f16, false, "f16 grads, fp32 master + states, f16 copy out"},
-    {"bf16-rem", DType::bf16, false, DType::bf16, true,
-     "bf16 grads, bf16 params with remainders (no fp32 master)"},
-    {"fp32-bf16", DType::f32, true, DType::bf16, false,
-     "f32 grads, fp32 master + states, bf16 copy out"},
-};
-constexpr int kDefaultPrecisions = 4;  // fp32 bf16 f16 bf16-rem
 
 // ---------------------------------------------------------------------------
 // The memory-only limit kernels.
@@ -448,64 +419,141 @@ void memory_only(const Streams& s, int k, const Launch& l) {
 }
 
 // ---------------------------------------------------------------------------
-// Random data, drawn on the device with shardopt-bench-optim's function
+// Random data, drawn on the device with shardopt-bench-optim's values
 
-enum class FillAs { f32, bf16, f16 };
-
-template <FillAs As>
-__global__ void fill_kernel(void* x, std::size_t n, std::uint64_t key, float lo, float hi) {
+__global__ void fill_kernel(bench::Fill f, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    const float v = bench::uniform(key, i, lo, hi);
-    if constexpr (As == FillAs::f32) static_cast<float*>(x)[i] = v;
-    if constexpr (As == FillAs::bf16)
-      static_cast<std::uint16_t*>(x)[i] = shardopt::bf16_from_float(v).bits;
-    if constexpr (As == FillAs::f16)
-      static_cast<std::uint16_t*>(x)[i] = shardopt::f16_from_float(v).bits;
-  }
-}
-
-// fp32 values in [-1, 1) as bf16 parameters with remainders.
-__global__ void fill_remainders_kernel(std::uint16_t* hi, std::uint16_t* rem, std::size_t n,
-                                       std::uint64_t key) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    const std::uint32_t u = __float_as_uint(bench::uniform(key, i, -1.0f, 1.0f));
-    hi[i] = static_cast<std::uint16_t>((u + 0x8000u) >> 16);
-    rem[i] = static_cast<std::uint16_t>(u - (static_cast<std::uint32_t>(hi[i]) << 16));
-  }
-}
-
-template <FillAs As>
-void fill(void* x, std::size_t n, std::uint64_t key, float lo, float hi, const Launch& l) {
-  if (x == nullptr) return;
-  fill_kernel<As>
-      <<<static_cast<unsigned>(l.sms * kBlocksPerSm), kThreads, 0, l.stream>>>(x, n, key, lo, hi);
-  check(cudaGetLastError(), "launching the fill kernel");
+       i += stride)
+    f.store(i);
 }
 
 // ---------------------------------------------------------------------------
-// Options
+// Device memory
 
-struct Options {
-  std::vector<std::size_t> sizes;
-  std::vector<const OptimizerEntry*> optimizers;
-  std::vector<const Precision*> precisions;
-  int reps = 20;
-  int warmup = 3;
-  bool json = false;
-  bool help = false;
+class DeviceMemory final : public bench::Memory {
+ public:
+  const bench::Program& program() const override {
+    static const bench::Program p{
+        .name = kProgram,
+        .sizes_option = "numel",
+        .default_sizes = {std::size_t{16} << 20, std::size_t{64} << 20, std::size_t{256} << 20},
+        .series = {.warmup = 3, .reps = 20, .budget_s = 0, .max_reps = kMaxReps},
+        .remainders = true,
+        .table = {"SMs", 5, 10, 1, "memcpy", false},
+        .goal = {.at_least = kGoalOfCopy, .of_reference = true, .names_threads = false},
+    };
+    return p;
+  }
+
+  std::string usage() const override;
+
+  std::optional<int> unavailable() const override {
+    int devices = 0;
+    if (const cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess || devices == 0) {
+      std::printf(
+          "SKIP: %s: no CUDA device visible to this process (cudaGetDeviceCount: %s); "
+          "nothing to measure\n",
+          kProgram, rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices");
+      return kExitNoDevice;
+    }
+    return std::nullopt;
+  }
+
+  // Device 0; the arrays once, for the largest size that fits in 9/10 of
+  // the free device memory, filled; smaller sizes use their beginning.
+  int start(const bench::Options& o, bench::Needs& needs, FILE* info) override {
+    cudaDeviceProp prop{};
+    check(cudaSetDevice(0), "cudaSetDevice");
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    std::fprintf(info,
+                 "# device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB, L2 %.0f MiB, "
+                 "driver for CUDA %d.%d\n",
+                 prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                 bench::gib(prop.totalGlobalMem), static_cast<double>(prop.l2CacheSize) / (1 << 20),
+                 driver / 1000, driver % 1000 / 10);
+    std::fprintf(info, "# time: median of %d steps after %d warm-up, CUDA events on one stream\n",
+                 o.reps, o.warmup);
+
+    const std::size_t bytes_per_elem = needs.bytes() + 8;  // + the memcpy pair
+    std::size_t free_bytes = 0, total_bytes = 0;
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    const std::size_t budget = free_bytes / 10 * 9;
+    for (const std::size_t n : o.sizes) {
+      if (n * bytes_per_elem > budget) {
+        std::fprintf(info,
+                     "# skipping %s params: the arrays need %.2f GiB, over %.2f GiB (9/10 of "
+                     "the free device memory)\n",
+                     cli::human_count(n).c_str(), bench::gib(n * bytes_per_elem),
+                     bench::gib(budget));
+      } else {
+        max_n_ = n;
+      }
+    }
+    if (max_n_ == 0) {
+      std::fprintf(info, "# nothing to measure: no size fits\n");
+      return 1;
+    }
+
+    timer_.emplace();
+    sms_ = prop.multiProcessorCount;
+    volatile float zero_source = 0.0f;  // unknown to the compiler
+    launch_ = Launch{sms_, timer_->stream(), zero_source};
+    arrays_.emplace(needs, max_n_);
+    copy_src_ = DeviceBuffer(max_n_ * 4);
+    copy_dst_ = DeviceBuffer(max_n_ * 4);
+    const std::uint64_t key = bench::fill_key(max_n_);
+    for (const bench::Fill& f : bench::fills(arrays(), key)) fill(f, max_n_);
+    fill({copy_src_.as<void>(), nullptr, bench::Fill::As::f32, key + 20, -1.0f, 1.0f}, max_n_);
+    check(cudaStreamSynchronize(timer_->stream()), "filling the arrays");
+    return 0;
+  }
+
+  bool prepare(std::size_t n, const bench::Needs&, FILE*) override { return n <= max_n_; }
+
+  bench::ArraySet arrays() override { return arrays_->pointers(); }
+
+  // One lane, all SMs, beside a device-to-device copy of n fp32 values.
+  std::vector<bench::Lane> lanes(std::size_t n, const bench::Series& series) override {
+    const double s = bench::time_median(
+        *this,
+        [&] {
+          check(cudaMemcpyAsync(copy_dst_.as<void>(), copy_src_.as<void>(), n * 4,
+                                cudaMemcpyDeviceToDevice, timer_->stream()),
+                "cudaMemcpyAsync");
+        },
+        series);
+    return {{sms_, static_cast<double>(n) * 8 / s / 1e9}};
+  }
+
+  void* stream() const override { return timer_->stream(); }
+
+  double seconds(const std::function<void()>& f) override { return timer_->seconds(f); }
+
+  void memory_only(const Streams& s, const bench::OptimizerEntry& opt) override {
+    ::memory_only(s, static_cast<int>(opt.states.size()), launch_);
+  }
+
+  int goal_threads() const override { return sms_; }
+
+ private:
+  void fill(const bench::Fill& f, std::size_t n) {
+    fill_kernel<<<static_cast<unsigned>(sms_ * kBlocksPerSm), kThreads, 0, timer_->stream()>>>(f,
+                                                                                               n);
+    check(cudaGetLastError(), "launching the fill kernel");
+  }
+
+  std::optional<Timer> timer_;
+  int sms_ = 0;
+  Launch launch_{};
+  std::size_t max_n_ = 0;
+  std::optional<bench::Arrays<DeviceBuffer>> arrays_;
+  DeviceBuffer copy_src_, copy_dst_;  // the reference cudaMemcpy's
 };
 
-std::string usage() {
-  const std::string names = bench::names_of(optimizers());
-  std::string precisions;
-  for (const auto& p : kPrecisions) {
-    precisions += std::string("                          ") + p.name +
-                  std::string(10 - std::strlen(p.name), ' ') + p.description + "\n";
-  }
+std::string DeviceMemory::usage() const {
   return std::string(
              "usage: shardopt-bench-optim-gpu [options]\n"
              "\n"
@@ -515,12 +563,8 @@ std::string usage() {
              "\n"
              "  -s, --numel LIST        parameter counts, comma-separated, with an optional K, M "
              "or\n"
-             "                          G suffix (powers of 1024) (default 16M,64M,256M)\n"
-             "  -o, --optimizers LIST   comma-separated, or all (default all): ") +
-         names +
-         "\n"
-         "  -p, --precisions LIST   comma-separated, or all (default fp32,bf16,f16,bf16-rem):\n" +
-         precisions +
+             "                          G suffix (powers of 1024) (default 16M,64M,256M)\n") +
+         bench::optimizer_and_precision_usage(program()) +
          "  -n, --reps N            timed repetitions of each series (default 20)\n"
          "  -w, --warmup N          untimed repetitions first (default 3)\n"
          "      --json              one JSON object per row on stdout; the rest on stderr\n"
@@ -559,329 +603,9 @@ std::string usage() {
          "(the memcpy rate), ratio.\n";
 }
 
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (std::size_t n : {16, 64, 256}) o.sizes.push_back(n << 20);
-  for (const auto& e : optimizers()) o.optimizers.push_back(&e);
-  for (int i = 0; i < kDefaultPrecisions; ++i) o.precisions.push_back(&kPrecisions[i]);
-
-  static constexpr OptionSpec kSpecs[] = {
-      {'s', "numel", true}, {'o', "optimizers", true}, {'p', "precisions", true},
-      {'n', "reps", true},  {'w', "warmup", true},     {0, "json", false},
-      {'h', "help", false},
-  };
-  cli::for_each_option(
-      argc, argv, kSpecs,
-      [&](const OptionSpec& spec, const std::string& label, std::string_view v) {
-        const std::string_view name = spec.long_name;
-        if (name == "numel") {
-          o.sizes.clear();
-          for (std::string_view item : split(v)) {
-            const auto n = cli::parse_scaled(item, std::uint64_t{1} << 40);
-            if (!n)
-              bad_value(label, v, "positive counts with an optional K, M or G suffix, e.g. 1M,16M");
-            o.sizes.push_back(*n);
-          }
-        } else if (name == "optimizers") {
-          o.optimizers = bench::choose(label, v, optimizers());
-        } else if (name == "precisions") {
-          o.precisions = bench::choose(label, v, kPrecisions);
-        } else if (name == "reps") {
-          o.reps = parse_int(label, v, 1, kMaxReps, "an integer, 1 to 10000");
-        } else if (name == "warmup") {
-          o.warmup = parse_int(label, v, 0, 1000, "an integer, 0 to 1000");
-        } else if (name == "json") {
-          o.json = true;
-        } else if (name == "help") {
-          o.help = true;
-        }
-      });
-  std::sort(o.sizes.begin(), o.sizes.end());
-  o.sizes.erase(std::unique(o.sizes.begin(), o.sizes.end()), o.sizes.end());
-  return o;
-}
-
-// ---------------------------------------------------------------------------
-// Timing
-
-// Median seconds of a and of b, timed alternately in a random order per pair.
-template <class A, class B>
-std::pair<double, double> time_pair(Timer& timer, const A& a, const B& b, const Options& o,
-                                    std::mt19937_64& rng) {
-  for (int i = 0; i < o.warmup; ++i) {
-    timer.seconds(a);
-    timer.seconds(b);
-  }
-  std::vector<double> ta, tb;
-  for (int r = 0; r < o.reps; ++r) {
-    if (rng() & 1) {
-      ta.push_back(timer.seconds(a));
-      tb.push_back(timer.seconds(b));
-    } else {
-      tb.push_back(timer.seconds(b));
-      ta.push_back(timer.seconds(a));
-    }
-  }
-  return {median(ta), median(tb)};
-}
-
-// ---------------------------------------------------------------------------
-// The run
-
-struct Row {
-  const OptimizerEntry* opt;
-  const Precision* prec;
-  std::size_t numel;
-  int sms;
-  std::size_t bpp;
-  double time_us, gbps, limit_gbps, copy_gbps, ratio;
-};
-
-double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
-
-void print_row(const Options& o, const Row& r) {
-  if (o.json) {
-    std::printf(
-        "{\"optimizer\": \"%s\", \"precision\": \"%s\", \"numel\": %zu, \"threads\": %d, "
-        "\"bytes_per_param\": %zu, \"time_us\": %s, \"gbps\": %s, \"limit_gbps\": %s, "
-        "\"stream_gbps\": %s, \"ratio\": %s}\n",
-        r.opt->name, r.prec->name, r.numel, r.sms, r.bpp, num(r.time_us, 2).c_str(),
-        num(r.gbps, 3).c_str(), num(r.limit_gbps, 3).c_str(), num(r.copy_gbps, 3).c_str(),
-        num(r.ratio, 4).c_str());
-  } else {
-    std::printf("%-10s %-10s %6s %5d %4zu %10.1f %8.1f %8.1f %8.1f %6.3f  %s\n", r.opt->name,
-                r.prec->name, human_count(r.numel).c_str(), r.sms, r.bpp, r.time_us, r.gbps,
-                r.limit_gbps, r.copy_gbps, r.ratio, bytes_formula(*r.opt, *r.prec).c_str());
-  }
-  std::fflush(stdout);
-}
-
-// The device arrays of every row, for `n` parameters.
-struct DeviceArrays {
-  DeviceBuffer param, param_bf16, remainders, grad32, grad_bf16, grad_f16, copy, scratch;
-  std::vector<DeviceBuffer> states;
-  DeviceBuffer copy_src, copy_dst;  // the reference cudaMemcpy's
-};
-
-int run(const Options& o) {
-  // Header and summary go to stderr with --json, so stdout holds rows only.
-  FILE* info = o.json ? stderr : stdout;
-  cudaDeviceProp prop{};
-  check(cudaSetDevice(0), "cudaSetDevice");
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  int driver = 0;
-  cudaDriverGetVersion(&driver);
-  std::fprintf(info, "# %s: %s\n", kProgram, shardopt::build_info_string().c_str());
-  std::fprintf(info,
-               "# device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB, L2 %.0f MiB, "
-               "driver for CUDA %d.%d\n",
-               prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-               gib(prop.totalGlobalMem), static_cast<double>(prop.l2CacheSize) / (1 << 20),
-               driver / 1000, driver % 1000 / 10);
-  std::fprintf(info, "# time: median of %d steps after %d warm-up, CUDA events on one stream\n",
-               o.reps, o.warmup);
-
-  std::size_t max_states = 0;
-  bool need_scratch = false;
-  for (const auto* e : o.optimizers) {
-    max_states = std::max(max_states, e->states.size());
-    need_scratch |= e->scratch != nullptr;
-  }
-  bool need_f32 = false, need_bf16 = false, need_f16 = false, need_copy = false, need_rem = false;
-  bool need_grad32 = false;
-  for (const auto* p : o.precisions) {
-    need_f32 |= !p->remainders;
-    need_rem |= p->remainders;
-    need_grad32 |= p->grad == DType::f32;
-    need_bf16 |= p->grad == DType::bf16;
-    need_f16 |= p->grad == DType::f16;
-    need_copy |= p->copy;
-  }
-  const std::size_t bytes_per_elem = (need_f32 ? 4 : 0) + (need_rem ? 4 : 0) + 4 * max_states +
-                                     (need_scratch ? 4 : 0) + (need_grad32 ? 4 : 0) +
-                                     (need_bf16 ? 2 : 0) + (need_f16 ? 2 : 0) +
-                                     (need_copy ? 2 : 0) + 8;  // + the memcpy pair
-  std::size_t free_bytes = 0, total_bytes = 0;
-  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-  const std::size_t budget = free_bytes / 10 * 9;
-  std::vector<std::size_t> sizes;
-  for (const std::size_t n : o.sizes) {
-    if (n * bytes_per_elem > budget) {
-      std::fprintf(info,
-                   "# skipping %s params: the arrays need %.2f GiB, over %.2f GiB (9/10 of "
-                   "the free device memory)\n",
-                   human_count(n).c_str(), gib(n * bytes_per_elem), gib(budget));
-    } else {
-      sizes.push_back(n);
-    }
-  }
-  if (sizes.empty()) {
-    std::fprintf(info, "# nothing to measure: no size fits\n");
-    return 1;
-  }
-  const std::size_t max_n = sizes.back();
-
-  Timer timer;
-  const int sms = prop.multiProcessorCount;
-  volatile float zero_source = 0.0f;  // unknown to the compiler
-  const Launch launch_cfg{sms, timer.stream(), zero_source};
-
-  DeviceArrays d;
-  const auto alloc = [&](bool needed, std::size_t elem_bytes) {
-    return DeviceBuffer(needed ? max_n * elem_bytes : 0);
-  };
-  d.param = alloc(need_f32, 4);
-  d.param_bf16 = alloc(need_rem, 2);
-  d.remainders = alloc(need_rem, 2);
-  d.grad32 = alloc(need_grad32, 4);
-  d.grad_bf16 = alloc(need_bf16, 2);
-  d.grad_f16 = alloc(need_f16, 2);
-  d.copy = alloc(need_copy, 2);
-  d.scratch = alloc(need_scratch, 4);
-  for (std::size_t i = 0; i < max_states; ++i) d.states.push_back(alloc(true, 4));
-  d.copy_src = alloc(true, 4);
-  d.copy_dst = alloc(true, 4);
-
-  const std::uint64_t key = bench::mix64(kSeed + max_n);
-  fill<FillAs::f32>(d.param.as<float>(), max_n, key + 1, -1.0f, 1.0f, launch_cfg);
-  if (need_rem) {
-    fill_remainders_kernel<<<static_cast<unsigned>(sms * kBlocksPerSm), kThreads, 0,
-                             timer.stream()>>>(d.param_bf16.as<std::uint16_t>(),
-                                               d.remainders.as<std::uint16_t>(), max_n, key + 1);
-    check(cudaGetLastError(), "launching the fill kernel");
-  }
-  // States in [0, 1e-2): some are sums of squares (v, Adagrad's sum, RMSprop's sq).
-  for (std::size_t s = 0; s < max_states; ++s)
-    fill<FillAs::f32>(d.states[s].as<float>(), max_n, key + 2 + s, 0.0f, 1e-2f, launch_cfg);
-  fill<FillAs::f32>(d.grad32.as<float>(), max_n, key + 12, -1e-2f, 1e-2f, launch_cfg);
-  fill<FillAs::bf16>(d.grad_bf16.as<void>(), max_n, key + 10, -1e-2f, 1e-2f, launch_cfg);
-  fill<FillAs::f16>(d.grad_f16.as<void>(), max_n, key + 11, -1e-2f, 1e-2f, launch_cfg);
-  fill<FillAs::f32>(d.copy_src.as<float>(), max_n, key + 20, -1.0f, 1.0f, launch_cfg);
-  check(cudaStreamSynchronize(timer.stream()), "filling the arrays");
-
-  if (!o.json) {
-    std::printf("#\n# %-8s %-10s %6s %5s %4s %10s %8s %8s %8s %6s  %s\n", "optimizer", "precision",
-                "numel", "SMs", "B_pp", "time_us", "GB/s", "limit", "memcpy", "ratio",
-                "bytes per param (r read, w written)");
-  }
-
-  std::vector<Row> rows;
-  std::mt19937_64 rng(kSeed);
-  for (const std::size_t n : sizes) {
-    std::vector<double> copy_s;
-    for (int i = 0; i < o.warmup + o.reps; ++i) {
-      const double t = timer.seconds([&] {
-        check(cudaMemcpyAsync(d.copy_dst.as<void>(), d.copy_src.as<void>(), n * 4,
-                              cudaMemcpyDeviceToDevice, timer.stream()),
-              "cudaMemcpyAsync");
-      });
-      if (i >= o.warmup) copy_s.push_back(t);
-    }
-    const double copy_gbps = static_cast<double>(n) * 8 / median(copy_s) / 1e9;
-
-    for (const auto* opt : o.optimizers) {
-      for (const auto* prec : o.precisions) {
-        Streams s;
-        s.n = n;
-        if (prec->remainders) {
-          s.param_bf16 = d.param_bf16.as<shardopt::bfloat16>();
-          s.remainders = d.remainders.as<std::uint16_t>();
-        } else {
-          s.param = d.param.as<float>();
-        }
-        for (std::size_t i = 0; i < opt->states.size(); ++i) s.state[i] = d.states[i].as<float>();
-        s.grad_type = prec->grad;
-        s.grad = prec->grad == DType::bf16  ? d.grad_bf16.as<void>()
-                 : prec->grad == DType::f16 ? d.grad_f16.as<void>()
-                                            : d.grad32.as<void>();
-        s.copy = prec->copy ? d.copy.as<void>() : nullptr;
-        s.copy_type = prec->copy_type;
-        s.scratch = opt->scratch != nullptr ? d.scratch.as<float>() : nullptr;
-        s.stream = timer.stream();
-        const int k = static_cast<int>(opt->states.size());
-        std::int64_t step = 0;
-        const auto [step_s, limit_s] = time_pair(
-            timer, [&] { opt->step(s, ++step); }, [&] { memory_only(s, k, launch_cfg); }, o, rng);
-        Row r{opt, prec, n, sms, bytes_per_param(*opt, *prec), 0, 0, 0, copy_gbps, 0};
-        const double bytes = static_cast<double>(n) * static_cast<double>(r.bpp);
-        r.time_us = step_s * 1e6;
-        r.gbps = bytes / step_s / 1e9;
-        r.limit_gbps = bytes / limit_s / 1e9;
-        r.ratio = r.gbps / r.limit_gbps;
-        print_row(o, r);
-        rows.push_back(r);
-      }
-    }
-  }
-
-  // The goal.
-  std::fprintf(info, "#\n# goal: a step at >= %.2f of the memcpy rate at >= %s params\n",
-               kGoalOfCopy, human_count(kGoalNumel).c_str());
-  const Row* worst = nullptr;
-  for (const auto* opt : o.optimizers) {
-    for (const auto* prec : o.precisions) {
-      const Row* w = nullptr;
-      double min_ratio = 0;
-      for (const Row& r : rows) {
-        if (r.opt != opt || r.prec != prec || r.numel < kGoalNumel) continue;
-        if (w == nullptr || r.gbps / r.copy_gbps < w->gbps / w->copy_gbps) w = &r;
-        min_ratio = min_ratio == 0 ? r.ratio : std::min(min_ratio, r.ratio);
-      }
-      if (w == nullptr) {
-        std::fprintf(info, "#   %-10s %-10s not evaluated: no row at >= %s params\n", opt->name,
-                     prec->name, human_count(kGoalNumel).c_str());
-        continue;
-      }
-      const double of_copy = w->gbps / w->copy_gbps;
-      std::fprintf(info,
-                   "#   %-10s %-10s worst ratio to the limit %.3f; worst GB/s / memcpy %.3f (%s "
-                   "params): %s\n",
-                   opt->name, prec->name, min_ratio, of_copy, human_count(w->numel).c_str(),
-                   of_copy >= kGoalOfCopy ? "met" : "not met");
-      if (worst == nullptr || of_copy < worst->gbps / worst->copy_gbps) worst = w;
-    }
-  }
-  if (worst == nullptr) {
-    std::fprintf(info, "# goal: not evaluated (run sizes >= %s)\n",
-                 human_count(kGoalNumel).c_str());
-  } else {
-    const double of_copy = worst->gbps / worst->copy_gbps;
-    std::fprintf(info, "# goal: %s; worst row: %s %s %s params, GB/s / memcpy %.3f\n",
-                 of_copy >= kGoalOfCopy ? "met" : "not met", worst->opt->name, worst->prec->name,
-                 human_count(worst->numel).c_str(), of_copy);
-  }
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse_options(argc, argv);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s: %s\n(%s -h lists the options)\n", kProgram, e.message.c_str(),
-                 kProgram);
-    return 2;
-  }
-  if (o.help) {
-    std::fputs(usage().c_str(), stdout);
-    return 0;
-  }
-  int devices = 0;
-  if (const cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess || devices == 0) {
-    std::printf(
-        "SKIP: %s: no CUDA device visible to this process (cudaGetDeviceCount: %s); "
-        "nothing to measure\n",
-        kProgram, rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices");
-    return kExitNoDevice;
-  }
-  try {
-    return run(o);
-  } catch (const shardopt::Error& e) {
-    std::fprintf(stderr, "%s: %s\n  hint: %s\n", kProgram, e.what(), e.hint().c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
-  }
-  return 1;
+  DeviceMemory memory;
+  return bench::main_of(memory, argc, argv);
 }

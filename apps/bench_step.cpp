@@ -964,13 +964,8 @@ void print_goals(const Options& o, const std::vector<Row>& rows) {
                  kTimeGoalStage, kTimeGoalRanks, kTimeGoalRanks);
   }
   const auto busy = std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.busy(); });
-  if (busy > 0) {
-    std::fprintf(f,
-                 "# %zu of %zu rows ran while other processes used more than %.0f%% of the CPUs"
-                 " (marked * under other): their times are not the step's; rerun them on a quiet"
-                 " machine\n",
-                 static_cast<std::size_t>(busy), rows.size(), 100 * kBusyFraction);
-  }
+  machine::print_busy_rows(f, static_cast<std::size_t>(busy), rows.size(), kBusyFraction,
+                           "marked * under other", "the step's");
   std::fflush(f);
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -61,6 +62,18 @@ inline CpuTimes cpu_times() {
   t.busy_s = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
   t.ok = static_cast<bool>(in);
   return t;
+}
+
+// After a benchmark's table: when `busy` of its `rows` rows ran while other
+// processes used more than `fraction` of the CPUs, a line saying so, how
+// they are `marked` and that `whose` times they are not.
+inline void print_busy_rows(FILE* f, std::size_t busy, std::size_t rows, double fraction,
+                            const char* marked, const char* whose) {
+  if (busy == 0) return;
+  std::fprintf(f,
+               "# %zu of %zu rows ran while other processes used more than %.0f%% of the CPUs"
+               " (%s): their times are not %s; rerun them on a quiet machine\n",
+               busy, rows, 100 * fraction, marked, whose);
 }
 
 }  // namespace machine

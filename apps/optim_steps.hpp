@@ -67,16 +67,18 @@ struct Streams {
 };
 
 // ---------------------------------------------------------------------------
-// The optimizers: one entry each.
+// The optimizers: one entry each, from the optimizers' descriptors
+// (shardopt/optimizers.hpp).
 //
 // `states` names the fp32 arrays the step reads and writes besides the
-// parameters (one element per parameter each); with the precision it gives
-// the bytes per parameter and the streams of the memory-only limit kernel.
-// `step` runs one step with torch's default hyper-parameters (plus the
-// options that make the state exist, e.g. momentum); `t` counts steps from 1.
-// A step with a `scratch` array runs in two passes: the first reads p, g and
-// the states and writes the states and the scratch direction; the second
-// reads p and the direction and writes p (and the copy).
+// parameters (one element per parameter each: the state slots its options
+// use); with the precision it gives the bytes per parameter and the streams
+// of the memory-only limit kernel. `step` runs one step with torch's default
+// hyper-parameters (SGD with momentum 0.9, so that it keeps its state); `t`
+// counts steps from 1. A step with a `scratch` array (LAMB) runs in two
+// passes: the first reads p, g and the states and writes the states and the
+// scratch direction; the second reads p and the direction and writes p (and
+// the copy).
 
 struct OptimizerEntry {
   const char* name;
@@ -85,53 +87,45 @@ struct OptimizerEntry {
   const char* scratch = nullptr;
 };
 
+// The options an optimizer is benchmarked with.
+template <class O>
+O bench_options() {
+  O o{};
+  if constexpr (std::is_same_v<O, shardopt::SGD>) o.momentum = 0.9;
+  return o;
+}
+
+template <class O>
+void step_of(const Streams& s, std::int64_t t) {
+  const O o = bench_options<O>();
+  if constexpr (shardopt::is_elementwise<O>) {
+    std::array<std::span<float>, kMaxStates> states{};
+    int used = 0, k = 0;
+    o.slots([&](const shardopt::Slot& slot) {
+      if (slot.used) states[std::size_t(k)] = s.state_span(used++);
+      ++k;
+    });
+    functional::step(s.params(), s.grads(), std::span(states).first(std::size_t(k)), t, o,
+                     s.step_options());
+  } else {
+    functional::lamb(s.params(), s.grads(), s.state_span(0), s.state_span(1), s.scratch_span(), t,
+                     o, s.step_options());
+  }
+}
+
 inline const std::vector<OptimizerEntry>& optimizers() {
-  static const std::vector<OptimizerEntry> entries = {
-      {"adam",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adam(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
-                          shardopt::Adam{}, s.step_options());
-       }},
-      {"adamw",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adamw(s.params(), s.grads(), s.state_span(0), s.state_span(1), {}, t,
-                           shardopt::AdamW{}, s.step_options());
-       }},
-      {"sgd",
-       {"buf"},  // with momentum: without it there is no state
-       [](const Streams& s, std::int64_t t) {
-         shardopt::SGD o;
-         o.momentum = 0.9;
-         functional::sgd(s.params(), s.grads(), s.state_span(0), t, o, s.step_options());
-       }},
-      {"adagrad",
-       {"sum"},
-       [](const Streams& s, std::int64_t t) {
-         functional::adagrad(s.params(), s.grads(), s.state_span(0), t, shardopt::Adagrad{},
-                             s.step_options());
-       }},
-      {"rmsprop",
-       {"sq"},  // no momentum, not centered
-       [](const Streams& s, std::int64_t) {
-         functional::rmsprop(s.params(), s.grads(), s.state_span(0), {}, {}, shardopt::RMSprop{},
-                             s.step_options());
-       }},
-      {"lion",
-       {"m"},
-       [](const Streams& s, std::int64_t) {
-         functional::lion(s.params(), s.grads(), s.state_span(0), shardopt::Lion{},
-                          s.step_options());
-       }},
-      {"lamb",
-       {"m", "v"},
-       [](const Streams& s, std::int64_t t) {
-         functional::lamb(s.params(), s.grads(), s.state_span(0), s.state_span(1), s.scratch_span(),
-                          t, shardopt::Lamb{}, s.step_options());
-       },
-       "u"},
-  };
+  static const std::vector<OptimizerEntry> entries = [] {
+    std::vector<OptimizerEntry> v;
+    shardopt::Optimizers::each([&]<class O>() {
+      OptimizerEntry e{O::key, {}, &step_of<O>};
+      bench_options<O>().slots([&](const shardopt::Slot& slot) {
+        if (slot.used) e.states.push_back(slot.name);
+      });
+      if constexpr (!shardopt::is_elementwise<O>) e.scratch = "update";
+      v.push_back(e);
+    });
+    return v;
+  }();
   return entries;
 }
 
@@ -144,7 +138,22 @@ struct Precision {
   bool copy;  // writes a low-precision copy of the new parameters
   DType copy_type;
   bool remainders;  // bf16 parameters with remainders instead of fp32 ones
+  bool by_default;  // run when -p is not given
   const char* description;
+};
+
+// Every precision the benchmarks know; a program offers those its
+// memory-only kernel handles (bench::precisions(), bench_optim_harness.hpp).
+inline constexpr Precision kPrecisions[] = {
+    {"fp32", DType::f32, false, DType::bf16, false, true, "f32 grads, no copy"},
+    {"bf16", DType::bf16, true, DType::bf16, false, true,
+     "bf16 grads, fp32 master + states, bf16 copy out"},
+    {"f16", DType::f16, true, DType::f16, false, true,
+     "f16 grads, fp32 master + states, f16 copy out"},
+    {"bf16-rem", DType::bf16, false, DType::bf16, true, true,
+     "bf16 grads, bf16 params with remainders (no fp32 master)"},
+    {"fp32-bf16", DType::f32, true, DType::bf16, false, false,
+     "f32 grads, fp32 master + states, bf16 copy out"},
 };
 
 // Bytes moved per parameter, every read and write counted once (per pass).

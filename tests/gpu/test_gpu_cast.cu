@@ -13,41 +13,20 @@
 #include <string>
 #include <vector>
 
-#include "common/device.hpp"
+#include "gpu_test.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/finite.hpp"
 #include "shardopt/shardopt.hpp"
 
 using namespace shardopt;
 
+using gpu_test::check;
+using gpu_test::uniform;
+
 namespace {
 
-int g_failed = 0;
-int g_passed = 0;
-
-void check(bool ok, const std::string& what) {
-  (ok ? g_passed : g_failed)++;
-  if (!ok) std::printf("FAILED: %s\n", what.c_str());
-}
-
-// Raw bytes on the host and a device buffer of the same size.
-struct Pair {
-  std::vector<unsigned char> host;
-  unsigned char* dev = nullptr;
-  explicit Pair(std::vector<unsigned char> h) : host(std::move(h)) {
-    cudaMalloc(&dev, host.size() + 64);
-    cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
-  }
-  ~Pair() { cudaFree(dev); }
-  Pair(const Pair&) = delete;
-  Pair& operator=(const Pair&) = delete;
-  std::vector<unsigned char> device_bytes() const {
-    std::vector<unsigned char> back(host.size());
-    cudaMemcpy(back.data(), dev, host.size(), cudaMemcpyDeviceToHost);
-    return back;
-  }
-  bool same() const { return device_bytes() == host; }
-};
+// Raw bytes on the host and a device copy.
+using Pair = gpu_test::Mirror<unsigned char>;
 
 // n elements of `t` (plus `shift` spare ones in front): every 16-bit pattern
 // in turn for bf16 and f16, random bit patterns (NaNs, infs and subnormals
@@ -71,13 +50,6 @@ std::vector<unsigned char> inputs(DType t, std::size_t n, std::size_t shift, std
   return v;
 }
 
-std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
 bool rejects_with(void (*f)(unsigned char*, float*), unsigned char* dev, float* host,
                   ErrorCode code) {
   try {
@@ -91,12 +63,7 @@ bool rejects_with(void (*f)(unsigned char*, float*), unsigned char* dev, float* 
 }  // namespace
 
 int main() {
-  if (detail::cuda_device_count() == 0) {
-    std::printf(
-        "SKIP: no CUDA device visible to this process; the gpu suite runs on a machine "
-        "with a GPU (scripts/device-check)\n");
-    return 77;
-  }
+  if (gpu_test::no_device()) return gpu_test::kSkip;
   std::mt19937 rng(31);
   const DType types[] = {DType::f32, DType::bf16, DType::f16};
 
@@ -116,7 +83,7 @@ int main() {
           check(dst.same(), "cast " + where);
           if (dtype_size(from) == dtype_size(to)) {  // in place, on the source
             kernels::cuda::cast(src.dev + si, from, src.dev + si, to, n, nullptr);
-            std::vector<unsigned char> got = src.device_bytes();
+            std::vector<unsigned char> got = src.device_copy();
             check(std::memcmp(got.data() + si, dst.host.data() + di, n * dtype_size(to)) == 0,
                   "cast in place " + where);
           }
@@ -155,12 +122,12 @@ int main() {
     std::vector<unsigned char> xb(n * 4);
     std::memcpy(xb.data(), x.data(), xb.size());
     Pair src(xb), dst(std::vector<unsigned char>(n * 2, 0));
-    cudaStream_t stream;
-    cudaStreamCreate(&stream);
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&stream));
     cast(src.dev, DType::f32, dst.dev, DType::f16, n, stream);
     cast(src.host.data(), DType::f32, dst.host.data(), DType::f16, n);
     check(dst.same(), "shardopt::cast on device, on a stream");
-    cudaStreamDestroy(stream);
+    CUDA_CHECK(cudaStreamDestroy(stream));
     check(rejects_with(
               [](unsigned char* dev, float* host) { cast(host, DType::f32, dev, DType::bf16, 16); },
               dst.dev, std::vector<float>(16).data(), ErrorCode::wrong_device),
@@ -168,7 +135,7 @@ int main() {
     check(functional::grads_finite(functional::GradView(src.dev, n, DType::f32)),
           "grads_finite on device (finite)");
     const float bad = NAN;
-    cudaMemcpy(src.dev + 4 * (n - 1), &bad, 4, cudaMemcpyHostToDevice);
+    CUDA_CHECK(cudaMemcpy(src.dev + 4 * (n - 1), &bad, 4, cudaMemcpyHostToDevice));
     check(!functional::grads_finite(functional::GradView(src.dev, n, DType::f32)),
           "grads_finite on device (nan last)");
   }
@@ -189,7 +156,7 @@ int main() {
           "adam skip_nonfinite on device: nothing written");
     g[n / 2] = 0.5f;
     std::memcpy(dg.host.data(), g.data(), gb.size());
-    cudaMemcpy(dg.dev, dg.host.data(), gb.size(), cudaMemcpyHostToDevice);
+    dg.upload();
     const auto r2 = functional::adam(f(dp), functional::GradView(dg.dev, n, DType::f32), f(dm),
                                      f(dv), {}, 1, Adam{}, o);
     std::vector<float> hp = p0, hm(n, 0.0f), hv(n, 0.0f);
@@ -200,6 +167,5 @@ int main() {
     check(r2.applied && r2.grads_finite && dp.same() && dm.same() && dv.same(),
           "adam skip_nonfinite on device with finite grads: the host step");
   }
-  std::printf("gpu cast and finiteness: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return gpu_test::finish("gpu cast and finiteness");
 }

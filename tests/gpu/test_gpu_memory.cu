@@ -9,17 +9,12 @@
 #include <vector>
 
 #include "common/device.hpp"
+#include "gpu_test.hpp"
 #include "shardopt/shardopt.hpp"
 
+using gpu_test::check;
+
 namespace {
-
-int g_failed = 0;
-int g_passed = 0;
-
-void check(bool ok, const char* what) {
-  (ok ? g_passed : g_failed)++;
-  std::printf("%s: %s\n", ok ? "ok" : "FAILED", what);
-}
 
 __global__ void fill(float* p, int n, float v) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -29,24 +24,19 @@ __global__ void fill(float* p, int n, float v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int devices = shardopt::detail::cuda_device_count();
-  if (devices == 0) {
-    std::printf(
-        "SKIP: no CUDA device visible to this process (cudaGetDeviceCount found none); "
-        "the gpu suite runs on a machine with a GPU (scripts/device-check)\n");
-    return 77;
-  }
+  if (gpu_test::no_device()) return gpu_test::kSkip;
   shardopt::Environment env(&argc, &argv);
   shardopt::Communicator comm(MPI_COMM_WORLD);
   std::printf("%s\n", shardopt::build_info_string().c_str());
 
   const int n = 1 << 20;
   float* dev = nullptr;
-  check(cudaMalloc(&dev, n * sizeof(float)) == cudaSuccess, "cudaMalloc");
+  CUDA_CHECK(cudaMalloc(&dev, n * sizeof(float)));
   fill<<<(n + 255) / 256, 256>>>(dev, n, 1.0f);
-  check(cudaDeviceSynchronize() == cudaSuccess, "fill kernel ran");
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
   float probe[4] = {};
-  cudaMemcpy(probe, dev + 1000, sizeof probe, cudaMemcpyDeviceToHost);
+  CUDA_CHECK(cudaMemcpy(probe, dev + 1000, sizeof probe, cudaMemcpyDeviceToHost));
   check(probe[0] == 1001.0f && probe[3] == 1004.0f, "kernel wrote the expected values");
 
   const auto where = shardopt::detail::locate(dev);
@@ -94,14 +84,13 @@ int main(int argc, char** argv) {
   }
 
   float* pinned = nullptr;
-  check(cudaMallocHost(&pinned, n * sizeof(float)) == cudaSuccess, "cudaMallocHost");
+  CUDA_CHECK(cudaMallocHost(&pinned, n * sizeof(float)));
   for (int i = 0; i < n; ++i) pinned[i] = 1.0f;
   comm.allreduce(pinned, pinned, n, shardopt::DType::f32, shardopt::ReduceOp::sum);
   check(pinned[0] == static_cast<float>(comm.size()) && pinned[n - 1] == comm.size(),
         "pinned host memory is accepted and reduced");
 
-  cudaFreeHost(pinned);
-  cudaFree(dev);
-  std::printf("gpu memory: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  CUDA_CHECK(cudaFreeHost(pinned));
+  CUDA_CHECK(cudaFree(dev));
+  return gpu_test::finish("gpu memory");
 }

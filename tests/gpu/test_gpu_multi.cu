@@ -5,7 +5,12 @@
 // vector path from a later head; one alone: the scalar path), more tensors
 // than one launch table holds and a tensor of more chunks than one launch
 // holds; non-finite gradients are reported; tensors in different memories
-// are an error naming them. Skips (exit 77) without a device.
+// are an error naming them. And non-finite gradients (inf, -inf, NaN, or
+// finite ones past the float range after grad_mul) of every type, through
+// the single-tensor and the list steps, with and without skip_nonfinite:
+// the device call returns the host call's StepResult and leaves the buffers
+// as it does (a skipped step writes nothing). Skips (exit 77) without a
+// device.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -18,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "common/device.hpp"
+#include "gpu_test.hpp"
 #include "shardopt/shardopt.hpp"
 
 using namespace shardopt;
@@ -27,45 +32,11 @@ using functional::ParamView;
 using functional::StepOptions;
 using functional::StepResult;
 
+using gpu_test::check;
+using gpu_test::Mirror;
+using gpu_test::uniform;
+
 namespace {
-
-int g_failed = 0;
-int g_passed = 0;
-
-void check(bool ok, const std::string& what) {
-  (ok ? g_passed : g_failed)++;
-  if (!ok) std::printf("FAILED: %s\n", what.c_str());
-}
-
-// A host buffer and a device copy that starts `shift` elements into its
-// allocation.
-template <class T>
-struct Mirror {
-  std::vector<T> host;
-  T* base = nullptr;
-  T* dev = nullptr;
-  Mirror(std::vector<T> h, std::size_t shift) : host(std::move(h)) {
-    cudaMalloc(&base, (host.size() + 4) * sizeof(T));
-    dev = base + shift;
-    cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Mirror() { cudaFree(base); }
-  Mirror(const Mirror&) = delete;
-  Mirror& operator=(const Mirror&) = delete;
-  T* at(bool device) { return device ? dev : host.data(); }
-  bool same() const {
-    std::vector<T> back(host.size());
-    cudaMemcpy(back.data(), dev, host.size() * sizeof(T), cudaMemcpyDeviceToHost);
-    return std::memcmp(back.data(), host.data(), host.size() * sizeof(T)) == 0;
-  }
-};
-
-std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
 
 enum class Storage { fp32, fp32_copy, remainders };
 
@@ -86,12 +57,6 @@ struct Tensor {
   Mirror<float> s0, s1, s2;
   Mirror<std::uint16_t> copy;
 
-  static std::vector<std::uint16_t> to16(const std::vector<float>& g, DType t) {
-    std::vector<std::uint16_t> h(g.size());
-    for (std::size_t i = 0; i < g.size(); ++i)
-      h[i] = t == DType::bf16 ? bf16_from_float(g[i]).bits : f16_from_float(g[i]).bits;
-    return h;
-  }
   static std::vector<bfloat16> encode_hi(const std::vector<float>& m) {
     std::vector<bfloat16> hi(m.size());
     std::vector<std::uint16_t> rem(m.size());
@@ -114,7 +79,7 @@ struct Tensor {
         hi(encode_hi(master), layout == Layout::shifted),
         rem(encode_rem(master), layout == Layout::shifted),
         g32(grad, layout != Layout::aligned),
-        g16(to16(grad, gt), layout != Layout::aligned),
+        g16(gpu_test::to_16(grad, gt), layout != Layout::aligned),
         s0(std::vector<float>(size, init), layout == Layout::shifted),
         s1(std::vector<float>(size, init), layout == Layout::shifted),
         s2(std::vector<float>(size, init), layout == Layout::shifted),
@@ -135,57 +100,102 @@ struct Tensor {
     return {s.at(dev), n};
   }
   void* param_out(bool dev) { return storage == Storage::fp32_copy ? copy.at(dev) : nullptr; }
+  // The device buffers equal the host ones bitwise.
   bool same() const {
     return p.same() && hi.same() && rem.same() && s0.same() && s1.same() && s2.same() &&
            copy.same();
+  }
+  // The device buffers hold the host ones' values, a NaN equal to any NaN
+  // (gpu_test::same_values): after non-finite gradients.
+  bool same_values(DType copy_type) const {
+    return p.same_values(DType::f32) && gpu_test::same_master(hi, rem) &&
+           s0.same_values(DType::f32) && s1.same_values(DType::f32) && s2.same_values(DType::f32) &&
+           copy.same_values(copy_type);
+  }
+  // The bytes of every host buffer but the gradients, to tell whether a step
+  // wrote any.
+  std::vector<unsigned char> host_bytes() const {
+    std::vector<unsigned char> b;
+    const auto add = [&b](const auto& m) {
+      const auto* first = reinterpret_cast<const unsigned char*>(m.host.data());
+      b.insert(b.end(), first, first + m.host.size() * sizeof(m.host[0]));
+    };
+    add(p);
+    add(hi);
+    add(rem);
+    add(s0);
+    add(s1);
+    add(s2);
+    add(copy);
+    return b;
   }
 };
 
 using Lists = std::vector<std::vector<std::span<float>>>;
 using ListStep = std::function<StepResult(std::span<const ParamView>, std::span<const GradView>,
                                           Lists&, const StepOptions&, std::span<void* const>)>;
+using SingleStep = std::function<StepResult(ParamView, GradView, std::span<float>, std::span<float>,
+                                            std::span<float>, const StepOptions&)>;
 
+// An optimizer with its hyper-parameters, as the list step and as the
+// single-tensor step, with up to three state arrays (lists).
 struct Case {
   std::string name;
   int states;
   float init;
-  ListStep step;
+  ListStep list;
+  SingleStep single;
 };
+
+// A case from one call f(params, grads, state0, state1, state2, extra,
+// params_out...) that serves both forms.
+template <class F>
+Case make_case(std::string name, int states, float init, F f) {
+  using StateList = std::span<const std::span<float>>;
+  return {std::move(name), states, init,
+          [f](std::span<const ParamView> ps, std::span<const GradView> gs, Lists& l,
+              const StepOptions& e, std::span<void* const> o) {
+            return f(ps, gs, StateList(l[0]), StateList(l[1]), StateList(l[2]), e, o);
+          },
+          [f](ParamView p, GradView g, std::span<float> a, std::span<float> b, std::span<float> c,
+              const StepOptions& e) { return f(p, g, a, b, c, e); }};
+}
 
 std::vector<Case> cases(std::int64_t t) {
   return {
-      {"Adam amsgrad", 3, 0.0f,
-       [t](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::adam(ps, gs, l[0], l[1], l[2], t,
-                                 Adam{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true}, e, o);
-       }},
-      {"AdamW", 2, 0.0f,
-       [t](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::adamw(ps, gs, l[0], l[1], {}, t, AdamW{.lr = 0.01}, e, o);
-       }},
-      {"SGD nesterov", 1, 0.5f,
-       [t](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::sgd(ps, gs, l[0], t, SGD{.lr = 0.1, .momentum = 0.9, .nesterov = true},
-                                e, o);
-       }},
-      {"Adagrad", 1, 0.1f,
-       [t](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::adagrad(ps, gs, l[0], t, Adagrad{.initial_accumulator_value = 0.1}, e,
-                                    o);
-       }},
-      {"RMSprop centered momentum", 3, 0.0f,
-       [](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::rmsprop(ps, gs, l[0], l[1], l[2],
-                                    RMSprop{.momentum = 0.9, .centered = true}, e, o);
-       }},
-      {"Lion", 1, 0.0f,
-       [](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::lion(ps, gs, l[0], Lion{.weight_decay = 0.1}, e, o);
-       }},
-      {"Lamb", 3, 0.0f,
-       [t](auto ps, auto gs, Lists& l, const StepOptions& e, std::span<void* const> o) {
-         return functional::lamb(ps, gs, l[0], l[1], l[2], t, Lamb{.lr = 0.01}, e, o);
-       }},
+      make_case("Adam amsgrad", 3, 0.0f,
+                [t](auto ps, auto gs, auto a, auto b, auto c, const StepOptions& e, auto... o) {
+                  return functional::adam(ps, gs, a, b, c, t,
+                                          Adam{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true}, e,
+                                          o...);
+                }),
+      make_case("AdamW", 2, 0.0f,
+                [t](auto ps, auto gs, auto a, auto b, auto, const StepOptions& e, auto... o) {
+                  return functional::adamw(ps, gs, a, b, {}, t, AdamW{.lr = 0.01}, e, o...);
+                }),
+      make_case("SGD nesterov", 1, 0.5f,
+                [t](auto ps, auto gs, auto a, auto, auto, const StepOptions& e, auto... o) {
+                  return functional::sgd(
+                      ps, gs, a, t, SGD{.lr = 0.1, .momentum = 0.9, .nesterov = true}, e, o...);
+                }),
+      make_case("Adagrad", 1, 0.1f,
+                [t](auto ps, auto gs, auto a, auto, auto, const StepOptions& e, auto... o) {
+                  return functional::adagrad(ps, gs, a, t,
+                                             Adagrad{.initial_accumulator_value = 0.1}, e, o...);
+                }),
+      make_case("RMSprop centered momentum", 3, 0.0f,
+                [](auto ps, auto gs, auto a, auto b, auto c, const StepOptions& e, auto... o) {
+                  return functional::rmsprop(ps, gs, a, b, c,
+                                             RMSprop{.momentum = 0.9, .centered = true}, e, o...);
+                }),
+      make_case("Lion", 1, 0.0f,
+                [](auto ps, auto gs, auto a, auto, auto, const StepOptions& e, auto... o) {
+                  return functional::lion(ps, gs, a, Lion{.weight_decay = 0.1}, e, o...);
+                }),
+      make_case("Lamb", 3, 0.0f,
+                [t](auto ps, auto gs, auto a, auto b, auto c, const StepOptions& e, auto... o) {
+                  return functional::lamb(ps, gs, a, b, c, t, Lamb{.lr = 0.01}, e, o...);
+                }),
   };
 }
 
@@ -207,11 +217,19 @@ StepResult run(const Case& c, std::vector<Tensor*>& tensors, bool dev, const Ste
     for (int k = 0; k < c.states; ++k) states[k].push_back(t->state(k, dev));
     outs.push_back(t->param_out(dev));
   }
-  return c.step(params, grads, states, extra, outs);
+  return c.list(params, grads, states, extra, outs);
+}
+
+// The single-tensor step of case c on t, on the host or on the device.
+StepResult run_single(const Case& c, Tensor& t, bool dev, StepOptions extra) {
+  extra.param_out = t.param_out(dev);
+  const auto state = [&](int k) { return k < c.states ? t.state(k, dev) : std::span<float>(); };
+  return c.single(t.params(dev), t.grads(dev), state(0), state(1), state(2), extra);
 }
 
 // Three steps of every case on the list, on the host and on the device;
-// the device buffers must end as the host ones, bitwise.
+// the device buffers must end as the host ones, bitwise (a NaN equal to any
+// NaN with an inf gradient, which makes NaNs).
 void compare(const std::string& what, const std::vector<Spec>& specs, DType copy_type,
              std::size_t inf_at = SIZE_MAX) {
   std::mt19937 rng(7);
@@ -221,8 +239,7 @@ void compare(const std::string& what, const std::vector<Spec>& specs, DType copy
     std::vector<Tensor*> tensors;
     for (const Spec& s : specs) {
       std::vector<float> grad = uniform(s.n, rng, -1, 1);
-      if (tensors.size() == inf_at && s.n > 0)
-        grad[s.n / 2] = std::numeric_limits<float>::infinity();
+      if (tensors.size() == inf_at) grad.at(s.n / 2) = std::numeric_limits<float>::infinity();
       owned.push_back(std::make_unique<Tensor>(s.n, s.storage, s.grad_type, s.layout, first[i].init,
                                                uniform(s.n, rng, -1, 1), grad));
       tensors.push_back(owned.back().get());
@@ -238,20 +255,126 @@ void compare(const std::string& what, const std::vector<Spec>& specs, DType copy
       agree = agree && host.grads_finite == dev.grads_finite;
       if (inf_at != SIZE_MAX) agree = agree && !dev.grads_finite;
     }
-    for (Tensor* t : tensors) agree = agree && t->same();
+    for (Tensor* t : tensors)
+      agree = agree && (inf_at == SIZE_MAX ? t->same() : t->same_values(copy_type));
     check(agree, first[i].name + ": " + what);
+  }
+}
+
+// A gradient value, and the grad_mul of the step that reads it.
+struct BadValue {
+  const char* name;
+  float value;  // stored at the chosen element; NaN: none (all finite)
+  double grad_mul;
+  bool finite;  // whether the gradients are finite after grad_mul
+};
+
+// Values of gradients of type t: inf, -inf, NaN, one finite value that
+// grad_mul takes past the float range, and none (every gradient finite).
+std::vector<BadValue> bad_values(DType t) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  // f32 and bf16 hold 3e38, which times 4 is past 3.4e38; f16 holds at most
+  // 65504, which times 1e35 is.
+  const float big = t == DType::f16 ? 6e4f : 3e38f;
+  const double big_mul = t == DType::f16 ? 1e35 : 4.0;
+  return {{"inf", kInf, 1.0, false},
+          {"-inf", -kInf, 1.0, false},
+          {"nan", kNan, 1.0, false},
+          {"finite, past the float range after grad_mul", big, big_mul, false},
+          {"all finite", kNan, 1.0, true}};
+}
+
+// Non-finite gradients on the device, each optimizer, in both forms: the
+// single-tensor step on one tensor of 65537 elements and the list step on
+// three tensors (1000, 65537 and 7 elements), for f32, bf16 and f16
+// gradients holding each bad value at the first, a middle or the last
+// element (of the first, second or third tensor of a list). The same call
+// on host copies of the buffers is the reference: the device call must
+// return its StepResult (grads_finite, applied), and leave the buffers as it
+// leaves them: applied, the same values (NaNs of any payload alike); with
+// StepOptions::skip_nonfinite and a non-finite gradient, nothing written,
+// bitwise, on either side.
+void nonfinite() {
+  const std::size_t single_n = 65537;
+  const std::vector<std::size_t> list_n = {1000, 65537, 7};
+  int combination = 0;
+  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const BadValue& bad : bad_values(gt)) {
+      for (int place = 0; place < (bad.finite ? 1 : 3); ++place) {
+        for (bool skip : {false, true}) {
+          for (bool list : {false, true}) {
+            const std::vector<Case> all = cases(1);
+            for (const Case& c : all) {
+              ++combination;
+              const DType copy_type = place % 2 ? DType::f16 : DType::bf16;
+              std::mt19937 rng(static_cast<std::uint32_t>(combination));
+              std::vector<std::unique_ptr<Tensor>> owned;
+              std::vector<Tensor*> tensors;
+              const std::vector<std::size_t> sizes =
+                  list ? list_n : std::vector<std::size_t>{single_n};
+              for (std::size_t k = 0; k < sizes.size(); ++k) {
+                const std::size_t n = sizes[k];
+                std::vector<float> grad = uniform(n, rng, -1, 1);
+                const std::size_t bad_tensor = list ? static_cast<std::size_t>(place) : 0;
+                if (!bad.finite && k == bad_tensor)
+                  grad[place == 0 ? 0 : place == 1 ? n / 2 : n - 1] = bad.value;
+                const auto st = static_cast<Storage>((combination + static_cast<int>(k)) % 3);
+                const auto layout =
+                    static_cast<Layout>((combination / 3 + static_cast<int>(k)) % 3);
+                owned.push_back(std::make_unique<Tensor>(n, st, gt, layout, c.init,
+                                                         uniform(n, rng, -1, 1), grad));
+                tensors.push_back(owned.back().get());
+              }
+              std::vector<std::vector<unsigned char>> before;
+              for (const Tensor* t : tensors) before.push_back(t->host_bytes());
+
+              StepOptions extra;
+              extra.grad_mul = bad.grad_mul;
+              extra.skip_nonfinite = skip;
+              extra.param_out_dtype = copy_type;
+              const auto step = [&](bool dev) {
+                return list ? run(c, tensors, dev, extra) : run_single(c, *tensors[0], dev, extra);
+              };
+              const StepResult host = step(false);
+              const StepResult dev = step(true);
+
+              const std::string where = c.name + (list ? ", list" : ", single tensor") +
+                                        ", grads " + dtype_name(gt) + ", " + bad.name +
+                                        (bad.finite ? "" : " at place " + std::to_string(place)) +
+                                        (skip ? ", skip_nonfinite" : "");
+              const bool skipped = skip && !bad.finite;
+              check(host.grads_finite == bad.finite && host.applied == !skipped,
+                    where + ": the host step returns grads_finite " + std::to_string(bad.finite) +
+                        ", applied " + std::to_string(!skipped) + "; it returned " +
+                        std::to_string(host.grads_finite) + ", " + std::to_string(host.applied));
+              check(dev.grads_finite == host.grads_finite && dev.applied == host.applied,
+                    where + ": the device step returns grads_finite " +
+                        std::to_string(dev.grads_finite) + ", applied " +
+                        std::to_string(dev.applied) + "; the host step " +
+                        std::to_string(host.grads_finite) + ", " + std::to_string(host.applied));
+              bool buffers = true;
+              for (std::size_t k = 0; k < tensors.size(); ++k) {
+                if (skipped) {
+                  buffers = buffers && tensors[k]->host_bytes() == before[k] && tensors[k]->same();
+                } else {
+                  buffers = buffers && tensors[k]->same_values(copy_type);
+                }
+              }
+              check(buffers, where + (skipped ? ": a buffer was written"
+                                              : ": the device buffers differ from the host's"));
+            }
+          }
+        }
+      }
+    }
   }
 }
 
 }  // namespace
 
 int main() {
-  if (detail::cuda_device_count() == 0) {
-    std::printf(
-        "SKIP: no CUDA device visible to this process; the gpu suite runs on a machine "
-        "with a GPU (scripts/device-check)\n");
-    return 77;
-  }
+  if (gpu_test::no_device()) return gpu_test::kSkip;
   // Awkward sizes, every gradient type and storage, each layout.
   const std::vector<std::size_t> sizes = {0, 1, 7, 1000, 65537, 200003};
   std::vector<Spec> mixed;
@@ -283,7 +406,11 @@ int main() {
            {5, Storage::fp32, DType::bf16, Layout::aligned}},
           DType::bf16);
   // Non-finite gradients in one tensor: reported, and the step applied as on the host.
-  compare("an inf gradient in tensor 2", mixed, DType::bf16, 2);
+  compare("an inf gradient in tensor 11 (1000 elements, remainders, f16 gradients)", mixed,
+          DType::bf16, 11);
+  // Non-finite gradients in every gradient type, in both forms, with and
+  // without skip_nonfinite: the host call's result and buffers.
+  nonfinite();
 
   // Tensors in different memories: an error naming them, nothing changed.
   {
@@ -307,6 +434,5 @@ int main() {
     check(named, "tensors in different memories: WrongDevice naming them");
     check(a.same() && b.same(), "tensors in different memories: nothing changed");
   }
-  std::printf("gpu multi-tensor: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return gpu_test::finish("gpu multi-tensor");
 }

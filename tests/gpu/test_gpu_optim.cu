@@ -6,15 +6,13 @@
 // (exit 77) without a device.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "common/device.hpp"
+#include "gpu_test.hpp"
 #include "kernels/adagrad.hpp"
 #include "kernels/lamb.hpp"
 #include "kernels/lion.hpp"
@@ -23,65 +21,12 @@
 #include "shardopt/shardopt.hpp"
 
 using namespace shardopt;
-
-namespace {
-
-int g_failed = 0;
-int g_passed = 0;
-
-void check(bool ok, const std::string& what) {
-  (ok ? g_passed : g_failed)++;
-  if (!ok) std::printf("FAILED: %s\n", what.c_str());
-}
-
-// Where device copies start in their allocations, in elements: 0 aligned.
-std::size_t g_shift = 0;
-
-// A host buffer and its device copy, `shift` elements into its allocation.
-template <class T>
-struct Mirror {
-  std::vector<T> host;
-  T* base = nullptr;
-  T* dev = nullptr;
-  explicit Mirror(std::vector<T> h, std::size_t shift = g_shift) : host(std::move(h)) {
-    cudaMalloc(&base, (host.size() + 4) * sizeof(T));
-    dev = base + shift;
-    cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Mirror() { cudaFree(base); }
-  Mirror(const Mirror&) = delete;
-  Mirror& operator=(const Mirror&) = delete;
-  // The device copy equals the host copy bitwise.
-  bool same() const {
-    std::vector<T> back(host.size());
-    cudaMemcpy(back.data(), dev, host.size() * sizeof(T), cudaMemcpyDeviceToHost);
-    return std::memcmp(back.data(), host.data(), host.size() * sizeof(T)) == 0;
-  }
-};
-
-std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<std::uint16_t> grads16(const std::vector<float>& g, DType t) {
-  std::vector<std::uint16_t> h(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i)
-    h[i] = t == DType::bf16 ? bf16_from_float(g[i]).bits : f16_from_float(g[i]).bits;
-  return h;
-}
-
-}  // namespace
+using gpu_test::check;
+using gpu_test::Mirror;
+using gpu_test::uniform;
 
 int main() {
-  if (detail::cuda_device_count() == 0) {
-    std::printf(
-        "SKIP: no CUDA device visible to this process; the gpu suite runs on a machine "
-        "with a GPU (scripts/device-check)\n");
-    return 77;
-  }
+  if (gpu_test::no_device()) return gpu_test::kSkip;
   std::mt19937 rng(17);
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537},
                         (std::size_t{1} << 22) + 5}) {
@@ -90,9 +35,9 @@ int main() {
     // gradients alone one element in.
     for (int layout = 0; layout < 3; ++layout)
       for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
-        g_shift = layout == 1 ? 1 : 0;
+        const std::size_t shift = layout == 1 ? 1 : 0;
         Mirror<float> g32(g, layout == 0 ? 0 : 1);
-        Mirror<std::uint16_t> g16(grads16(g, gt), layout == 0 ? 0 : 1);
+        Mirror<std::uint16_t> g16(gpu_test::to_16(g, gt), layout == 0 ? 0 : 1);
         const void* hg = gt == DType::f32 ? static_cast<const void*>(g32.host.data())
                                           : static_cast<const void*>(g16.host.data());
         const void* dg = gt == DType::f32 ? static_cast<const void*>(g32.dev)
@@ -106,8 +51,9 @@ int main() {
                                       std::to_string(out) + " mode " + std::to_string(mode);
             const bool maximize = (mode + out) % 2 == 1;
             {  // SGD, steps 1 and 2
-              Mirror<float> p(uniform(n, rng, -1, 1)), buf(uniform(n, rng, -0.1f, 0.1f));
-              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              Mirror<float> p(uniform(n, rng, -1, 1), shift),
+                  buf(uniform(n, rng, -0.1f, 0.1f), shift);
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const bool mom = mode & 1;
               for (std::int64_t step : {1, 2}) {
                 const auto s =
@@ -125,8 +71,8 @@ int main() {
               check(p.same() && buf.same() && o.same(), "SGD " + where);
             }
             if (mode < 2) {  // Adagrad
-              Mirror<float> p(uniform(n, rng, -1, 1)), sum(uniform(n, rng, 0, 0.1f));
-              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              Mirror<float> p(uniform(n, rng, -1, 1), shift), sum(uniform(n, rng, 0, 0.1f), shift);
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
                                                            maximize, 3, grad_mul);
               kernels::AdagradBuffers b{
@@ -140,8 +86,9 @@ int main() {
               check(p.same() && sum.same() && o.same(), "Adagrad " + where);
             }
             if (mode < 2) {  // Lion
-              Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f));
-              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              Mirror<float> p(uniform(n, rng, -1, 1), shift),
+                  m(uniform(n, rng, -0.1f, 0.1f), shift);
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const auto s =
                   kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
               kernels::LionBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
@@ -155,9 +102,10 @@ int main() {
               check(p.same() && m.same() && o.same(), "Lion " + where);
             }
             if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
-              Mirror<float> p(uniform(n, rng, -1, 1)), m(uniform(n, rng, -0.1f, 0.1f)),
-                  v(uniform(n, rng, 0, 0.01f)), r(std::vector<float>(n, 0.0f));
-              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              Mirror<float> p(uniform(n, rng, -1, 1), shift),
+                  m(uniform(n, rng, -0.1f, 0.1f), shift), v(uniform(n, rng, 0, 0.01f), shift),
+                  r(std::vector<float>(n, 0.0f), shift);
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const auto s = kernels::make_lamb_scalars(0.9, 0.999, 1e-6, mode ? 0.01 : 0.0,
                                                         maximize, 3, grad_mul);
               kernels::LambBuffers b{p.host.data(), hg, gt, m.host.data(), v.host.data(),
@@ -182,9 +130,9 @@ int main() {
               check(p.same() && m.same() && v.same() && r.same() && o.same(), "LAMB " + where);
             }
             {  // RMSprop
-              Mirror<float> p(uniform(n, rng, -1, 1)), sq(uniform(n, rng, 0.5f, 1)),
-                  ga(uniform(n, rng, -0.1f, 0.1f)), buf(uniform(n, rng, -0.1f, 0.1f));
-              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0));
+              Mirror<float> p(uniform(n, rng, -1, 1), shift), sq(uniform(n, rng, 0.5f, 1), shift),
+                  ga(uniform(n, rng, -0.1f, 0.1f), shift), buf(uniform(n, rng, -0.1f, 0.1f), shift);
+              Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const bool centered = mode & 1, mom = mode & 2;
               const auto s =
                   kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
@@ -211,7 +159,6 @@ int main() {
   }
   // Through the functional API: device buffers run on the device, and agree
   // with the host step.
-  g_shift = 0;
   const std::size_t n = 4097;
   std::mt19937 rng2(5);
   const std::vector<float> g = uniform(n, rng2, -1, 1);
@@ -259,7 +206,7 @@ int main() {
       std::vector<bfloat16> hi0(rn);
       std::vector<std::uint16_t> rem0(rn);
       functional::encode_param_remainders(master, hi0, rem0);
-      Mirror<std::uint16_t> rg(grads16(uniform(rn, rng2, -1, 1), gt));
+      Mirror<std::uint16_t> rg(gpu_test::to_16(uniform(rn, rng2, -1, 1), gt));
       const functional::GradView hgv(rg.host.data(), rn, gt), dgv(rg.dev, rn, gt);
       for (int opt = 0; opt < 7; ++opt) {
         Mirror<bfloat16> hi(hi0);
@@ -305,7 +252,5 @@ int main() {
       }
     }
   }
-  std::printf("gpu optim (SGD, Adagrad, RMSprop, Lion, LAMB): %d passed, %d failed\n", g_passed,
-              g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return gpu_test::finish("gpu optim (SGD, Adagrad, RMSprop, Lion, LAMB)");
 }
