@@ -52,6 +52,7 @@ unsigned g_watchdog_seconds = kDefaultWatchdogSeconds;
 // watchdog's message reaches the console (and CI's log) from every rank.
 int g_console_fd = STDERR_FILENO;
 std::unique_ptr<shardopt::Communicator> g_world;
+std::unique_ptr<shardopt::Communicator> g_verdicts;
 
 // ------------------------------------------------------------- watchdog
 
@@ -208,6 +209,13 @@ Communicator& world() {
   return *g_world;
 }
 
+Communicator& verdicts() {
+  if (!g_verdicts) {
+    throw std::logic_error("shardopt::test::verdicts() used before MPI_Init or after MPI_Finalize");
+  }
+  return *g_verdicts;
+}
+
 }  // namespace shardopt::test
 
 int main(int argc, char** argv) {
@@ -240,9 +248,13 @@ int main(int argc, char** argv) {
     ok = false;
   }
 
-  // The world communicator is created on every rank, or on none.
+  // The world communicator (and the verdicts' one) is created on every
+  // rank, or on none.
   try {
-    if (ok) g_world = std::make_unique<shardopt::Communicator>(MPI_COMM_WORLD);
+    if (ok) {
+      g_world = std::make_unique<shardopt::Communicator>(MPI_COMM_WORLD);
+      g_verdicts = std::make_unique<shardopt::Communicator>(MPI_COMM_WORLD);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "creating the world communicator failed: %s\n", e.what());
     ok = false;
@@ -296,6 +308,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  g_verdicts.reset();
   g_world.reset();
   MPI_Finalize();
   alarm(0);

@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardopt/agree.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
 
@@ -46,14 +47,14 @@ std::uint64_t test_seed() noexcept;
 // free or move a communicator create their own.
 Communicator& world();
 
+// A second Communicator over MPI_COMM_WORLD, the runner's own, for the
+// verdicts of the tests: their agreement never adds operations to world()
+// or to the communicators a test makes.
+Communicator& verdicts();
+
 // Collective over MPI_COMM_WORLD: true on every rank iff `local` is true on
-// every rank.
-inline bool all_ranks_true(bool local) {
-  int mine = local ? 1 : 0;
-  int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-  return all != 0;
-}
+// every rank (shardopt::all_ranks, tested in test_comm_agree.cpp).
+inline bool all_ranks_true(bool local) { return all_ranks(verdicts(), local); }
 
 // The splitmix64 finalizer: a good 64-bit mix, cheap enough to derive every
 // element of the test data from its coordinates.

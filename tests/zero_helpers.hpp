@@ -595,13 +595,9 @@ inline std::string compare_bits(const std::vector<std::uint32_t>& got,
   return s.str();
 }
 
-// Collective: true on every rank iff `s` is rank 0's string on every rank.
+// Collective: true on every rank iff every rank passed the same string.
 inline bool same_on_all_ranks(const std::string& s) {
-  unsigned long long len = s.size();
-  MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  std::string root = world_rank() == 0 ? s : std::string(static_cast<std::size_t>(len), '\0');
-  MPI_Bcast(root.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return all_ranks_true(root == s);
+  return shardopt::same_on_all_ranks(verdicts(), s);
 }
 
 // Collective: every rank's owned_ranges(), indexed by rank.

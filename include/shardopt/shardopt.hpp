@@ -1,6 +1,7 @@
 // shardopt: the C++ umbrella header. Includes the whole public C++ API.
 #pragma once
 
+#include "shardopt/agree.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/cast.hpp"
 #include "shardopt/checkpoint.hpp"

@@ -1,15 +1,14 @@
 // shardopt CPU kernels (internal): the vector units the CPU kernels are
 // compiled for (AVX-512, AVX2 with FMA and F16C, the x86-64 baseline) and
-// the run-time choice among them: one binary for every node type. Included
-// by .cpp files only.
+// the run-time choice among them: one binary for every node type. The
+// detection itself is lib/common/cpu_features.hpp, shared with the
+// communicator. Included by .cpp files only.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
+#include "common/cpu_features.hpp"
 #include "shardopt/config.hpp"
 
 namespace shardopt::kernels::cpu::detail {
@@ -18,25 +17,9 @@ enum class Isa { baseline, avx2, avx512 };
 static_assert(static_cast<int>(Isa::avx512) == static_cast<int>(CpuIsa::avx512) &&
               static_cast<int>(Isa::avx2) == static_cast<int>(CpuIsa::avx2));
 
-#if defined(__x86_64__)
-// F16C (half-float conversions), from CPUID leaf 1: not every compiler's
-// __builtin_cpu_supports knows its name.
-inline bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-}
-#endif
-
+// The widest vector unit the CPU has (shardopt::detail::detect_cpu_isa).
 inline Isa detect_isa() {
-  __builtin_cpu_init();
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
-    return Isa::avx2;
-#endif
-  return Isa::baseline;
+  return static_cast<Isa>(static_cast<int>(::shardopt::detail::detect_cpu_isa()));
 }
 
 // A further cap on the vector unit, in-process (all by default): tests lower
@@ -47,12 +30,11 @@ inline std::atomic<Isa>& isa_limit() {
 }
 
 // The vector unit the kernels use: the widest the CPU has, capped by
-// SHARDOPT_CPU_ISA (read once) and by isa_limit().
+// SHARDOPT_CPU_ISA (read once; shardopt::detail::configured_cpu_isa) and by
+// isa_limit().
 inline Isa current_isa() {
-  static const Isa isa = [] {
-    const Isa cap = static_cast<Isa>(static_cast<int>(settings().cpu_isa));
-    return std::min(detect_isa(), cap);
-  }();
+  static const Isa isa =
+      static_cast<Isa>(static_cast<int>(::shardopt::detail::configured_cpu_isa()));
   return std::min(isa, isa_limit().load(std::memory_order_relaxed));
 }
 

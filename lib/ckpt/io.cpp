@@ -31,14 +31,13 @@
 #include <vector>
 
 #include "ckpt/format.hpp"
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "shardopt/checkpoint.hpp"
-#include "zero/agree.hpp"
 
 namespace shardopt::ckpt {
 namespace {
 
-using shardopt::detail::agree_or_throw;
 using shardopt::detail::throw_error;
 
 // Blocks of a file view are at most this long (MPI counts are ints).

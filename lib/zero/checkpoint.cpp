@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "ckpt/format.hpp"
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "shardopt/cast.hpp"
 #include "shardopt/version.hpp"
-#include "zero/agree.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {

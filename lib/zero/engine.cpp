@@ -14,10 +14,10 @@
 #include <cstring>
 #include <string>
 
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "common/watchdog.hpp"
-#include "zero/agree.hpp"
 #include "zero/convert.hpp"
 
 namespace shardopt::detail {

@@ -9,11 +9,11 @@
 #include <set>
 #include <sstream>
 
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
 #include "common/settings.hpp"
 #include "shardopt/cast.hpp"
-#include "zero/agree.hpp"
 #include "zero/engine.hpp"
 #include "zero/optimizer_config.hpp"
 

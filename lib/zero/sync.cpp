@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "shardopt/cast.hpp"
-#include "zero/agree.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {

@@ -9,12 +9,12 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "kernels/lamb.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
-#include "zero/agree.hpp"
 #include "zero/convert.hpp"
 #include "zero/engine.hpp"
 

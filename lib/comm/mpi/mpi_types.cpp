@@ -8,8 +8,8 @@
 #endif
 
 #include "common/check.hpp"
+#include "common/cpu_features.hpp"
 #include "common/mpi_lifetime.hpp"
-#include "kernels/cpu/isa.hpp"
 
 namespace shardopt::detail {
 
@@ -102,8 +102,9 @@ SHARDOPT_AVX2 int combine_avx2(const bfloat16* a, bfloat16* b, int len, F f) {
 
 bool have_avx2() {
   // The kernels' detection: AVX2 with FMA and F16C (this code needs no FMA,
-  // but no CPU has AVX2 and F16C without it).
-  static const bool yes = kernels::cpu::detail::detect_isa() >= kernels::cpu::detail::Isa::avx2;
+  // but no CPU has AVX2 and F16C without it). SHARDOPT_CPU_ISA does not
+  // apply: it caps the optimizer kernels only.
+  static const bool yes = detect_cpu_isa() >= CpuIsa::avx2;
   return yes;
 }
 #endif

@@ -1,30 +1,32 @@
-// shardopt: agreement across ranks for the ZeRO engine (internal). Every
-// function here is collective over the communicator passed and returns the
-// same result on every rank, so that a check failing on one rank fails on
-// all of them, with the same message, instead of leaving the others waiting.
+// shardopt internal: agreement across ranks. The public part
+// (include/shardopt/agree.hpp: agree_or_throw, all_ranks, any_rank,
+// max/min_over_ranks, same_on_all_ranks) and the tools below, on which every
+// cross-rank check of the library is built (the ZeRO layout, checkpoints).
+// Every function here is collective over the communicator passed and
+// returns the same result on every rank, so that a check failing on one rank
+// fails on all of them, with the same message, instead of leaving the others
+// waiting.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "shardopt/agree.hpp"
 #include "shardopt/communicator.hpp"
-#include "shardopt/error.hpp"
 
 namespace shardopt::detail {
 
-// If any rank's local_error is non-empty, every rank throws an Error with
-// the first such rank's code, listing each distinct message with the ranks
-// that raised it ("on rank 1: ..."), and `hint`.
-void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCode code,
-                    const char* hint);
+// The size of the record each rank contributes to allgather_strings.
+inline constexpr std::size_t kAgreeRecordBytes = 4096;
 
 // A 64-bit hash of s (FNV-1a), as a signed value for the i64 collectives.
+// Local.
 std::int64_t fingerprint(const std::string& s);
 
 // Whether every rank passed the same values (vectors of equal length).
 bool all_equal(Communicator& comm, const std::vector<std::int64_t>& values);
-std::int64_t min_over_ranks(Communicator& comm, std::int64_t value);
 // The first index whose value differs between ranks, or -1.
 std::int64_t first_unequal(Communicator& comm, const std::vector<std::int64_t>& values);
 
@@ -35,7 +37,8 @@ std::string first_difference(Communicator& comm, const std::string& desc, const 
 // The first non-empty string over ranks, in rank order ("" if none).
 std::string gather_first_nonempty(Communicator& comm, const std::string& s);
 
-// Every rank's string (each truncated to a few KiB), in rank order.
+// Every rank's string (each cut to kAgreeRecordBytes - 1 bytes), in rank
+// order.
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& s);
 
 }  // namespace shardopt::detail

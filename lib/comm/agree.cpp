@@ -1,5 +1,6 @@
-// shardopt: agreement across ranks for the ZeRO engine.
-#include "zero/agree.hpp"
+// shardopt: agreement across ranks (include/shardopt/agree.hpp and the
+// library's own tools, lib/comm/agree.hpp).
+#include "comm/agree.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -7,12 +8,15 @@
 
 #include "common/check.hpp"
 
-namespace shardopt::detail {
+namespace shardopt {
+
+namespace detail {
 
 namespace {
 
 // Strings travel as fixed-size records of 32-bit words.
-constexpr std::size_t kRecordBytes = 4096;
+constexpr std::size_t kRecordBytes = kAgreeRecordBytes;
+static_assert(kRecordBytes % 4 == 0);
 
 std::vector<std::string> lines(const std::string& s) {
   std::vector<std::string> out;
@@ -37,41 +41,6 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   return out;
 }
 
-void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCode code,
-                    const char* hint) {
-  std::int64_t failed = local_error.empty() ? 0 : 1;
-  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
-  if (failed == 0) return;
-  const std::string record = local_error.empty()
-                                 ? std::string()
-                                 : std::to_string(static_cast<int>(code)) + ":" + local_error;
-  const std::vector<std::string> all = allgather_strings(comm, record);
-  std::vector<std::pair<std::string, std::vector<int>>> distinct;
-  ErrorCode first_code = code;
-  bool have_code = false;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) continue;
-    const std::size_t colon = all[r].find(':');
-    if (!have_code) {
-      first_code = static_cast<ErrorCode>(std::stoi(all[r].substr(0, colon)));
-      have_code = true;
-    }
-    const std::string msg = all[r].substr(colon + 1);
-    auto it = std::find_if(distinct.begin(), distinct.end(),
-                           [&](const auto& d) { return d.first == msg; });
-    if (it == distinct.end())
-      distinct.push_back({msg, {static_cast<int>(r)}});
-    else
-      it->second.push_back(static_cast<int>(r));
-  }
-  std::string message;
-  for (const auto& [msg, ranks] : distinct) {
-    if (!message.empty()) message += "; ";
-    message += "on " + ranks_list(ranks) + ": " + msg;
-  }
-  throw_error(first_code, message, hint, __FILE__, __LINE__);
-}
-
 std::int64_t fingerprint(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) {
@@ -83,11 +52,6 @@ std::int64_t fingerprint(const std::string& s) {
 
 bool all_equal(Communicator& comm, const std::vector<std::int64_t>& values) {
   return first_unequal(comm, values) < 0;
-}
-
-std::int64_t min_over_ranks(Communicator& comm, std::int64_t value) {
-  comm.allreduce(&value, &value, 1, DType::i64, ReduceOp::min);
-  return value;
 }
 
 std::int64_t first_unequal(Communicator& comm, const std::vector<std::int64_t>& values) {
@@ -140,4 +104,81 @@ std::string gather_first_nonempty(Communicator& comm, const std::string& s) {
   return {};
 }
 
-}  // namespace shardopt::detail
+}  // namespace detail
+
+void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCode code,
+                    const std::string& hint) {
+  std::int64_t failed = local_error.empty() ? 0 : 1;
+  comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
+  if (failed == 0) return;
+  const std::string record = local_error.empty()
+                                 ? std::string()
+                                 : std::to_string(static_cast<int>(code)) + ":" + local_error;
+  const std::vector<std::string> all = detail::allgather_strings(comm, record);
+  const std::vector<std::string> hints =
+      detail::allgather_strings(comm, local_error.empty() ? std::string() : hint);
+  std::vector<std::pair<std::string, std::vector<int>>> distinct;
+  ErrorCode first_code = code;
+  std::string first_hint = hint;
+  bool have_code = false;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    const std::size_t colon = all[r].find(':');
+    if (!have_code) {
+      first_code = static_cast<ErrorCode>(std::stoi(all[r].substr(0, colon)));
+      first_hint = hints[r];
+      have_code = true;
+    }
+    const std::string msg = all[r].substr(colon + 1);
+    auto it = std::find_if(distinct.begin(), distinct.end(),
+                           [&](const auto& d) { return d.first == msg; });
+    if (it == distinct.end())
+      distinct.push_back({msg, {static_cast<int>(r)}});
+    else
+      it->second.push_back(static_cast<int>(r));
+  }
+  std::string message;
+  for (const auto& [msg, ranks] : distinct) {
+    if (!message.empty()) message += "; ";
+    message += "on " + detail::ranks_list(ranks) + ": " + msg;
+  }
+  detail::throw_error(first_code, message, first_hint, __FILE__, __LINE__);
+}
+
+bool all_ranks(Communicator& comm, bool local) {
+  return min_over_ranks(comm, std::int64_t{local ? 1 : 0}) == 1;
+}
+
+bool any_rank(Communicator& comm, bool local) {
+  return max_over_ranks(comm, std::int64_t{local ? 1 : 0}) == 1;
+}
+
+double max_over_ranks(Communicator& comm, double value) {
+  comm.allreduce(&value, &value, 1, DType::f64, ReduceOp::max);
+  return value;
+}
+
+double min_over_ranks(Communicator& comm, double value) {
+  comm.allreduce(&value, &value, 1, DType::f64, ReduceOp::min);
+  return value;
+}
+
+std::int64_t max_over_ranks(Communicator& comm, std::int64_t value) {
+  comm.allreduce(&value, &value, 1, DType::i64, ReduceOp::max);
+  return value;
+}
+
+std::int64_t min_over_ranks(Communicator& comm, std::int64_t value) {
+  comm.allreduce(&value, &value, 1, DType::i64, ReduceOp::min);
+  return value;
+}
+
+bool same_on_all_ranks(Communicator& comm, std::uint64_t value) {
+  return detail::all_equal(comm, {static_cast<std::int64_t>(value)});
+}
+
+bool same_on_all_ranks(Communicator& comm, const std::string& s) {
+  return detail::all_equal(comm, {detail::fingerprint(s), static_cast<std::int64_t>(s.size())});
+}
+
+}  // namespace shardopt
