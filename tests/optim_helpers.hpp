@@ -61,14 +61,23 @@ struct Grads {
 };
 
 // True if f throws a shardopt::Error with `code`, a message containing
-// `needle` and a hint.
+// `needle` and a hint. A mismatch is described in the next assertion's
+// report (UNSCOPED_INFO: a scoped INFO would end with the catch block,
+// before the caller's CHECK).
 inline bool rejects(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
   try {
     f();
   } catch (const Error& e) {
-    INFO(e.what());
-    return e.code() == code && e.message().find(needle) != std::string::npos && !e.hint().empty();
+    const bool ok =
+        e.code() == code && e.message().find(needle) != std::string::npos && !e.hint().empty();
+    if (!ok) {
+      UNSCOPED_INFO("threw " << error_code_name(e.code()) << " \"" << e.what() << "\"; expected "
+                             << error_code_name(code) << " with \"" << needle
+                             << "\" in the message, and a hint");
+    }
+    return ok;
   }
+  UNSCOPED_INFO("no exception; expected " << error_code_name(code) << " with \"" << needle << "\"");
   return false;
 }
 

@@ -1,7 +1,14 @@
 // shardopt before MPI_Init, with an Environment, and after MPI_Finalize.
 // Runs as its own program (the state of MPI is what it tests), under mpirun
-// at 1 and 2 ranks; prints one line per check and "N passed, M failed".
+// at 1, 2 and 3 ranks; prints one line per check and "N passed, M failed".
+// The library's log goes to a file of its own (SHARDOPT_DEBUG_FILE), read
+// back to check the warning about objects that outlived MPI_Finalize.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,10 +41,24 @@ bool throws(F f, shardopt::ErrorCode code, const std::string& text) {
   return false;
 }
 
+// The lines of `path` that contain `text`.
+std::vector<std::string> lines_with(const std::filesystem::path& path, const std::string& text) {
+  std::vector<std::string> found;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(text) != std::string::npos) found.push_back(line);
+  return found;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using shardopt::ErrorCode;
+  // Before anything reads the settings.
+  const std::filesystem::path log = std::filesystem::temp_directory_path() /
+                                    ("shardopt-lifecycle-" + std::to_string(::getpid()) + ".log");
+  std::filesystem::remove(log);
+  ::setenv("SHARDOPT_DEBUG_FILE", log.c_str(), 1);
 
   check(!shardopt::mpi_is_initialized(), "MPI starts uninitialized");
   check(throws([] { shardopt::Communicator c(MPI_COMM_WORLD); }, ErrorCode::mpi_not_initialized,
@@ -62,6 +83,7 @@ int main(int argc, char** argv) {
   double x = comm->rank() + 1, sum = 0;
   comm->allreduce(&x, &sum, 1, shardopt::DType::f64, shardopt::ReduceOp::sum);
   const int n = comm->size();
+  const int rank = comm->rank();
   check(sum == n * (n + 1) / 2.0, "allreduce inside the Environment");
 
   // An optimizer whose communicator the application frees under it: a clear
@@ -98,12 +120,30 @@ int main(int argc, char** argv) {
         "a Communicator after MPI_Finalize is a clear error");
   check(throws([] { shardopt::Environment again; }, ErrorCode::mpi_finalized, "MPI_Finalize"),
         "an Environment after MPI_Finalize is a clear error");
-  check(throws([&] { late->step(); }, ErrorCode::mpi_finalized, "after MPI_Finalize"),
-        "an optimizer step after MPI_Finalize is a clear error");
+  // The optimizer's calls name themselves, not the collective inside them.
+  check(throws([&] { late->step(); }, ErrorCode::mpi_finalized,
+               "ZeroRedundancyOptimizer::step() called after MPI_Finalize"),
+        "an optimizer step after MPI_Finalize is a clear error naming step()");
+  check(throws([&] { late->check_sync(); }, ErrorCode::mpi_finalized,
+               "ZeroRedundancyOptimizer::check_sync() called after MPI_Finalize"),
+        "check_sync() after MPI_Finalize is a clear error naming check_sync()");
+  check(throws([&] { late->save("never-written.safetensors"); }, ErrorCode::mpi_finalized,
+               "ZeroRedundancyOptimizer::save() called after MPI_Finalize"),
+        "save() after MPI_Finalize is a clear error naming save()");
   late.reset();  // must not call MPI, must not throw
   check(true, "an optimizer destroyed after MPI_Finalize does not crash");
   comm.reset();  // must not call MPI, must not throw
   check(true, "a Communicator destroyed after MPI_Finalize does not crash");
+
+  // Two Communicators outlived MPI_Finalize (comm, and the one `late` kept
+  // for itself): one warning, logged with this process's rank.
+  const std::vector<std::string> warned = lines_with(log, "outlived MPI_Finalize");
+  check(warned.size() == 1, "one warning for the objects that outlived MPI_Finalize");
+  const std::string tag = " [" + std::to_string(rank) + "] SHARDOPT WARN ";
+  check(warned.size() == 1 && warned[0].find(tag) != std::string::npos,
+        "the warning names this process's rank");
+  for (const std::string& line : warned) std::printf("  logged: %s\n", line.c_str());
+  std::filesystem::remove(log);
 
   std::printf("lifecycle: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

@@ -4,7 +4,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,14 +16,10 @@
 using namespace shardopt;
 using kernels::AdamBuffers;
 using kernels::AdamScalars;
+using test::count_diff;
+using test::rejects;
 
 namespace {
-
-std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
 
 struct State {
   std::vector<float> p, m, v, vmax;
@@ -72,12 +67,6 @@ AdamBuffers buffers(State& s, DType grad_type, bool amsgrad, bool with_out, DTyp
   b.param_out_type = out_type;
   b.n = s.p.size();
   return b;
-}
-
-std::size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d += bits(a[i]) != bits(b[i]);
-  return d;
 }
 
 }  // namespace
@@ -194,20 +183,6 @@ TEST_CASE("Adam kernels flag non-finite gradients after grad_mul", "[optim][adam
   State fine = make_state(100, 7);
   CHECK(kernels::cpu::step<Adam>(buffers(fine, DType::f32, false, false, DType::bf16), s2));
 }
-
-namespace {
-
-bool rejects(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
-  try {
-    f();
-  } catch (const Error& e) {
-    INFO(e.what());
-    return e.code() == code && e.message().find(needle) != std::string::npos && !e.hint().empty();
-  }
-  return false;
-}
-
-}  // namespace
 
 TEST_CASE("functional adam/adamw: bad hyper-parameters and buffers are clear errors",
           "[optim][adam]") {

@@ -558,21 +558,47 @@ inline std::string fmt_float(float v) {
   return s.str();
 }
 
-// "" if `got` equals `want` (bitwise, or within tol), else where they first
-// differ and how many elements do.
+// Allowances on top of a Tolerance, element by element: for each state name
+// ("master" for the master weights), per parameter, per element, how far the
+// engine may be from the reference. A test derives them from what differs
+// between the two runs (test_zero_equivalence.cpp).
+using ElementBounds = std::map<std::string, std::vector<std::vector<double>>>;
+
+// The allowances of parameter i's state `name`, or null.
+inline const std::vector<double>* element_bounds(const ElementBounds* b, const std::string& name,
+                                                 std::size_t i) {
+  if (b == nullptr) return nullptr;
+  const auto it = b->find(name);
+  return it == b->end() || i >= it->second.size() ? nullptr : &it->second[i];
+}
+
+// How many elements of `got` are not `want`: bitwise when tol is and no
+// allowances are given, else |got - want| <= tol + extra[j]. `first` is the
+// first such element. got and want have the same size.
+inline std::size_t count_outside(const std::vector<float>& got, const std::vector<float>& want,
+                                 Tolerance tol, const std::vector<double>* extra = nullptr,
+                                 std::size_t* first = nullptr) {
+  std::size_t bad = 0;
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    const bool same = tol.bitwise() && extra == nullptr
+                          ? float_bits(got[j]) == float_bits(want[j])
+                          : std::fabs(static_cast<double>(got[j]) - want[j]) <=
+                                tol.abs + tol.rel * std::fabs(static_cast<double>(want[j])) +
+                                    (extra != nullptr ? extra->at(j) : 0.0);
+    if (!same && bad++ == 0 && first != nullptr) *first = j;
+  }
+  return bad;
+}
+
+// "" if `got` equals `want` (bitwise, or within tol plus extra[j]), else
+// where they first differ and how many elements do.
 inline std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want,
-                                  Tolerance tol) {
+                                  Tolerance tol, const std::vector<double>* extra = nullptr) {
   if (got.size() != want.size()) {
     return "size " + std::to_string(got.size()) + ", expected " + std::to_string(want.size());
   }
-  std::size_t bad = 0, first = 0;
-  for (std::size_t j = 0; j < got.size(); ++j) {
-    const bool same = tol.bitwise()
-                          ? float_bits(got[j]) == float_bits(want[j])
-                          : std::fabs(static_cast<double>(got[j]) - want[j]) <=
-                                tol.abs + tol.rel * std::fabs(static_cast<double>(want[j]));
-    if (!same && bad++ == 0) first = j;
-  }
+  std::size_t first = 0;
+  const std::size_t bad = count_outside(got, want, tol, extra, &first);
   if (bad == 0) return "";
   return std::to_string(bad) + " of " + std::to_string(got.size()) + " differ, first [" +
          std::to_string(first) + "]: " + fmt_float(got[first]) + ", expected " +
@@ -687,6 +713,10 @@ struct Run {
   // within this tolerance (16-bit parameters then within it plus one ulp).
   Tolerance tolerance{};
   std::optional<Tolerance> state_tolerance;  // of the gathered states; default `tolerance`
+  // Allowed on top of the tolerances, element by element ("master": the
+  // parameters after every step and the gathered masters; each state name:
+  // the gathered state). With bounds, nothing is compared bitwise.
+  std::shared_ptr<const ElementBounds> bounds;
   bool compare_reference = true;
   // Hooks, each on every rank (collectives allowed: every rank calls them
   // in the same order). before_step: before the step's gradients are
@@ -856,19 +886,20 @@ inline Outcome run_and_compare(const Run& run) {
     if (!run.compare_reference) continue;
     for (std::size_t i = 0; i < run.layout.size() && failure.empty(); ++i) {
       std::string d;
-      if (tol.bitwise()) {
+      if (tol.bitwise() && !run.bounds) {
         d = compare_bits(model.all_bits(i), ref.param_bits(i));
       } else {
         // The engine's parameters against the reference's master: the
         // 16-bit copy may round to either neighbour of a master that moved
         // within the tolerance.
         const std::vector<float> want = ref.master(i);
+        const std::vector<double>* extra = element_bounds(run.bounds.get(), "master", i);
         bool ok = true;
         std::size_t bad = 0;
         for (std::size_t j = 0; j < want.size(); ++j) {
           const float got = model.param(i, j);
-          const double allowed =
-              tol.abs + tol.rel * std::fabs(static_cast<double>(want[j])) + ulp16(dtype, want[j]);
+          const double allowed = tol.abs + tol.rel * std::fabs(static_cast<double>(want[j])) +
+                                 (extra != nullptr ? extra->at(j) : 0.0) + ulp16(dtype, want[j]);
           if (!(std::fabs(static_cast<double>(got) - want[j]) <= allowed)) {
             if (ok) {
               std::ostringstream w;
@@ -916,7 +947,8 @@ inline Outcome run_and_compare(const Run& run) {
           if (!run.compare_reference) continue;
           const std::vector<float> want = name == "master" ? ref.master(i) : ref.state(name, i);
           const Tolerance t = name == "master" ? tol : run.state_tolerance.value_or(tol);
-          const std::string d = compare_floats(per_param.back(), want, t);
+          const std::string d =
+              compare_floats(per_param.back(), want, t, element_bounds(run.bounds.get(), name, i));
           if (!d.empty()) fail("gather_state(\"" + name + "\", " + run.layout.names[i] + "): " + d);
         }
       }

@@ -3,6 +3,7 @@
 #include "shardopt/communicator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -164,9 +165,14 @@ Communicator::~Communicator() { release(); }
 void Communicator::release() noexcept {
   if (!backend_ || backend_->freed()) return;
   if (detail::mpi_finalize_started()) {
-    SHARDOPT_LOG(warn,
-                 "a Communicator outlived MPI_Finalize (MPI released it); destroy "
-                 "shardopt objects before MPI_Finalize");
+    // Once per process: every Communicator left (an optimizer holds one of
+    // its own besides the user's) would say the same.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      SHARDOPT_LOG(warn,
+                   "a Communicator outlived MPI_Finalize (MPI released it); destroy "
+                   "shardopt objects before MPI_Finalize");
+    }
     return;
   }
   try {

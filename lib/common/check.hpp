@@ -20,7 +20,7 @@ namespace shardopt::detail {
 // The text of an MPI error code ("MPI_ERR_TRUNCATE: message truncated").
 std::string mpi_error_string(int rc);
 
-// This process's rank in MPI_COMM_WORLD, or -1 when MPI is not running.
+// This process's rank in MPI_COMM_WORLD, -1 before MPI_Init (after MPI_Finalize: the one it had).
 int world_rank() noexcept;
 
 // "rank 3" or "ranks 0, 2", for messages that name ranks.

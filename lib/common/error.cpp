@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstring>
 #include <sstream>
 
@@ -92,13 +93,21 @@ Error::Error(ErrorCode code, std::string message, std::string hint, const char* 
 
 namespace detail {
 
+namespace {
+// The rank last read while MPI ran: still this process's rank after
+// MPI_Finalize, when MPI can no longer be asked.
+std::atomic<int> g_last_world_rank{-1};
+}  // namespace
+
 int world_rank() noexcept {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (!init || fin) return -1;
+  if (!init) return -1;
+  if (fin) return g_last_world_rank.load(std::memory_order_relaxed);
   int r = -1;
   if (MPI_Comm_rank(MPI_COMM_WORLD, &r) != MPI_SUCCESS) return -1;
+  g_last_world_rank.store(r, std::memory_order_relaxed);
   return r;
 }
 

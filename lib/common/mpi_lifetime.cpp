@@ -20,6 +20,9 @@ std::mutex g_mutex;
 std::vector<std::function<void()>> g_callbacks;
 
 int on_finalize(MPI_Comm, int, void*, void*) {
+  // MPI still runs here: remember the rank, for what is logged or raised
+  // after MPI_Finalize.
+  world_rank();
   g_finalize_started.store(true);
   std::vector<std::function<void()>> callbacks;
   {

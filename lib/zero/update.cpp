@@ -12,6 +12,7 @@
 #include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
+#include "common/mpi_lifetime.hpp"
 #include "kernels/lamb.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
@@ -265,6 +266,16 @@ void ZeroEngine::end_step() {
 }
 
 void ZeroEngine::require_comm(const char* what) const {
+  // Checked here, before any collective, so that the error names the
+  // user's call rather than the first Communicator operation inside it.
+  if (mpi_finalize_started()) [[unlikely]] {
+    throw_error(ErrorCode::mpi_finalized,
+                std::string("ZeroRedundancyOptimizer::") + what + " called after MPI_Finalize",
+                "finish every optimizer call before MPI_Finalize, and destroy the optimizer "
+                "before it (keep it in a scope that ends first, or declare a "
+                "shardopt::Environment before it)",
+                __FILE__, __LINE__);
+  }
   if (!comm_.is_freed()) return;
   throw_error(ErrorCode::invalid_state,
               std::string(what) +
