@@ -13,6 +13,7 @@ mpiexec=$1
 program=$2
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require pgrep:procps pkill:procps
 
 steps=200
 # The default model (606,724 parameters): a few ms a step, so the kill

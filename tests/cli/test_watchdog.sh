@@ -20,6 +20,7 @@ mpiexec=$1
 program=$2
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require pgrep:procps pkill:procps
 timeout_s=3
 
 # Kills and reports the job's processes still running (by MODE and RANK on
