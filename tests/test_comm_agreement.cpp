@@ -109,7 +109,17 @@ TEST_CASE("ranks that pass different counts, types, ops or roots are told so",
 
 TEST_CASE("ranks that call different operations get a desync error", "[comm][agreement]") {
   Communicator c = checked_comm();
-  if (c.size() < 2) return;
+  if (c.size() < 2) {
+    // One rank cannot disagree with itself: the same calls, checked, run.
+    std::vector<float> a(8, 1.0f), b(8, 0.0f);
+    CHECK(no_throw([&] {
+      c.allgather(a.data(), b.data(), 8, DType::f32);
+      c.barrier();
+      c.barrier();
+    }));
+    CHECK(b == a);
+    return;
+  }
   const bool odd = is_odd_rank(c);
   const int last = c.size() - 1;
   std::vector<float> a(8 * static_cast<std::size_t>(c.size()), 1.0f), b(a.size());
