@@ -6,8 +6,10 @@
 #include <cctype>
 #include <cmath>
 #include <set>
+#include <span>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "shardopt/error.hpp"
 #include "shardopt/optim.hpp"
@@ -105,4 +107,24 @@ TEST_CASE("each field's range check rejects a value outside it, naming the field
       CHECK_NOTHROW(functional::check_options(O{}));
     });
   });
+}
+
+TEST_CASE("the generic step wants one state span per slot, and says which", "[unit][optimizers]") {
+  std::vector<float> p(4, 0.5f), g(4, 0.25f), m(4), v(4);
+  const std::span<float> one[] = {m};
+  bool rejected = false;
+  try {
+    functional::step(functional::ParamView(p), functional::GradView(g), one, 1, Adam{});
+  } catch (const InvalidArgument& e) {
+    UNSCOPED_INFO(e.what());
+    rejected = std::string(e.what()).find(
+                   "got 1 state buffer(s); Adam has 3: exp_avg, exp_avg_sq, max_exp_avg_sq") !=
+               std::string::npos;
+  }
+  CHECK(rejected);
+  CHECK(p == std::vector<float>(4, 0.5f));  // nothing written
+  const std::span<float> all[] = {m, v, {}};
+  CHECK(
+      functional::step(functional::ParamView(p), functional::GradView(g), all, 1, Adam{}).applied);
+  CHECK(p[0] != 0.5f);
 }

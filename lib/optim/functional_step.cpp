@@ -36,8 +36,9 @@ std::string plural(const char* label) {
 // The state spans must be one per slot, in the descriptor's order.
 template <class O>
 void check_state_count(const O& o, std::size_t got) {
+  // Every step passes here: no allocation unless the count is wrong.
+  if (got == static_cast<std::size_t>(slot_count<O>())) return;
   const std::vector<Slot> slots = slots_of(o);
-  if (got == slots.size()) return;
   std::string names;
   for (const Slot& s : slots) names += (names.empty() ? "" : ", ") + std::string(s.name);
   detail::bad_buffer(O::name,
