@@ -10,10 +10,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
-#include "kernels/dispatch.hpp"
-#include "kernels/element.hpp"
+#include "kernels/element_loop.hpp"
 #include "kernels/optimizer.hpp"
 #include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
@@ -63,73 +61,29 @@ SHARDOPT_HOST_DEVICE inline bool adagrad_element(float& p, float g, float& sum,
 // The buffers of one Adagrad step over n elements: StepBuffers'
 // (kernels/element.hpp) and
 //   sum:       the sum of squared gradients, read and written
-struct AdagradBuffers : StepBuffers {
+struct AdagradBuffers : StateBuffers<AdagradBuffers> {
   float* sum = nullptr;
 
-  // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included: StepBuffers' and the states.
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
-    each_step_buffer(f, [&] { f(sum, 4, Access::read_write); });
+  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+    f(sum);
   }
 };
 
-}  // namespace shardopt::kernels
-
-namespace shardopt::kernels::detail {
-
-template <class G, class P, bool Wd>
-struct AdagradLoop {
-  // The gradient type and parameter storage, and the same loop over others
-  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
-  using Grad = G;
-  using Storage = P;
-  template <class G2, class P2>
-  using Rebind = AdagradLoop<G2, P2, Wd>;
-  // Updates [begin, end); returns true if every gradient there was finite.
-  [[gnu::always_inline]] static inline bool range(const AdagradBuffers& b, const AdagradScalars& s,
-                                                  std::size_t begin, std::size_t end) {
-    float* __restrict p = b.param;
-    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
-    std::uint16_t* __restrict rem = b.remainder;
-    const G* __restrict g = static_cast<const G*>(b.grad);
-    float* __restrict sum = b.sum;
-    return for_range<force_simd<G, P>>(
-        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
-          float pi = P::load(p, copy, rem, i);
-          const bool finite = adagrad_element<Wd>(pi, load_grad(g, i), sum[i], s);
-          P::store(p, copy, rem, i, pi);
-          return finite;
-        });
-  }
-  SHARDOPT_HOST_DEVICE static bool apply(const AdagradBuffers& b, const AdagradScalars& s,
-                                         std::size_t i) {
-    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
-    float p = P::load(b.param, copy, b.remainder, i);
-    float sum = b.sum[i];
-    const bool finite = adagrad_element<Wd>(p, load_grad(static_cast<const G*>(b.grad), i), sum, s);
-    P::store(b.param, copy, b.remainder, i, p);
-    b.sum[i] = sum;
-    return finite;
+// One element of an Adagrad step, with or without weight decay
+// (kernels/element_loop.hpp).
+template <bool Wd>
+struct AdagradStep {
+  using Buffers = AdagradBuffers;
+  using Scalars = AdagradScalars;
+  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
+                                         const Scalars& s) {
+    return adagrad_element<Wd>(p, g, b.sum[i], s);
   }
 };
-
-// Calls f.template operator()<AdagradLoop<...>>() for the step's types and modes.
-template <class F>
-bool dispatch_adagrad(const AdagradBuffers& b, const AdagradScalars& s, F&& f) {
-  return dispatch_types(
-      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
-        return with_flags([&]<bool Wd>() { return f.template operator()<AdagradLoop<G, P, Wd>>(); },
-                          s.weight_decay != 0.0f);
-      });
-}
-
-}  // namespace shardopt::kernels::detail
-
-namespace shardopt::kernels {
 
 template <>
-struct Kernel<Adagrad> {
+struct Kernel<Adagrad> : ElementKernel<Kernel<Adagrad>> {
   using Family = Adagrad;
   using Buffers = AdagradBuffers;
   using Scalars = AdagradScalars;
@@ -137,10 +91,10 @@ struct Kernel<Adagrad> {
     return make_adagrad_scalars(o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize, step,
                                 grad_mul);
   }
-  static void set_states(Buffers& b, float* const* states) { b.sum = states[0]; }
   template <class F>
-  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
-    return detail::dispatch_adagrad(b, s, f);
+  static bool modes(const Scalars& s, F&& f) {
+    return detail::with_flags([&]<bool Wd>() { return f.template operator()<AdagradStep<Wd>>(); },
+                              s.weight_decay != 0.0f);
   }
 };
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "kernels/element.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 
@@ -39,36 +40,12 @@ SHARDOPT_HOST_DEVICE inline Dst cast_element(Src x) {
 }
 
 namespace detail {
-// Calls f(p) with p typed for t (float, bfloat16 or float16; t satisfies
-// is_cast_type), for a source and for a destination.
-template <class F>
-inline void with_cast_type(const void* p, DType t, F&& f) {
-  switch (t) {
-    case DType::bf16:
-      return f(static_cast<const bfloat16*>(p));
-    case DType::f16:
-      return f(static_cast<const float16*>(p));
-    default:
-      return f(static_cast<const float*>(p));
-  }
-}
-template <class F>
-inline void with_cast_type(void* p, DType t, F&& f) {
-  switch (t) {
-    case DType::bf16:
-      return f(static_cast<bfloat16*>(p));
-    case DType::f16:
-      return f(static_cast<float16*>(p));
-    default:
-      return f(static_cast<float*>(p));
-  }
-}
-
 // Calls f(src, dst) with both pointers typed.
 template <class F>
 inline void with_cast_types(const void* src, DType src_type, void* dst, DType dst_type, F&& f) {
-  with_cast_type(src, src_type,
-                 [&](const auto* s) { with_cast_type(dst, dst_type, [&](auto* d) { f(s, d); }); });
+  with_float_type(src, src_type, [&](const auto* s) {
+    with_float_type(dst, dst_type, [&](auto* d) { f(s, d); });
+  });
 }
 }  // namespace detail
 

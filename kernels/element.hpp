@@ -63,6 +63,24 @@ struct StepBuffers {
   }
 };
 
+// Calls f(q) with q the pointer p typed for t: float, bfloat16 or float16
+// (f32, bf16 or f16; any other type as float), const when p is.
+template <class V, class F>
+SHARDOPT_HOST_DEVICE inline decltype(auto) with_float_type(V* p, DType t, F&& f) {
+  static_assert(std::is_void_v<V>, "with_float_type takes an untyped pointer");
+  using Bf16 = std::conditional_t<std::is_const_v<V>, const bfloat16, bfloat16>;
+  using F16 = std::conditional_t<std::is_const_v<V>, const float16, float16>;
+  using F32 = std::conditional_t<std::is_const_v<V>, const float, float>;
+  switch (t) {
+    case DType::bf16:
+      return f(static_cast<Bf16*>(p));
+    case DType::f16:
+      return f(static_cast<F16*>(p));
+    default:
+      return f(static_cast<F32*>(p));
+  }
+}
+
 // Converts a stored gradient to float.
 SHARDOPT_HOST_DEVICE inline float load_grad(const float* g, std::size_t i) { return g[i]; }
 SHARDOPT_HOST_DEVICE inline float load_grad(const bfloat16* g, std::size_t i) {

@@ -22,21 +22,6 @@ SHARDOPT_HOST_DEVICE inline bool scaled_finite(float g, float grad_mul) {
   return is_finite_bits(g * grad_mul);
 }
 
-namespace detail {
-// Calls f(p) with p the typed gradient pointer for t (f32, bf16 or f16).
-template <class F>
-inline bool with_grad_type(const void* g, DType t, F&& f) {
-  switch (t) {
-    case DType::bf16:
-      return f(static_cast<const bfloat16*>(g));
-    case DType::f16:
-      return f(static_cast<const float16*>(g));
-    default:
-      return f(static_cast<const float*>(g));
-  }
-}
-}  // namespace detail
-
 // Each returns true if scaled_finite(grad[i], grad_mul) for every i < n
 // (true for n == 0). grad_type is f32, bf16 or f16; grad_mul is the step's
 // multiplier already rounded to float, as make_adam_scalars and the others

@@ -21,6 +21,7 @@
 #include <span>
 
 #include "kernels/element.hpp"
+#include "kernels/moments.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/types.hpp"
 
@@ -28,32 +29,23 @@ namespace shardopt::kernels {
 
 inline constexpr std::size_t kLambNormBlock = 2048;
 
-struct LambScalars {
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
+// The scalars of one step: the moments' (kernels/moments.hpp; weight decay
+// enters the direction, r += weight_decay * p, so wd_mode is none) and
+struct LambScalars : MomentScalars {
   float bias_correction1;       // 1 - beta1^step
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
-  float eps;
-  float weight_decay;  // added to the direction: r += weight_decay * p
-  float grad_sign;     // -1 when maximizing, else 1
-  float grad_mul;      // applied to the gradient first: 1 / loss_scale * clip_coef
 };
 
 // step is the count after this step (1 for the first).
 inline LambScalars make_lamb_scalars(double beta1, double beta2, double eps, double weight_decay,
                                      bool maximize, std::int64_t step, double grad_mul) {
   LambScalars s{};
-  s.beta1 = static_cast<float>(beta1);
-  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  s.beta2 = static_cast<float>(beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  static_cast<MomentScalars&>(s) =
+      make_moment_scalars(0.0, {beta1, beta2}, eps, weight_decay, false, maximize, grad_mul);
+  s.wd_mode = WeightDecay::none;
   s.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
   s.bias_correction2_sqrt =
       static_cast<float>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
-  s.eps = static_cast<float>(eps);
-  s.weight_decay = static_cast<float>(weight_decay);
-  s.grad_sign = maximize ? -1.0f : 1.0f;
-  s.grad_mul = static_cast<float>(grad_mul);
   return s;
 }
 
@@ -61,11 +53,7 @@ inline LambScalars make_lamb_scalars(double beta1, double beta2, double eps, dou
 // only read. Returns whether the gradient (after grad_mul) is finite.
 SHARDOPT_HOST_DEVICE inline bool lamb_direction_element(float p, float g, float& m, float& v,
                                                         float& r, const LambScalars& s) {
-  g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
-  g = g * s.grad_sign;
-  m = fmaf(s.one_minus_beta1, g, m * s.beta1);      // m * b1 + (1 - b1) * g
-  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);  // v * b2 + (1 - b2) * g * g
+  const bool finite = update_moments<WeightDecay::none>(p, g, m, v, s);
   const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
   r = fmaf(s.weight_decay, p, (m / s.bias_correction1) / denom);  // m_hat / denom + wd * p
   return finite;

@@ -11,10 +11,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
-#include "kernels/dispatch.hpp"
-#include "kernels/element.hpp"
+#include "kernels/element_loop.hpp"
 #include "kernels/optimizer.hpp"
 #include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
@@ -62,71 +60,27 @@ SHARDOPT_HOST_DEVICE inline bool lion_element(float& p, float g, float& m, const
 // The buffers of one Lion step over n elements: StepBuffers'
 // (kernels/element.hpp) and
 //   exp_avg:   the momentum, read and written
-struct LionBuffers : StepBuffers {
+struct LionBuffers : StateBuffers<LionBuffers> {
   float* exp_avg = nullptr;
 
-  // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included: StepBuffers' and the states.
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
-    each_step_buffer(f, [&] { f(exp_avg, 4, Access::read_write); });
+  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+    f(exp_avg);
   }
 };
 
-}  // namespace shardopt::kernels
-
-namespace shardopt::kernels::detail {
-
-template <class G, class P>
-struct LionLoop {
-  // The gradient type and parameter storage, and the same loop over others
-  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
-  using Grad = G;
-  using Storage = P;
-  template <class G2, class P2>
-  using Rebind = LionLoop<G2, P2>;
-  // Updates [begin, end); returns true if every gradient there was finite.
-  [[gnu::always_inline]] static inline bool range(const LionBuffers& b, const LionScalars& s,
-                                                  std::size_t begin, std::size_t end) {
-    float* __restrict p = b.param;
-    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
-    std::uint16_t* __restrict rem = b.remainder;
-    const G* __restrict g = static_cast<const G*>(b.grad);
-    float* __restrict m = b.exp_avg;
-    return for_range<force_simd<G, P>>(
-        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
-          float pi = P::load(p, copy, rem, i);
-          const bool finite = lion_element(pi, load_grad(g, i), m[i], s);
-          P::store(p, copy, rem, i, pi);
-          return finite;
-        });
-  }
-  SHARDOPT_HOST_DEVICE static bool apply(const LionBuffers& b, const LionScalars& s,
-                                         std::size_t i) {
-    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
-    float p = P::load(b.param, copy, b.remainder, i);
-    float m = b.exp_avg[i];
-    const bool finite = lion_element(p, load_grad(static_cast<const G*>(b.grad), i), m, s);
-    P::store(b.param, copy, b.remainder, i, p);
-    b.exp_avg[i] = m;
-    return finite;
+// One element of a Lion step (kernels/element_loop.hpp).
+struct LionStep {
+  using Buffers = LionBuffers;
+  using Scalars = LionScalars;
+  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
+                                         const Scalars& s) {
+    return lion_element(p, g, b.exp_avg[i], s);
   }
 };
-
-// Calls f.template operator()<LionLoop<...>>() for the step's types.
-template <class F>
-bool dispatch_lion(const LionBuffers& b, const LionScalars&, F&& f) {
-  return dispatch_types(
-      b.grad_type, b.param_out, b.param_out_type, b.remainder,
-      [&]<class G, class P>() { return f.template operator()<LionLoop<G, P>>(); });
-}
-
-}  // namespace shardopt::kernels::detail
-
-namespace shardopt::kernels {
 
 template <>
-struct Kernel<Lion> {
+struct Kernel<Lion> : ElementKernel<Kernel<Lion>> {
   using Family = Lion;
   using Buffers = LionBuffers;
   using Scalars = LionScalars;
@@ -134,10 +88,9 @@ struct Kernel<Lion> {
     return make_lion_scalars(o.lr, o.betas.first, o.betas.second, o.weight_decay, o.maximize,
                              grad_mul);
   }
-  static void set_states(Buffers& b, float* const* states) { b.exp_avg = states[0]; }
   template <class F>
-  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
-    return detail::dispatch_lion(b, s, f);
+  static bool modes(const Scalars&, F&& f) {
+    return f.template operator()<LionStep>();
   }
 };
 

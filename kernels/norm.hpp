@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/element.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 
@@ -125,19 +126,6 @@ SHARDOPT_HOST_DEVICE inline double block_sum_squares(const T* x, std::size_t n, 
   const std::size_t begin = b * kNormBlock;
   const std::size_t end = begin + kNormBlock < n ? begin + kNormBlock : n;
   return lane_sum_squares(x, begin, end - begin);
-}
-
-// Calls f(typed pointer) for x of type t (f32, bf16 or f16).
-template <class F>
-SHARDOPT_HOST_DEVICE inline double with_norm_type(const void* x, DType t, F&& f) {
-  switch (t) {
-    case DType::bf16:
-      return f(static_cast<const bfloat16*>(x));
-    case DType::f16:
-      return f(static_cast<const float16*>(x));
-    default:
-      return f(static_cast<const float*>(x));
-  }
 }
 
 namespace reference {

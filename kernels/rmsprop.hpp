@@ -12,10 +12,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
-#include "kernels/dispatch.hpp"
-#include "kernels/element.hpp"
+#include "kernels/element_loop.hpp"
 #include "kernels/optimizer.hpp"
 #include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
@@ -85,90 +83,34 @@ SHARDOPT_HOST_DEVICE inline bool rmsprop_element(float& p, float g, float& sq, f
 //   square_avg:      running average of squared gradients, read and written
 //   grad_avg:        running average of gradients, read and written; only when centered
 //   momentum_buffer: read and written; only when momentum != 0
-struct RmspropBuffers : StepBuffers {
+struct RmspropBuffers : StateBuffers<RmspropBuffers> {
   float* square_avg = nullptr;
   float* grad_avg = nullptr;
   float* momentum_buffer = nullptr;
 
-  // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included: StepBuffers' and the states.
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
-    each_step_buffer(f, [&] {
-      f(square_avg, 4, Access::read_write);
-      f(grad_avg, 4, Access::read_write);
-      f(momentum_buffer, 4, Access::read_write);
-    });
+  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+    f(square_avg);
+    f(grad_avg);
+    f(momentum_buffer);
   }
 };
 
-}  // namespace shardopt::kernels
-
-namespace shardopt::kernels::detail {
-
-template <class G, class P, bool Wd, bool Centered, bool Mom>
-struct RmspropLoop {
-  // The gradient type and parameter storage, and the same loop over others
-  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
-  using Grad = G;
-  using Storage = P;
-  template <class G2, class P2>
-  using Rebind = RmspropLoop<G2, P2, Wd, Centered, Mom>;
-  // Updates [begin, end); returns true if every gradient there was finite.
-  [[gnu::always_inline]] static inline bool range(const RmspropBuffers& b, const RmspropScalars& s,
-                                                  std::size_t begin, std::size_t end) {
-    float* __restrict p = b.param;
-    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
-    std::uint16_t* __restrict rem = b.remainder;
-    const G* __restrict g = static_cast<const G*>(b.grad);
-    float* __restrict sq = b.square_avg;
-    float* __restrict ga = b.grad_avg;
-    float* __restrict buf = b.momentum_buffer;
-    return for_range<force_simd<G, P>>(
-        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
-          float pi = P::load(p, copy, rem, i);
-          const bool finite = rmsprop_element<Wd, Centered, Mom>(
-              pi, load_grad(g, i), sq[i], Centered ? ga + i : nullptr, Mom ? buf + i : nullptr, s);
-          P::store(p, copy, rem, i, pi);
-          return finite;
-        });
-  }
-  SHARDOPT_HOST_DEVICE static bool apply(const RmspropBuffers& b, const RmspropScalars& s,
-                                         std::size_t i) {
-    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
-    float p = P::load(b.param, copy, b.remainder, i);
-    float sq = b.square_avg[i];
-    float ga = Centered ? b.grad_avg[i] : 0.0f;
-    float buf = Mom ? b.momentum_buffer[i] : 0.0f;
-    const bool finite = rmsprop_element<Wd, Centered, Mom>(
-        p, load_grad(static_cast<const G*>(b.grad), i), sq, &ga, &buf, s);
-    P::store(b.param, copy, b.remainder, i, p);
-    b.square_avg[i] = sq;
-    if constexpr (Centered) b.grad_avg[i] = ga;
-    if constexpr (Mom) b.momentum_buffer[i] = buf;
-    return finite;
+// One element of an RMSprop step of the given modes (kernels/element_loop.hpp).
+template <bool Wd, bool Centered, bool Mom>
+struct RmspropStep {
+  using Buffers = RmspropBuffers;
+  using Scalars = RmspropScalars;
+  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
+                                         const Scalars& s) {
+    return rmsprop_element<Wd, Centered, Mom>(p, g, b.square_avg[i],
+                                              Centered ? b.grad_avg + i : nullptr,
+                                              Mom ? b.momentum_buffer + i : nullptr, s);
   }
 };
-
-// Calls f.template operator()<RmspropLoop<...>>() for the step's types and modes.
-template <class F>
-bool dispatch_rmsprop(const RmspropBuffers& b, const RmspropScalars& s, F&& f) {
-  return dispatch_types(
-      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
-        return with_flags(
-            [&]<bool Wd, bool Centered, bool Mom>() {
-              return f.template operator()<RmspropLoop<G, P, Wd, Centered, Mom>>();
-            },
-            s.weight_decay != 0.0f, s.centered, s.momentum != 0.0f);
-      });
-}
-
-}  // namespace shardopt::kernels::detail
-
-namespace shardopt::kernels {
 
 template <>
-struct Kernel<RMSprop> {
+struct Kernel<RMSprop> : ElementKernel<Kernel<RMSprop>> {
   using Family = RMSprop;
   using Buffers = RmspropBuffers;
   using Scalars = RmspropScalars;
@@ -176,14 +118,13 @@ struct Kernel<RMSprop> {
     return make_rmsprop_scalars(o.lr, o.alpha, o.eps, o.weight_decay, o.momentum, o.centered,
                                 o.maximize, grad_mul);
   }
-  static void set_states(Buffers& b, float* const* states) {
-    b.square_avg = states[0];
-    b.grad_avg = states[1];
-    b.momentum_buffer = states[2];
-  }
   template <class F>
-  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
-    return detail::dispatch_rmsprop(b, s, f);
+  static bool modes(const Scalars& s, F&& f) {
+    return detail::with_flags(
+        [&]<bool Wd, bool Centered, bool Mom>() {
+          return f.template operator()<RmspropStep<Wd, Centered, Mom>>();
+        },
+        s.weight_decay != 0.0f, s.centered, s.momentum != 0.0f);
   }
 };
 

@@ -12,10 +12,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
-#include "kernels/dispatch.hpp"
-#include "kernels/element.hpp"
+#include "kernels/element_loop.hpp"
 #include "kernels/optimizer.hpp"
 #include "shardopt/optimizers.hpp"
 #include "shardopt/types.hpp"
@@ -75,86 +73,42 @@ SHARDOPT_HOST_DEVICE inline bool sgd_element(float& p, float g, float* buf, cons
 // The buffers of one SGD step over n elements: StepBuffers'
 // (kernels/element.hpp) and
 //   momentum_buffer: read and written when momentum != 0; only written on the first step
-struct SgdBuffers : StepBuffers {
+struct SgdBuffers : StateBuffers<SgdBuffers> {
   float* momentum_buffer = nullptr;
 
-  // Calls f(pointer, bytes per element, access) on every buffer, null ones
-  // included: StepBuffers' and the states.
-  // The momentum buffer is only written on a step with momentum's first step
-  // (SgdLoop::each_buffer passes `momentum` = Access::write then).
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f, Access momentum = Access::read_write) {
-    each_step_buffer(f, [&] { f(momentum_buffer, 4, momentum); });
+  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+    f(momentum_buffer);
   }
 };
 
-}  // namespace shardopt::kernels
-
-namespace shardopt::kernels::detail {
-
-template <class G, class P, bool Wd, bool Mom>
-struct SgdLoop {
-  // The gradient type and parameter storage, and the same loop over others
-  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
-  using Grad = G;
-  using Storage = P;
-  template <class G2, class P2>
-  using Rebind = SgdLoop<G2, P2, Wd, Mom>;
-  // GCC declines to vectorize this loop with bf16 (and forcing it slows the
-  // fp32 one): its 16-bit buffers are staged (kernels/cpu/runner.hpp).
+// One element of an SGD step of the given modes (kernels/element_loop.hpp).
+template <bool Wd, bool Mom>
+struct SgdStep {
+  using Buffers = SgdBuffers;
+  using Scalars = SgdScalars;
+  // GCC vectorizes this loop on its own and forcing it slows the fp32 one;
+  // it declines to vectorize it with bf16, whose buffers are staged then
+  // (kernels/cpu/runner.hpp).
+  static constexpr bool simd = false;
   static constexpr bool direct_bf16 = false;
-  // Updates [begin, end); returns true if every gradient there was finite.
-  [[gnu::always_inline]] static inline bool range(const SgdBuffers& b, const SgdScalars& s,
-                                                  std::size_t begin, std::size_t end) {
-    float* __restrict p = b.param;
-    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
-    std::uint16_t* __restrict rem = b.remainder;
-    const G* __restrict g = static_cast<const G*>(b.grad);
-    float* __restrict buf = b.momentum_buffer;
-    unsigned bad = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      float pi = P::load(p, copy, rem, i);
-      bad |= !sgd_element<Wd, Mom>(pi, load_grad(g, i), Mom ? buf + i : nullptr, s);
-      P::store(p, copy, rem, i, pi);
-    }
-    return bad == 0;
+  // sgd_element reads the momentum buffer only after the first step.
+  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
+                                         const Scalars& s) {
+    return sgd_element<Wd, Mom>(p, g, Mom ? b.momentum_buffer + i : nullptr, s);
   }
-  SHARDOPT_HOST_DEVICE static bool apply(const SgdBuffers& b, const SgdScalars& s, std::size_t i) {
-    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
-    float p = P::load(b.param, copy, b.remainder, i);
-    // The first step writes the buffer without reading it (torch's clone of d_p).
-    float buf = Mom && !s.first_step ? b.momentum_buffer[i] : 0.0f;
-    const bool finite =
-        sgd_element<Wd, Mom>(p, load_grad(static_cast<const G*>(b.grad), i), &buf, s);
-    P::store(b.param, copy, b.remainder, i, p);
-    if constexpr (Mom) b.momentum_buffer[i] = buf;
-    return finite;
-  }
-  // The buffers and how this loop uses them (the CUDA kernels' vector loads):
-  // with momentum, the first step only writes the momentum buffer.
+  // The buffers and how this step uses them (the CUDA kernels' vector
+  // loads): with momentum, the first step only writes the momentum buffer.
   template <class F>
-  SHARDOPT_HOST_DEVICE static void each_buffer(SgdBuffers& b, const SgdScalars& s, F&& f) {
-    b.each_buffer(f, Mom && s.first_step ? Access::write : Access::read_write);
+  SHARDOPT_HOST_DEVICE static void each_buffer(Buffers& b, const Scalars& s, F&& f) {
+    b.each_step_buffer(f, [&] {
+      f(b.momentum_buffer, 4, Mom && s.first_step ? Access::write : Access::read_write);
+    });
   }
 };
-
-// Calls f.template operator()<SgdLoop<...>>() for the step's types and modes.
-template <class F>
-bool dispatch_sgd(const SgdBuffers& b, const SgdScalars& s, F&& f) {
-  return dispatch_types(
-      b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
-        return with_flags(
-            [&]<bool Wd, bool Mom>() { return f.template operator()<SgdLoop<G, P, Wd, Mom>>(); },
-            s.weight_decay != 0.0f, s.momentum != 0.0f);
-      });
-}
-
-}  // namespace shardopt::kernels::detail
-
-namespace shardopt::kernels {
 
 template <>
-struct Kernel<SGD> {
+struct Kernel<SGD> : ElementKernel<Kernel<SGD>> {
   using Family = SGD;
   using Buffers = SgdBuffers;
   using Scalars = SgdScalars;
@@ -162,10 +116,11 @@ struct Kernel<SGD> {
     return make_sgd_scalars(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize,
                             step, grad_mul);
   }
-  static void set_states(Buffers& b, float* const* states) { b.momentum_buffer = states[0]; }
   template <class F>
-  static bool dispatch(const Buffers& b, const Scalars& s, F&& f) {
-    return detail::dispatch_sgd(b, s, f);
+  static bool modes(const Scalars& s, F&& f) {
+    return detail::with_flags(
+        [&]<bool Wd, bool Mom>() { return f.template operator()<SgdStep<Wd, Mom>>(); },
+        s.weight_decay != 0.0f, s.momentum != 0.0f);
   }
 };
 

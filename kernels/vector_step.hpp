@@ -1,11 +1,10 @@
 // shardopt kernels (internal): the step of 4 consecutive elements that the
 // CUDA kernels take where every buffer of a range can be read 4 elements at
 // a time with one aligned vector access (16 bytes for fp32, 8 for 16-bit),
-// generic over the optimizers' loops (kernels/*_loop.hpp). Host and device
-// code: on the device each buffer's 4 elements move with one vector load
-// and one vector store; on the host with memcpy, so that the CPU tests run
-// the same steps against the reference kernel. Included by .cu files and
-// tests only.
+// generic over the optimizers' loops (kernels/element_loop.hpp, kernels/lamb_loop.hpp). Host and
+// device code: on the device each buffer's 4 elements move with one vector load and one vector
+// store; on the host with memcpy, so that the CPU tests run the same steps against the reference
+// kernel. Included by .cu files and tests only.
 #pragma once
 
 #include <cstddef>

@@ -108,7 +108,8 @@ TEST_CASE("Multi-tensor plan rejects limits that hold no chunk", "[plan][multi]"
 }
 
 TEST_CASE("Vector head: the common start of aligned groups, or none", "[kernels][vector]") {
-  using Loop = kd::AdamLoop<bfloat16, MasterParams<bfloat16>, WeightDecay::none, false>;
+  using Loop = kd::ElementLoop<kernels::AdamStep<WeightDecay::none, false>, bfloat16,
+                               MasterParams<bfloat16>>;
   alignas(16) float f[3][12] = {};
   alignas(16) std::uint16_t h[2][12] = {};
   const AdamScalars s{};
@@ -161,8 +162,8 @@ TEST_CASE("Each buffer's access: write-only and read-only buffers", "[kernels][v
   adam.remainder = &rem;
   CHECK(accesses(adam, [](auto& b, auto f) { b.each_buffer(f); })[5] == Access::read_write);
   // SGD with momentum: the first step only writes the buffer.
-  using Mom = kd::SgdLoop<float, MasterParams<float>, false, true>;
-  using NoMom = kd::SgdLoop<float, MasterParams<float>, false, false>;
+  using Mom = kd::ElementLoop<kernels::SgdStep<false, true>, float, MasterParams<float>>;
+  using NoMom = kd::ElementLoop<kernels::SgdStep<false, false>, float, MasterParams<float>>;
   SgdBuffers sgd;
   const auto first = make_sgd_scalars(0.1, 0.9, 0, 0, false, false, 1, 1);
   const auto later = make_sgd_scalars(0.1, 0.9, 0, 0, false, false, 2, 1);

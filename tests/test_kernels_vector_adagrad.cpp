@@ -28,7 +28,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adagrad and Lion", "[kernel
                   set_params(b, a, storage);
                   b.n = a.f[0].size() - 4;
                   if (!emulate) return reference::step<Adagrad>(b, s);
-                  return kd::dispatch_adagrad(
+                  return kernels::Kernel<Adagrad>::dispatch(
                       b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                 });
       }
@@ -40,7 +40,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adagrad and Lion", "[kernel
         set_params(b, a, storage);
         b.n = a.f[0].size() - 4;
         if (!emulate) return reference::step<Lion>(b, s);
-        return kd::dispatch_lion(
+        return kernels::Kernel<Lion>::dispatch(
             b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
       });
     }

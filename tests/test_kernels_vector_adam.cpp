@@ -33,7 +33,7 @@ TEST_CASE("Vector steps equal the reference kernels: Adam", "[kernels][vector]")
                     set_params(b, a, storage);
                     b.n = a.f[0].size() - 4;
                     if (!emulate) return reference::step<Adam>(b, s);
-                    return kd::dispatch_adam(
+                    return kernels::Kernel<Adam>::dispatch(
                         b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                   });
         }

@@ -31,7 +31,7 @@ TEST_CASE("Vector steps equal the reference kernels: RMSprop", "[kernels][vector
                   set_params(b, a, storage);
                   b.n = a.f[0].size() - 4;
                   if (!emulate) return reference::step<RMSprop>(b, s);
-                  return kd::dispatch_rmsprop(
+                  return kernels::Kernel<RMSprop>::dispatch(
                       b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                 });
       }

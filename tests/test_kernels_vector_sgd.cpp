@@ -31,7 +31,7 @@ TEST_CASE("Vector steps equal the reference kernels: SGD, first step and later",
                     set_params(b, a, storage);
                     b.n = a.f[0].size() - 4;
                     if (!emulate) return reference::step<SGD>(b, s);
-                    return kd::dispatch_sgd(
+                    return kernels::Kernel<SGD>::dispatch(
                         b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
                   });
         }

@@ -61,7 +61,7 @@ bool finite_range(const G* g, float mul, std::size_t begin, std::size_t end) {
 }  // namespace
 
 bool all_finite(const void* grad, DType grad_type, std::size_t n, float grad_mul) {
-  return kernels::detail::with_grad_type(grad, grad_type, [&](const auto* g) {
+  return kernels::with_float_type(grad, grad_type, [&](const auto* g) {
     return detail::for_slices(n, 32, [&](std::size_t begin, std::size_t end) {
       return finite_range(g, grad_mul, begin, end);
     });

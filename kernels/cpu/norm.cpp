@@ -31,7 +31,7 @@ double run(const T* x, std::size_t n) {
 }  // namespace
 
 double sum_squares(const void* x, DType type, std::size_t n) {
-  return with_norm_type(x, type, [&](const auto* p) { return run(p, n); });
+  return with_float_type(x, type, [&](const auto* p) { return run(p, n); });
 }
 
 }  // namespace shardopt::kernels::cpu

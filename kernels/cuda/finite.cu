@@ -18,7 +18,7 @@ struct FiniteElement {
 }  // namespace
 
 bool all_finite(const void* grad, DType grad_type, std::size_t n, float grad_mul, void* stream) {
-  return kernels::detail::with_grad_type(grad, grad_type, [&](const auto* g) {
+  return kernels::with_float_type(grad, grad_type, [&](const auto* g) {
     using G = std::remove_cvref_t<decltype(*g)>;
     return detail::run<FiniteElement<G>>("finiteness check", g, grad_mul, n,
                                          static_cast<cudaStream_t>(stream));

@@ -3,7 +3,7 @@
 // many small parameters). Included by .cu files only.
 //
 // The tensors of a list are grouped by the loop they need (gradient type,
-// parameter storage, modes: kernels/*_loop.hpp); each group is cut into
+// parameter storage, modes: kernels/element_loop.hpp); each group is cut into
 // chunks (kernels/multi_tensor.hpp) and its launch tables are passed as the
 // kernel's parameter (__grid_constant__, within the classic 4 KB of
 // parameters): the tensors' buffers, each tensor's vector head, and the

@@ -76,7 +76,7 @@ double run(const T* x, std::size_t n, cudaStream_t stream) {
 
 double sum_squares(const void* x, DType type, std::size_t n, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  return with_norm_type(x, type, [&](const auto* p) { return run(p, n, s); });
+  return with_float_type(x, type, [&](const auto* p) { return run(p, n, s); });
 }
 
 }  // namespace shardopt::kernels::cuda

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/element.hpp"
 #include "shardopt/cast.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
@@ -18,24 +19,9 @@ inline float16 from_float_as(float x, float16*) { return f16_from_float(x); }
 // Calls f with src and dst as typed pointers (f32, bf16 or f16).
 template <class F>
 void with_types(const std::byte* src, DType st, std::byte* dst, DType dt, F&& f) {
-  const auto with_dst = [&](const auto* s) {
-    switch (dt) {
-      case DType::bf16:
-        return f(s, reinterpret_cast<bfloat16*>(dst));
-      case DType::f16:
-        return f(s, reinterpret_cast<float16*>(dst));
-      default:
-        return f(s, reinterpret_cast<float*>(dst));
-    }
-  };
-  switch (st) {
-    case DType::bf16:
-      return with_dst(reinterpret_cast<const bfloat16*>(src));
-    case DType::f16:
-      return with_dst(reinterpret_cast<const float16*>(src));
-    default:
-      return with_dst(reinterpret_cast<const float*>(src));
-  }
+  kernels::with_float_type(static_cast<const void*>(src), st, [&](const auto* s) {
+    kernels::with_float_type(static_cast<void*>(dst), dt, [&](auto* d) { f(s, d); });
+  });
 }
 
 // dst[k] = src[k] * mul, converting between f32, bf16 and f16: a copy, the

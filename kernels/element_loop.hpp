@@ -1,0 +1,143 @@
+// shardopt kernels: the loop every element-wise optimizer runs, written once.
+// An optimizer's math header (kernels/<key>.hpp) gives
+//
+//   - its Buffers: StateBuffers<Buffers> (below) with one float* per state
+//     slot and each_state() listing them in slot order;
+//   - its element steps: one small struct per combination of the step's
+//     modes (weight decay, amsgrad, ...), each with
+//       using Buffers = ...; using Scalars = ...;
+//       SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b,
+//                                              std::size_t i, const Scalars& s);
+//     which updates the parameter's fp32 value p and element i of b's
+//     states, g being the gradient as float (before grad_mul), and returns
+//     whether the gradient was finite; optionally
+//       static constexpr bool simd = false;         // the CPU loop is not forced to vectorize
+//       static constexpr bool direct_bf16 = false;  // its 16-bit buffers are staged
+//       (cpu/runner.hpp) each_buffer(Buffers&, const Scalars&, F&&)  // the accesses, refined
+//       (kernels/vector_step.hpp)
+//   - Kernel<O> deriving from ElementKernel<Kernel<O>> with
+//       template <class F> static bool modes(const Scalars& s, F&& f);
+//     which calls f.template operator()<Step>() with the step struct of s's modes.
+//
+// ElementLoop<Step, G, P> then loads each parameter as fp32 from its storage
+// P (kernels/element.hpp), converts the gradient from G, runs Step::apply and
+// stores the parameter back: a whole range for the reference and CPU kernels
+// (range), one element for the CUDA kernels (apply).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/element.hpp"
+
+namespace shardopt::kernels {
+
+// The buffers of an element-wise step: StepBuffers' and the states that D,
+// the optimizer's Buffers struct deriving from this one, lists with
+//   template <class F> SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f);
+// calling f(float*&) on each state pointer in slot order. Every state is
+// read and written.
+template <class D>
+struct StateBuffers : StepBuffers {
+  // Calls f(pointer, bytes per element, access) on every buffer, null ones
+  // included: StepBuffers' and the states.
+  template <class F>
+  SHARDOPT_HOST_DEVICE constexpr void each_buffer(F&& f) {
+    each_step_buffer(f, [&] {
+      static_cast<D*>(this)->each_state([&](float*& state) { f(state, 4, Access::read_write); });
+    });
+  }
+};
+
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels::detail {
+
+template <class Step>
+constexpr bool step_simd() {
+  if constexpr (requires { Step::simd; })
+    return Step::simd;
+  else
+    return true;
+}
+template <class Step>
+constexpr bool step_direct_bf16() {
+  if constexpr (requires { Step::direct_bf16; })
+    return Step::direct_bf16;
+  else
+    return true;
+}
+
+template <class Step, class G, class P>
+struct ElementLoop {
+  using Buffers = typename Step::Buffers;
+  using Scalars = typename Step::Scalars;
+  // The gradient type and parameter storage, and the same loop over others
+  // (kernels/cpu/runner.hpp stages 16-bit buffers through fp32 blocks).
+  using Grad = G;
+  using Storage = P;
+  template <class G2, class P2>
+  using Rebind = ElementLoop<Step, G2, P2>;
+  static constexpr bool direct_bf16 = step_direct_bf16<Step>();
+
+  // Updates [begin, end); returns true if every gradient there was finite.
+  [[gnu::always_inline]] static inline bool range(const Buffers& b, const Scalars& s,
+                                                  std::size_t begin, std::size_t end) {
+    float* __restrict p = b.param;
+    typename P::Copy* __restrict copy = static_cast<typename P::Copy*>(b.param_out);
+    std::uint16_t* __restrict rem = b.remainder;
+    const G* __restrict g = static_cast<const G*>(b.grad);
+    // A local copy: no store of the loop can change the state pointers.
+    const Buffers states = b;
+    return for_range < step_simd<Step>() && force_simd < G,
+           P >> (
+                    begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+                      float pi = P::load(p, copy, rem, i);
+                      const bool finite = Step::apply(pi, load_grad(g, i), states, i, s);
+                      P::store(p, copy, rem, i, pi);
+                      return finite;
+                    });
+  }
+  // Updates element i (the CUDA kernels: kernels/vector_step.hpp).
+  SHARDOPT_HOST_DEVICE static bool apply(const Buffers& b, const Scalars& s, std::size_t i) {
+    typename P::Copy* copy = static_cast<typename P::Copy*>(b.param_out);
+    float p = P::load(b.param, copy, b.remainder, i);
+    const bool finite = Step::apply(p, load_grad(static_cast<const G*>(b.grad), i), b, i, s);
+    P::store(b.param, copy, b.remainder, i, p);
+    return finite;
+  }
+  // The buffers and how this step uses them, where Step refines them.
+  template <class F>
+  requires requires(Buffers& b, const Scalars& s, F&& f) { Step::each_buffer(b, s, f); }
+  SHARDOPT_HOST_DEVICE static void each_buffer(Buffers& b, const Scalars& s, F&& f) {
+    Step::each_buffer(b, s, f);
+  }
+};
+
+}  // namespace shardopt::kernels::detail
+
+namespace shardopt::kernels {
+
+// What Kernel<O> (kernels/optimizer.hpp) has in common for every
+// element-wise optimizer K: the states set in slot order, and the dispatch
+// of a step to the loop of its types and modes.
+template <class K>
+struct ElementKernel {
+  template <class B>
+  static void set_states(B& b, float* const* states) {
+    int k = 0;
+    b.each_state([&](float*& state) { state = states[k++]; });
+  }
+  template <class B, class S, class F>
+  static bool dispatch(const B& b, const S& s, F&& f) {
+    return detail::dispatch_types(
+        b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
+          return K::modes(s, [&]<class Step>() {
+            return f.template operator()<detail::ElementLoop<Step, G, P>>();
+          });
+        });
+  }
+};
+
+}  // namespace shardopt::kernels
