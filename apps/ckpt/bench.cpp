@@ -21,6 +21,7 @@
 #include "../report.hpp"
 #include "commands.hpp"
 #include "common.hpp"
+#include "shardopt/agree.hpp"
 
 namespace ckpt_tool {
 namespace {
@@ -100,9 +101,7 @@ double timed(const World& w, Fn&& fn) {
   MPI_Barrier(w.comm);
   const double t0 = MPI_Wtime();
   fn();
-  double dt = MPI_Wtime() - t0;
-  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, w.comm);
-  return dt;
+  return shardopt::max_over_ranks(*w.tool, MPI_Wtime() - t0);
 }
 
 std::string errno_text(const std::string& what, const std::string& path) {
@@ -324,9 +323,8 @@ class Bench {
 
     // The parameters after the last load are the ones saved.
     const std::uint64_t again = report::fnv1a(params.data(), psi * 4);
-    int bad = again != hash ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, w_.comm);
-    if (bad) throw Failure("the parameters after load() differ from those saved");
+    if (shardopt::any_rank(*w_.tool, again != hash))
+      throw Failure("the parameters after load() differ from those saved");
 
     BenchRow r;
     r.params = psi;
@@ -469,8 +467,8 @@ int run_bench(shardopt::Communicator& comm, const World& w, const BenchOptions& 
   int local_ranks = 1;
   MPI_Comm_size(node, &local_ranks);
   MPI_Comm_free(&node);
-  double available = static_cast<double>(machine::mem_available_bytes());
-  MPI_Allreduce(MPI_IN_PLACE, &available, 1, MPI_DOUBLE, MPI_MIN, w.comm);
+  const double available =
+      shardopt::min_over_ranks(*w.tool, static_cast<double>(machine::mem_available_bytes()));
 
   if (w.rank == 0) print_bench_header(o, w, dir_fs, local_ranks);
   std::vector<BenchRow> rows;

@@ -64,8 +64,10 @@ class Failure : public std::runtime_error {
 };
 
 // The tool's own communicator (barriers, agreement, reductions), beside the
-// library's.
+// library's: `tool` for the agreement (shardopt/agree.hpp), `comm`, its MPI
+// communicator, for the raw calls.
 struct World {
+  shardopt::Communicator* tool = nullptr;
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;

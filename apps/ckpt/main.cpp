@@ -312,7 +312,9 @@ int ckpt_main(int argc, char** argv) {
   // hang.
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
-    MPI_Comm_dup(MPI_COMM_WORLD, &w.comm);
+    shardopt::Communicator tool(MPI_COMM_WORLD);
+    w.tool = &tool;
+    w.comm = tool.mpi_comm();
     int rc = 0;
     switch (p.command) {
       case Command::info:
@@ -331,7 +333,7 @@ int ckpt_main(int argc, char** argv) {
         rc = run_bench(comm, w, p.bench);
         break;
     }
-    MPI_Comm_free(&w.comm);
+    tool.free();
     comm.free();
     return rc;
   } catch (const shardopt::Error& e) {
