@@ -141,13 +141,8 @@ Options parse_options(int argc, char** argv) {
         } else if (name == "dtype") {
           o.dtypes.clear();
           for (std::string_view item : split(v)) {
-            if (item == "f32") {
-              o.dtypes.push_back(DType::f32);
-            } else if (item == "bf16") {
-              o.dtypes.push_back(DType::bf16);
-            } else {
-              bad_value(label, item, "f32 bf16");
-            }
+            o.dtypes.push_back(cli::parse_choice<DType>(
+                label, item, {{"f32", DType::f32}, {"bf16", DType::bf16}}));
           }
         } else if (name == "optimizer") {
           const auto chosen = bench::choose(label, v, bench::optimizers());
