@@ -263,6 +263,16 @@ class Bench {
         if (o_.cold && w_.rank == 0) drop_cache(path);
         MPI_Barrier(w_.comm);
       };
+      // a then b, or b then a, as drawn (the same draw on every rank).
+      auto in_drawn_order = [&](auto& a, auto& b) {
+        if (order() % 2) {
+          a();
+          b();
+        } else {
+          b();
+          a();
+        }
+      };
       double s = 0, rw = 0, l = 0, rr = 0;
       std::string err;
       auto do_save = [&] {
@@ -274,13 +284,7 @@ class Bench {
         rw = timed(w_, [&] { err = raw_write(raw_, raw.as<unsigned char>(), offset, mine); });
         agree(w_, err);
       };
-      if (order() % 2) {
-        do_save();
-        do_raw_write();
-      } else {
-        do_raw_write();
-        do_save();
-      }
+      in_drawn_order(do_save, do_raw_write);
       shardopt::LoadReport rep;
       auto do_load = [&] {
         settle(ckpt_);
@@ -291,13 +295,7 @@ class Bench {
         rr = timed(w_, [&] { err = raw_read(raw_, raw.as<unsigned char>(), offset, mine); });
         agree(w_, err);
       };
-      if (order() % 2) {
-        do_load();
-        do_raw_read();
-      } else {
-        do_raw_read();
-        do_load();
-      }
+      in_drawn_order(do_load, do_raw_read);
       if (!rep.missing.empty() || !rep.unexpected.empty() || !rep.mismatched.empty()) {
         throw Failure("load() did not restore every tensor: " + rep.summary());
       }

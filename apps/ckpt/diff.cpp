@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,7 +37,11 @@ void widen(const unsigned char* p, std::size_t n, double* out) {
   for (std::size_t i = 0; i < n; ++i) {
     T v;
     std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    out[i] = static_cast<double>(v);
+    if constexpr (std::is_same_v<T, shardopt::bfloat16> || std::is_same_v<T, shardopt::float16>) {
+      out[i] = shardopt::to_float(v);
+    } else {
+      out[i] = static_cast<double>(v);
+    }
   }
 }
 
@@ -47,19 +52,9 @@ void to_double(Kind k, const unsigned char* p, std::size_t n, double* out) {
     case Kind::f32:
       return widen<float>(p, n, out);
     case Kind::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        shardopt::bfloat16 b;
-        std::memcpy(&b, p + 2 * i, 2);
-        out[i] = shardopt::to_float(b);
-      }
-      return;
+      return widen<shardopt::bfloat16>(p, n, out);
     case Kind::f16:
-      for (std::size_t i = 0; i < n; ++i) {
-        shardopt::float16 h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = shardopt::to_float(h);
-      }
-      return;
+      return widen<shardopt::float16>(p, n, out);
     case Kind::i8:
       return widen<std::int8_t>(p, n, out);
     case Kind::i16:
@@ -282,21 +277,18 @@ int diff_files(shardopt::Communicator& comm, const World& w, const std::string& 
                                                                        : 1);
     total += p.numel * (p.es_a + p.es_b);
   }
-  const std::vector<Window> windows =
-      cut_windows(numel, cost, align, window_target(total, w.size, o.window));
+  const std::vector<Window> windows = plan_windows(numel, cost, align, total, w, o.window);
   const std::size_t rounds = rounds_of(windows.size(), w.size);
   u64 biggest_a = 1, biggest_b = 1;
-  for (std::size_t k = 0; k < rounds; ++k) {
-    if (const Window* win = my_window(windows, k, w)) {
-      u64 ba = 0, bb = 0;
-      for (const Unit& u : *win) {
-        ba += u.count * pairs[u.item].es_a;
-        bb += u.count * pairs[u.item].es_b;
-      }
-      biggest_a = std::max(biggest_a, ba);
-      biggest_b = std::max(biggest_b, bb);
+  for_each_my_window(windows, w, [&](const Window& win) {
+    u64 ba = 0, bb = 0;
+    for (const Unit& u : win) {
+      ba += u.count * pairs[u.item].es_a;
+      bb += u.count * pairs[u.item].es_b;
     }
-  }
+    biggest_a = std::max(biggest_a, ba);
+    biggest_b = std::max(biggest_b, bb);
+  });
   Scratch sa, sb;
   unsigned char *buf_a = nullptr, *buf_b = nullptr;
   local(w, [&] {
