@@ -108,23 +108,31 @@ std::string errno_text(const std::string& what, const std::string& path) {
   return what + " '" + path + "': " + std::strerror(errno);
 }
 
+// Local: moves `bytes` at `offset` of the open file fd in kRawBlock calls
+// io(done, length) (a pread or a pwrite of bytes [done, done + length));
+// "" or failed(n) for a call that moved n <= 0 bytes.
+template <class Io, class Failed>
+std::string in_blocks(u64 bytes, Io&& io, Failed&& failed) {
+  for (u64 done = 0; done < bytes;) {
+    const ssize_t n = io(done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return failed(n);
+    done += static_cast<u64>(n);
+  }
+  return {};
+}
+
 // Local: writes `bytes` of buf at `offset` of path in kRawBlock calls, then
 // fsyncs; "" or the error.
 std::string raw_write(const std::string& path, const unsigned char* buf, u64 offset, u64 bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return errno_text("cannot open", path);
-  std::string err;
-  for (u64 done = 0; done < bytes && err.empty();) {
-    const ssize_t n =
-        ::pwrite(fd, buf + done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)),
-                 static_cast<off_t>(offset + done));
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      err = errno_text("cannot write", path);
-    } else {
-      done += static_cast<u64>(n);
-    }
-  }
+  std::string err = in_blocks(
+      bytes,
+      [&](u64 done, std::size_t length) {
+        return ::pwrite(fd, buf + done, length, static_cast<off_t>(offset + done));
+      },
+      [&](ssize_t) { return errno_text("cannot write", path); });
   if (err.empty() && ::fsync(fd) != 0) err = errno_text("cannot sync", path);
   ::close(fd);
   return err;
@@ -133,16 +141,14 @@ std::string raw_write(const std::string& path, const unsigned char* buf, u64 off
 std::string raw_read(const std::string& path, unsigned char* buf, u64 offset, u64 bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_text("cannot open", path);
-  std::string err;
-  for (u64 done = 0; done < bytes && err.empty();) {
-    const ssize_t n =
-        ::pread(fd, buf + done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)),
-                static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) err = errno_text("cannot read", path);
-    if (n == 0) err = "'" + path + "' is shorter than expected";
-    if (n > 0) done += static_cast<u64>(n);
-  }
+  const std::string err = in_blocks(
+      bytes,
+      [&](u64 done, std::size_t length) {
+        return ::pread(fd, buf + done, length, static_cast<off_t>(offset + done));
+      },
+      [&](ssize_t n) {
+        return n < 0 ? errno_text("cannot read", path) : "'" + path + "' is shorter than expected";
+      });
   ::close(fd);
   return err;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <string>
@@ -46,35 +47,24 @@ void widen(const unsigned char* p, std::size_t n, double* out) {
 }
 
 void to_double(Kind k, const unsigned char* p, std::size_t n, double* out) {
-  switch (k) {
-    case Kind::f64:
-      return widen<double>(p, n, out);
-    case Kind::f32:
-      return widen<float>(p, n, out);
-    case Kind::bf16:
-      return widen<shardopt::bfloat16>(p, n, out);
-    case Kind::f16:
-      return widen<shardopt::float16>(p, n, out);
-    case Kind::i8:
-      return widen<std::int8_t>(p, n, out);
-    case Kind::i16:
-      return widen<std::int16_t>(p, n, out);
-    case Kind::i32:
-      return widen<std::int32_t>(p, n, out);
-    case Kind::i64:
-      return widen<std::int64_t>(p, n, out);
-    case Kind::u8:
-    case Kind::boolean:
-      return widen<std::uint8_t>(p, n, out);
-    case Kind::u16:
-      return widen<std::uint16_t>(p, n, out);
-    case Kind::u32:
-      return widen<std::uint32_t>(p, n, out);
-    case Kind::u64:
-      return widen<std::uint64_t>(p, n, out);
-    case Kind::bits:
-      return;
-  }
+  // By Kind, in its order; bits are not read as numbers.
+  using Widen = void (*)(const unsigned char*, std::size_t, double*);
+  static constexpr Widen kWiden[] = {widen<double>,
+                                     widen<float>,
+                                     widen<shardopt::bfloat16>,
+                                     widen<shardopt::float16>,
+                                     widen<std::int8_t>,
+                                     widen<std::int16_t>,
+                                     widen<std::int32_t>,
+                                     widen<std::int64_t>,
+                                     widen<std::uint8_t>,
+                                     widen<std::uint16_t>,
+                                     widen<std::uint32_t>,
+                                     widen<std::uint64_t>,
+                                     widen<std::uint8_t>,
+                                     nullptr};
+  static_assert(std::size(kWiden) == static_cast<std::size_t>(Kind::bits) + 1);
+  if (const Widen f = kWiden[static_cast<std::size_t>(k)]) f(p, n, out);
 }
 
 // One pair of tensors compared: in A and in B, the same shape.
