@@ -251,50 +251,33 @@ void partitioned(std::size_t n, const Range& range) {
   }
 }
 
+// A kernel over elements [b, e) of the streams.
+using RangeKernel = void (*)(const Streams& s, float z, std::size_t b, std::size_t e);
+
+// Runs on each thread's part of the streams the variant of a kernel
+// compiled for the widest vector unit present.
+void run_partitioned(const Streams& s, RangeKernel avx512, RangeKernel avx2, RangeKernel baseline) {
+  const float zero = g_zero;
+  RangeKernel kernel = baseline;
+#if defined(__x86_64__)
+  if (kIsa == Isa::avx512) kernel = avx512;
+  if (kIsa == Isa::avx2) kernel = avx2;
+#else
+  (void)avx512;
+  (void)avx2;
+#endif
+  partitioned(s.n, [&](std::size_t b, std::size_t e) { kernel(s, zero, b, e); });
+}
+
 template <class G, int K, bool Copy>
 void touch_all(const Streams& s) {
-  const float zero = g_zero;
-  partitioned(s.n, [&](std::size_t b, std::size_t e) {
-    switch (kIsa) {
-#if defined(__x86_64__)
-      case Isa::avx512:
-        return touch_avx512<G, K, Copy>(s, zero, b, e);
-      case Isa::avx2:
-        return touch_avx2<G, K, Copy>(s, zero, b, e);
-#endif
-      default:
-        return touch_baseline<G, K, Copy>(s, zero, b, e);
-    }
-  });
+  run_partitioned(s, touch_avx512<G, K, Copy>, touch_avx2<G, K, Copy>, touch_baseline<G, K, Copy>);
 }
 
 template <class G, int K, bool Copy>
 void two_passes(const Streams& s) {
-  const float zero = g_zero;
-  partitioned(s.n, [&](std::size_t b, std::size_t e) {
-    switch (kIsa) {
-#if defined(__x86_64__)
-      case Isa::avx512:
-        return direction_avx512<G, K>(s, zero, b, e);
-      case Isa::avx2:
-        return direction_avx2<G, K>(s, zero, b, e);
-#endif
-      default:
-        return direction_baseline<G, K>(s, zero, b, e);
-    }
-  });
-  partitioned(s.n, [&](std::size_t b, std::size_t e) {
-    switch (kIsa) {
-#if defined(__x86_64__)
-      case Isa::avx512:
-        return apply_avx512<Copy>(s, zero, b, e);
-      case Isa::avx2:
-        return apply_avx2<Copy>(s, zero, b, e);
-#endif
-      default:
-        return apply_baseline<Copy>(s, zero, b, e);
-    }
-  });
+  run_partitioned(s, direction_avx512<G, K>, direction_avx2<G, K>, direction_baseline<G, K>);
+  run_partitioned(s, apply_avx512<Copy>, apply_avx2<Copy>, apply_baseline<Copy>);
 }
 
 template <class G, int K>

@@ -8,11 +8,13 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "shardopt/environment.hpp"
@@ -87,6 +89,20 @@ inline int parse_int(const std::string& label, std::string_view s, int lo, int h
     bad_value(label, s, accepted);
   }
   return static_cast<int>(*v);
+}
+
+// A value named by one word: `choices` lists (word, value) pairs; any other
+// word is a UsageError that lists the words, in order.
+template <class T>
+T parse_choice(const std::string& label, std::string_view s,
+               std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::string accepted;
+  for (const auto& [word, value] : choices) {
+    if (s == word) return value;
+    if (!accepted.empty()) accepted += ' ';
+    accepted.append(word.data(), word.size());
+  }
+  bad_value(label, s, accepted);
 }
 
 // "a,b,c" -> {"a", "b", "c"}.

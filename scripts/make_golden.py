@@ -51,6 +51,9 @@ import zlib
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_options import OPTIONS, SELECTED  # noqa: E402
+
 FORMAT_MAGIC = b"SHOPTGLD"  # 8 bytes
 FORMAT_VERSION = 1
 
@@ -130,90 +133,8 @@ def big_sample(n):
 
 # --------------------------------------------------------------- optimizers
 #
-# Per optimizer: every option (torch's keyword, or beta1/beta2 for betas),
-# its torch default, and the non-default value the cases switch to. `lr` is
-# set per case (the defaults move parameters too little to see in 20 steps).
-
-OPTIONS = {
-    "sgd": {
-        "lr": 0.05,  # torch: required
-        "momentum": (0.0, 0.9),
-        "dampening": (0.0, 0.1),
-        "weight_decay": (0.0, 0.01),
-        "nesterov": (0, 1),
-        "maximize": (0, 1),
-    },
-    "adam": {
-        "lr": 0.01,  # default 1e-3
-        "beta1": (0.9, 0.8),
-        "beta2": (0.999, 0.95),
-        "eps": (1e-8, 1e-3),
-        "weight_decay": (0.0, 0.1),
-        "amsgrad": (0, 1),
-        "maximize": (0, 1),
-    },
-    "adamw": {
-        "lr": 0.01,  # default 1e-3
-        "beta1": (0.9, 0.8),
-        "beta2": (0.999, 0.95),
-        "eps": (1e-8, 1e-3),
-        "weight_decay": (0.01, 0.1),
-        "amsgrad": (0, 1),
-        "maximize": (0, 1),
-    },
-    "adagrad": {
-        "lr": 0.05,  # default 1e-2
-        "lr_decay": (0.0, 0.01),
-        "weight_decay": (0.0, 0.1),
-        "initial_accumulator_value": (0.0, 0.1),
-        "eps": (1e-10, 1e-3),
-        "maximize": (0, 1),
-    },
-    "rmsprop": {
-        "lr": 0.003,  # default 1e-2
-        "alpha": (0.99, 0.9),
-        "eps": (1e-8, 1e-3),
-        "weight_decay": (0.0, 0.1),
-        "momentum": (0.0, 0.9),
-        "centered": (0, 1),
-        "maximize": (0, 1),
-    },
-    "lion": {
-        "lr": 1e-3,  # default 1e-4
-        "beta1": (0.9, 0.95),
-        "beta2": (0.99, 0.98),
-        "weight_decay": (0.0, 0.1),
-    },
-    "lamb": {
-        "lr": 0.01,  # default 1e-3
-        "beta1": (0.9, 0.8),
-        "beta2": (0.999, 0.95),
-        "eps": (1e-6, 1e-3),
-        "weight_decay": (0.01, 0.1),
-    },
-    "nadam": {
-        "lr": 0.01,  # default 2e-3
-        "beta1": (0.9, 0.8),
-        "beta2": (0.999, 0.95),
-        "eps": (1e-8, 1e-3),
-        "weight_decay": (0.0, 0.1),
-        "momentum_decay": (4e-3, 0.1),
-        "decoupled_weight_decay": (0, 1),
-        "maximize": (0, 1),
-    },
-    "radam": {
-        "lr": 0.01,  # default 1e-3
-        "beta1": (0.9, 0.8),
-        "beta2": (0.999, 0.95),
-        "eps": (1e-8, 1e-3),
-        "weight_decay": (0.0, 0.1),
-        "decoupled_weight_decay": (0, 1),
-        "maximize": (0, 1),
-    },
-}
-
-DEFAULT_LR = {"lion": 1e-4, "lamb": 1e-3, "adam": 1e-3, "adamw": 1e-3,
-              "adagrad": 1e-2, "rmsprop": 1e-2, "nadam": 2e-3, "radam": 1e-3}
+# The options of every optimizer, their defaults and the values the cases
+# switch to: scripts/golden_options.py.
 
 TORCH_CLASS = {
     "sgd": torch.optim.SGD,
@@ -307,48 +228,14 @@ def case_list(opt):
             seen[k] = list(sizes)
             out.append(case)
 
-    # The selected combinations, at n = 1000 (and some at 65537).
     T = True
-    selected = {
-        "sgd": [({}, 0), ({"momentum": T}, 0), ({"momentum": T, "dampening": T}, 0),
-                ({"momentum": T, "nesterov": T}, 0), ({"weight_decay": T}, 0),
-                ({"maximize": T}, 0),
-                ({"momentum": T, "nesterov": T, "weight_decay": T, "maximize": T}, 1)],
-        "adam": [({}, 0), ({"beta1": T, "beta2": T}, 0), ({"weight_decay": T}, 0),
-                 ({"amsgrad": T}, 0), ({"amsgrad": T, "maximize": T}, 0),
-                 ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T, "amsgrad": T}, 1)],
-        "adamw": [({}, 0), ({"weight_decay": 0.0}, 0),
-                  ({"weight_decay": T, "amsgrad": T}, 0), ({"beta1": T, "beta2": T, "eps": T}, 0),
-                  ({"beta1": T, "beta2": T, "weight_decay": T, "amsgrad": T, "maximize": T}, 0)],
-        "adagrad": [({}, 0), ({"lr_decay": T}, 0), ({"weight_decay": T}, 0),
-                    ({"initial_accumulator_value": T, "eps": T}, 0),
-                    ({"lr_decay": T, "weight_decay": T, "initial_accumulator_value": T,
-                      "maximize": T}, 1)],
-        "rmsprop": [({}, 0), ({"alpha": T, "eps": T}, 0), ({"weight_decay": T}, 0),
-                    ({"momentum": T}, 0), ({"centered": T}, 0),
-                    ({"momentum": T, "centered": T, "weight_decay": T, "maximize": T}, 1)],
-        "lion": [({"lr": DEFAULT_LR["lion"]}, 0), ({"beta1": T, "beta2": T}, 0),
-                 ({"weight_decay": T}, 1)],
-        "lamb": [({"lr": DEFAULT_LR["lamb"]}, 0), ({"beta1": T, "beta2": T, "eps": T}, 1),
-                 ({"weight_decay": 0.0}, 0), ({"weight_decay": T}, 0)],
-        "nadam": [({"lr": DEFAULT_LR["nadam"]}, 0), ({}, 0), ({"beta1": T, "beta2": T}, 0),
-                  ({"momentum_decay": T}, 0), ({"weight_decay": T}, 0),
-                  ({"weight_decay": T, "decoupled_weight_decay": T}, 0), ({"maximize": T}, 0),
-                  ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T, "momentum_decay": T,
-                    "decoupled_weight_decay": T}, 1)],
-        "radam": [({"lr": DEFAULT_LR["radam"]}, 0), ({}, 0), ({"beta1": T, "beta2": T}, 0),
-                  ({"weight_decay": T}, 0),
-                  ({"weight_decay": T, "decoupled_weight_decay": T}, 0), ({"maximize": T}, 0),
-                  ({"beta1": T, "beta2": T, "eps": T, "weight_decay": T,
-                    "decoupled_weight_decay": T, "maximize": T}, 1)],
-    }[opt]
-
     # Every combination of defaults and non-defaults, at the small sizes.
     for bits in itertools.product((False, True), repeat=len(toggles)):
         o = full_options(opt, {k: T for k, b in zip(toggles, bits) if b})
         if valid(opt, o):
             add(Case(opt, o), SIZES_SMALL)
-    for changes, big in selected:
+    # The selected combinations, at n = 1000 (and some at 65537).
+    for changes, big in SELECTED[opt]:
         add(Case(opt, full_options(opt, changes)),
             SIZES_SMALL + ((SIZE_MID, SIZE_BIG) if big else (SIZE_MID,)))
 
@@ -403,43 +290,11 @@ def run_torch(opt, o, p0, grads):
 # run (torch_nadam with bug113=True reproduces torch 1.13's NAdam).
 
 
-def torch_nadam(o, p0, grads, bug113=False):
-    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
-    md = o["momentum_decay"]
-    p = torch.from_numpy(p0.copy())
-    m = torch.zeros_like(p)
-    v = torch.zeros_like(p)
-    mu_product = torch.tensor(1.0)  # float32, as torch's state["mu_product"]
-    rows = [p0.copy()]
-    for step, g in enumerate(grads, 1):
-        grad = torch.from_numpy(g.copy())
-        if o["maximize"]:
-            grad = -grad
-        step_f = float(torch.tensor(float(step)).item())  # torch's float32 step count
-        bias_correction2 = 1 - b2 ** step_f
-        if wd != 0:
-            if o["decoupled_weight_decay"]:
-                p.mul_(1 - lr * wd)
-            else:
-                grad = grad.add(p, alpha=wd)
-        mu = b1 * (1.0 - 0.5 * (0.96 ** (step_f * md)))
-        mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((step_f + 1) * md)))
-        mu_product *= mu
-        if bug113:
-            mu_product_next = (mu_product * mu * mu_next).item()
-        else:
-            mu_product_next = mu_product.item() * mu_next
-        m.mul_(b1).add_(grad, alpha=1 - b1)
-        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        denom = v.div(bias_correction2).sqrt().add_(eps)
-        p.addcdiv_(grad, denom, value=(-lr * (1.0 - mu) / (1.0 - mu_product.item())))
-        p.addcdiv_(m, denom, value=(-lr * mu_next) / (1.0 - mu_product_next))
-        rows.append(p.numpy().copy())
-    return np.stack(rows)
-
-
-def torch_radam(o, p0, grads):
-    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
+def torch_adam_like(o, p0, grads, update):
+    """The part NAdam and RAdam share: maximize, the weight decay (coupled or
+    decoupled), the moments m and v; update(p, grad, m, v, step) then moves p
+    in place (step: torch's float32 step count, as a float)."""
+    lr, b1, b2, wd = o["lr"], o["beta1"], o["beta2"], o["weight_decay"]
     p = torch.from_numpy(p0.copy())
     m = torch.zeros_like(p)
     v = torch.zeros_like(p)
@@ -449,8 +304,6 @@ def torch_radam(o, p0, grads):
         if o["maximize"]:
             grad = -grad
         step_f = float(torch.tensor(float(step)).item())
-        bias_correction1 = 1 - b1 ** step_f
-        bias_correction2 = 1 - b2 ** step_f
         if wd != 0:
             if o["decoupled_weight_decay"]:
                 p.mul_(1 - lr * wd)
@@ -458,6 +311,38 @@ def torch_radam(o, p0, grads):
                 grad = grad.add(p, alpha=wd)
         m.mul_(b1).add_(grad, alpha=1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        update(p, grad, m, v, step_f)
+        rows.append(p.numpy().copy())
+    return np.stack(rows)
+
+
+def torch_nadam(o, p0, grads, bug113=False):
+    lr, b1, b2, eps, md = o["lr"], o["beta1"], o["beta2"], o["eps"], o["momentum_decay"]
+    mu_product = torch.tensor(1.0)  # float32, as torch's state["mu_product"]
+
+    def update(p, grad, m, v, step_f):
+        nonlocal mu_product
+        bias_correction2 = 1 - b2 ** step_f
+        mu = b1 * (1.0 - 0.5 * (0.96 ** (step_f * md)))
+        mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((step_f + 1) * md)))
+        mu_product *= mu
+        if bug113:
+            mu_product_next = (mu_product * mu * mu_next).item()
+        else:
+            mu_product_next = mu_product.item() * mu_next
+        denom = v.div(bias_correction2).sqrt().add_(eps)
+        p.addcdiv_(grad, denom, value=(-lr * (1.0 - mu) / (1.0 - mu_product.item())))
+        p.addcdiv_(m, denom, value=(-lr * mu_next) / (1.0 - mu_product_next))
+
+    return torch_adam_like(o, p0, grads, update)
+
+
+def torch_radam(o, p0, grads):
+    lr, b1, b2, eps = o["lr"], o["beta1"], o["beta2"], o["eps"]
+
+    def update(p, grad, m, v, step_f):
+        bias_correction1 = 1 - b1 ** step_f
+        bias_correction2 = 1 - b2 ** step_f
         bias_corrected_exp_avg = m / bias_correction1
         rho_inf = 2 / (1 - b2) - 1
         rho_t = rho_inf - 2 * step_f * (b2 ** step_f) / bias_correction2
@@ -468,8 +353,8 @@ def torch_radam(o, p0, grads):
             p.add_(bias_corrected_exp_avg * lr * adaptive_lr * rect, alpha=-1.0)
         else:
             p.add_(bias_corrected_exp_avg * lr, alpha=-1.0)
-        rows.append(p.numpy().copy())
-    return np.stack(rows)
+
+    return torch_adam_like(o, p0, grads, update)
 
 
 TORCH_OPS = {"nadam": torch_nadam, "radam": torch_radam}
@@ -603,52 +488,56 @@ def ref_lamb(o, p, grads):
         yield p
 
 
-def ref_nadam(o, p, grads):
-    """NAdam (Dozat 2016) as torch 2 defines it: momentum decay mu_t, its
-    running product, the Nesterov look-ahead with mu_{t+1}."""
-    lr, b1, b2, eps, wd, md = (o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"],
-                               o["momentum_decay"])
+def ref_adam_like(o, p, grads, update):
+    """The part NAdam and RAdam share, in float64: maximize, the weight decay
+    (coupled or decoupled), the moments m and v; update(t, g, p, m, v)
+    returns the new p."""
+    lr, b1, b2, wd = o["lr"], o["beta1"], o["beta2"], o["weight_decay"]
     m = np.zeros_like(p)
     v = np.zeros_like(p)
-    prod = 1.0
     for t, g in enumerate(grads, 1):
         g = -g if o["maximize"] else g
         if o["decoupled_weight_decay"]:
             p = p * (1 - lr * wd)
         elif wd != 0:
             g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = update(t, g, p, m, v)
+        yield p
+
+
+def ref_nadam(o, p, grads):
+    """NAdam (Dozat 2016) as torch 2 defines it: momentum decay mu_t, its
+    running product, the Nesterov look-ahead with mu_{t+1}."""
+    lr, b1, b2, eps, md = o["lr"], o["beta1"], o["beta2"], o["eps"], o["momentum_decay"]
+    prod = 1.0
+
+    def update(t, g, p, m, v):
+        nonlocal prod
         mu = b1 * (1 - 0.5 * 0.96 ** (t * md))
         mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * md))
         prod *= mu
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
         denom = np.sqrt(v / (1 - b2**t)) + eps
-        p = p - lr * (1 - mu) / (1 - prod) * g / denom - lr * mu_next / (1 - prod * mu_next) * m / denom
-        yield p
+        return p - lr * (1 - mu) / (1 - prod) * g / denom - lr * mu_next / (1 - prod * mu_next) * m / denom
+
+    return ref_adam_like(o, p, grads, update)
 
 
 def ref_radam(o, p, grads):
     """RAdam (Liu et al. 2020, Algorithm 2)."""
-    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]
-    m = np.zeros_like(p)
-    v = np.zeros_like(p)
+    lr, b1, b2, eps = o["lr"], o["beta1"], o["beta2"], o["eps"]
     rho_inf = 2 / (1 - b2) - 1
-    for t, g in enumerate(grads, 1):
-        g = -g if o["maximize"] else g
-        if o["decoupled_weight_decay"]:
-            p = p * (1 - lr * wd)
-        elif wd != 0:
-            g = g + wd * p
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
+
+    def update(t, g, p, m, v):
         m_hat = m / (1 - b1**t)
         rho_t = rho_inf - 2 * t * b2**t / (1 - b2**t)
         if rho_t > 5:
             rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
-            p = p - lr * m_hat * rect * math.sqrt(1 - b2**t) / (np.sqrt(v) + eps)
-        else:
-            p = p - lr * m_hat
-        yield p
+            return p - lr * m_hat * rect * math.sqrt(1 - b2**t) / (np.sqrt(v) + eps)
+        return p - lr * m_hat
+
+    return ref_adam_like(o, p, grads, update)
 
 
 def run_float64(opt, o, p0, grads, margins=None):

@@ -21,6 +21,7 @@
 #include "../report.hpp"
 #include "commands.hpp"
 #include "common.hpp"
+#include "shardopt/agree.hpp"
 
 namespace ckpt_tool {
 namespace {
@@ -100,13 +101,25 @@ double timed(const World& w, Fn&& fn) {
   MPI_Barrier(w.comm);
   const double t0 = MPI_Wtime();
   fn();
-  double dt = MPI_Wtime() - t0;
-  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, w.comm);
-  return dt;
+  return shardopt::max_over_ranks(*w.tool, MPI_Wtime() - t0);
 }
 
 std::string errno_text(const std::string& what, const std::string& path) {
   return what + " '" + path + "': " + std::strerror(errno);
+}
+
+// Local: moves `bytes` at `offset` of the open file fd in kRawBlock calls
+// io(done, length) (a pread or a pwrite of bytes [done, done + length));
+// "" or failed(n) for a call that moved n <= 0 bytes.
+template <class Io, class Failed>
+std::string in_blocks(u64 bytes, Io&& io, Failed&& failed) {
+  for (u64 done = 0; done < bytes;) {
+    const ssize_t n = io(done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return failed(n);
+    done += static_cast<u64>(n);
+  }
+  return {};
 }
 
 // Local: writes `bytes` of buf at `offset` of path in kRawBlock calls, then
@@ -114,18 +127,12 @@ std::string errno_text(const std::string& what, const std::string& path) {
 std::string raw_write(const std::string& path, const unsigned char* buf, u64 offset, u64 bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return errno_text("cannot open", path);
-  std::string err;
-  for (u64 done = 0; done < bytes && err.empty();) {
-    const ssize_t n =
-        ::pwrite(fd, buf + done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)),
-                 static_cast<off_t>(offset + done));
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      err = errno_text("cannot write", path);
-    } else {
-      done += static_cast<u64>(n);
-    }
-  }
+  std::string err = in_blocks(
+      bytes,
+      [&](u64 done, std::size_t length) {
+        return ::pwrite(fd, buf + done, length, static_cast<off_t>(offset + done));
+      },
+      [&](ssize_t) { return errno_text("cannot write", path); });
   if (err.empty() && ::fsync(fd) != 0) err = errno_text("cannot sync", path);
   ::close(fd);
   return err;
@@ -134,16 +141,14 @@ std::string raw_write(const std::string& path, const unsigned char* buf, u64 off
 std::string raw_read(const std::string& path, unsigned char* buf, u64 offset, u64 bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_text("cannot open", path);
-  std::string err;
-  for (u64 done = 0; done < bytes && err.empty();) {
-    const ssize_t n =
-        ::pread(fd, buf + done, static_cast<std::size_t>(std::min(kRawBlock, bytes - done)),
-                static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) err = errno_text("cannot read", path);
-    if (n == 0) err = "'" + path + "' is shorter than expected";
-    if (n > 0) done += static_cast<u64>(n);
-  }
+  const std::string err = in_blocks(
+      bytes,
+      [&](u64 done, std::size_t length) {
+        return ::pread(fd, buf + done, length, static_cast<off_t>(offset + done));
+      },
+      [&](ssize_t n) {
+        return n < 0 ? errno_text("cannot read", path) : "'" + path + "' is shorter than expected";
+      });
   ::close(fd);
   return err;
 }
@@ -264,6 +269,16 @@ class Bench {
         if (o_.cold && w_.rank == 0) drop_cache(path);
         MPI_Barrier(w_.comm);
       };
+      // a then b, or b then a, as drawn (the same draw on every rank).
+      auto in_drawn_order = [&](auto& a, auto& b) {
+        if (order() % 2) {
+          a();
+          b();
+        } else {
+          b();
+          a();
+        }
+      };
       double s = 0, rw = 0, l = 0, rr = 0;
       std::string err;
       auto do_save = [&] {
@@ -275,13 +290,7 @@ class Bench {
         rw = timed(w_, [&] { err = raw_write(raw_, raw.as<unsigned char>(), offset, mine); });
         agree(w_, err);
       };
-      if (order() % 2) {
-        do_save();
-        do_raw_write();
-      } else {
-        do_raw_write();
-        do_save();
-      }
+      in_drawn_order(do_save, do_raw_write);
       shardopt::LoadReport rep;
       auto do_load = [&] {
         settle(ckpt_);
@@ -292,13 +301,7 @@ class Bench {
         rr = timed(w_, [&] { err = raw_read(raw_, raw.as<unsigned char>(), offset, mine); });
         agree(w_, err);
       };
-      if (order() % 2) {
-        do_load();
-        do_raw_read();
-      } else {
-        do_raw_read();
-        do_load();
-      }
+      in_drawn_order(do_load, do_raw_read);
       if (!rep.missing.empty() || !rep.unexpected.empty() || !rep.mismatched.empty()) {
         throw Failure("load() did not restore every tensor: " + rep.summary());
       }
@@ -324,9 +327,8 @@ class Bench {
 
     // The parameters after the last load are the ones saved.
     const std::uint64_t again = report::fnv1a(params.data(), psi * 4);
-    int bad = again != hash ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, w_.comm);
-    if (bad) throw Failure("the parameters after load() differ from those saved");
+    if (shardopt::any_rank(*w_.tool, again != hash))
+      throw Failure("the parameters after load() differ from those saved");
 
     BenchRow r;
     r.params = psi;
@@ -469,8 +471,8 @@ int run_bench(shardopt::Communicator& comm, const World& w, const BenchOptions& 
   int local_ranks = 1;
   MPI_Comm_size(node, &local_ranks);
   MPI_Comm_free(&node);
-  double available = static_cast<double>(machine::mem_available_bytes());
-  MPI_Allreduce(MPI_IN_PLACE, &available, 1, MPI_DOUBLE, MPI_MIN, w.comm);
+  const double available =
+      shardopt::min_over_ranks(*w.tool, static_cast<double>(machine::mem_available_bytes()));
 
   if (w.rank == 0) print_bench_header(o, w, dir_fs, local_ranks);
   std::vector<BenchRow> rows;

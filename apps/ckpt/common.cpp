@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
+#include <limits>
+
+#include "shardopt/agree.hpp"
 
 namespace ckpt_tool {
 
@@ -13,18 +15,20 @@ namespace ckpt_tool {
 // Errors
 
 void agree(const World& w, const std::string& error, const std::string& hint) {
-  int first = error.empty() ? INT_MAX : w.rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, w.comm);
-  if (first == INT_MAX) return;
-  std::string text = error + '\n' + hint;
-  int n = static_cast<int>(text.size());
-  MPI_Bcast(&n, 1, MPI_INT, first, w.comm);
-  text.resize(static_cast<std::size_t>(n));
-  MPI_Bcast(text.data(), n, MPI_CHAR, first, w.comm);
-  const std::size_t nl = text.find('\n');
-  std::string message = text.substr(0, nl);
-  if (w.size > 1) message = "on rank " + std::to_string(first) + ": " + message;
-  throw Failure(message, text.substr(nl + 1));
+  if (w.size == 1) {
+    if (!error.empty()) throw Failure(error, hint);
+    return;
+  }
+  // The lowest rank that failed speaks for all: "on rank 2: ...".
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t first = shardopt::min_over_ranks(*w.tool, error.empty() ? kNone : w.rank);
+  if (first == kNone) return;
+  try {
+    shardopt::agree_or_throw(*w.tool, w.rank == first ? error : std::string(),
+                             shardopt::ErrorCode::io, hint);
+  } catch (const shardopt::Error& e) {
+    throw Failure(e.message(), e.hint());
+  }
 }
 
 void report_failure(const World& w, const std::string& context, const std::string& message,

@@ -64,8 +64,10 @@ class Failure : public std::runtime_error {
 };
 
 // The tool's own communicator (barriers, agreement, reductions), beside the
-// library's.
+// library's: `tool` for the agreement (shardopt/agree.hpp), `comm`, its MPI
+// communicator, for the raw calls.
 struct World {
+  shardopt::Communicator* tool = nullptr;
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
@@ -179,6 +181,22 @@ std::size_t rounds_of(std::size_t windows, int ranks);
 
 // This rank's window of round k, or null.
 const Window* my_window(const std::vector<Window>& windows, std::size_t k, const World& w);
+
+// The windows of a plan over everything, `total_bytes`, at most `window`
+// bytes each (cut_windows, window_target).
+inline std::vector<Window> plan_windows(const std::vector<u64>& numel, const std::vector<u64>& cost,
+                                        const std::vector<u64>& align, u64 total_bytes,
+                                        const World& w, u64 window) {
+  return cut_windows(numel, cost, align, window_target(total_bytes, w.size, window));
+}
+
+// Local: calls fn(window) for each window this rank gets, in order.
+template <class Fn>
+void for_each_my_window(const std::vector<Window>& windows, const World& w, Fn&& fn) {
+  for (std::size_t k = 0; k < rounds_of(windows.size(), w.size); ++k) {
+    if (const Window* win = my_window(windows, k, w)) fn(*win);
+  }
+}
 
 // A pre-touched buffer of at least `bytes`, reused.
 class Scratch {

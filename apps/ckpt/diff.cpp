@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,50 +38,33 @@ void widen(const unsigned char* p, std::size_t n, double* out) {
   for (std::size_t i = 0; i < n; ++i) {
     T v;
     std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    out[i] = static_cast<double>(v);
+    if constexpr (std::is_same_v<T, shardopt::bfloat16> || std::is_same_v<T, shardopt::float16>) {
+      out[i] = shardopt::to_float(v);
+    } else {
+      out[i] = static_cast<double>(v);
+    }
   }
 }
 
 void to_double(Kind k, const unsigned char* p, std::size_t n, double* out) {
-  switch (k) {
-    case Kind::f64:
-      return widen<double>(p, n, out);
-    case Kind::f32:
-      return widen<float>(p, n, out);
-    case Kind::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        shardopt::bfloat16 b;
-        std::memcpy(&b, p + 2 * i, 2);
-        out[i] = shardopt::to_float(b);
-      }
-      return;
-    case Kind::f16:
-      for (std::size_t i = 0; i < n; ++i) {
-        shardopt::float16 h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = shardopt::to_float(h);
-      }
-      return;
-    case Kind::i8:
-      return widen<std::int8_t>(p, n, out);
-    case Kind::i16:
-      return widen<std::int16_t>(p, n, out);
-    case Kind::i32:
-      return widen<std::int32_t>(p, n, out);
-    case Kind::i64:
-      return widen<std::int64_t>(p, n, out);
-    case Kind::u8:
-    case Kind::boolean:
-      return widen<std::uint8_t>(p, n, out);
-    case Kind::u16:
-      return widen<std::uint16_t>(p, n, out);
-    case Kind::u32:
-      return widen<std::uint32_t>(p, n, out);
-    case Kind::u64:
-      return widen<std::uint64_t>(p, n, out);
-    case Kind::bits:
-      return;
-  }
+  // By Kind, in its order; bits are not read as numbers.
+  using Widen = void (*)(const unsigned char*, std::size_t, double*);
+  static constexpr Widen kWiden[] = {widen<double>,
+                                     widen<float>,
+                                     widen<shardopt::bfloat16>,
+                                     widen<shardopt::float16>,
+                                     widen<std::int8_t>,
+                                     widen<std::int16_t>,
+                                     widen<std::int32_t>,
+                                     widen<std::int64_t>,
+                                     widen<std::uint8_t>,
+                                     widen<std::uint16_t>,
+                                     widen<std::uint32_t>,
+                                     widen<std::uint64_t>,
+                                     widen<std::uint8_t>,
+                                     nullptr};
+  static_assert(std::size(kWiden) == static_cast<std::size_t>(Kind::bits) + 1);
+  if (const Widen f = kWiden[static_cast<std::size_t>(k)]) f(p, n, out);
 }
 
 // One pair of tensors compared: in A and in B, the same shape.
@@ -282,21 +267,18 @@ int diff_files(shardopt::Communicator& comm, const World& w, const std::string& 
                                                                        : 1);
     total += p.numel * (p.es_a + p.es_b);
   }
-  const std::vector<Window> windows =
-      cut_windows(numel, cost, align, window_target(total, w.size, o.window));
+  const std::vector<Window> windows = plan_windows(numel, cost, align, total, w, o.window);
   const std::size_t rounds = rounds_of(windows.size(), w.size);
   u64 biggest_a = 1, biggest_b = 1;
-  for (std::size_t k = 0; k < rounds; ++k) {
-    if (const Window* win = my_window(windows, k, w)) {
-      u64 ba = 0, bb = 0;
-      for (const Unit& u : *win) {
-        ba += u.count * pairs[u.item].es_a;
-        bb += u.count * pairs[u.item].es_b;
-      }
-      biggest_a = std::max(biggest_a, ba);
-      biggest_b = std::max(biggest_b, bb);
+  for_each_my_window(windows, w, [&](const Window& win) {
+    u64 ba = 0, bb = 0;
+    for (const Unit& u : win) {
+      ba += u.count * pairs[u.item].es_a;
+      bb += u.count * pairs[u.item].es_b;
     }
-  }
+    biggest_a = std::max(biggest_a, ba);
+    biggest_b = std::max(biggest_b, bb);
+  });
   Scratch sa, sb;
   unsigned char *buf_a = nullptr, *buf_b = nullptr;
   local(w, [&] {

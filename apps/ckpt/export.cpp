@@ -75,18 +75,15 @@ void export_file(shardopt::Communicator& comm, const World& w, const std::string
   }
   // Each rank holds the output of its windows (its share, about 1/ranks)
   // and reads one window at a time.
-  const std::vector<Window> windows =
-      cut_windows(numel, cost, align, window_target(total, w.size, o.window));
+  const std::vector<Window> windows = plan_windows(numel, cost, align, total, w, o.window);
   const std::size_t rounds = rounds_of(windows.size(), w.size);
   u64 mine = 0, staging = 0;
-  for (std::size_t k = 0; k < rounds; ++k) {
-    if (const Window* win = my_window(windows, k, w)) {
-      u64 n = 0;
-      for (const Unit& u : *win) n += u.count;
-      mine += n * out_es;
-      staging = std::max(staging, n * 4);
-    }
-  }
+  for_each_my_window(windows, w, [&](const Window& win) {
+    u64 n = 0;
+    for (const Unit& u : win) n += u.count;
+    mine += n * out_es;
+    staging = std::max(staging, n * 4);
+  });
   shardopt::HostBuffer held;
   Scratch scratch;
   unsigned char* stage = nullptr;

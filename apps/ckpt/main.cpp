@@ -207,23 +207,16 @@ Parsed parse_command_line(int argc, char** argv) {
     p.command = Command::export_;
     static constexpr OptionSpec kSpecs[] = {
         kHelp, kWindow, {'d', "dtype", true}, {0, "chunk-bytes", true}};
-    p.operands = parse_words(argc, argv, kSpecs,
-                             [&](const OptionSpec& s, const std::string& l, std::string_view v) {
-                               if (common(s, l, v)) return;
-                               if (std::string_view(s.long_name) == "dtype") {
-                                 if (v == "f32") {
-                                   p.export_.dtype = DType::f32;
-                                 } else if (v == "bf16") {
-                                   p.export_.dtype = DType::bf16;
-                                 } else if (v == "f16") {
-                                   p.export_.dtype = DType::f16;
-                                 } else {
-                                   bad_value(l, v, "f32 bf16 f16");
-                                 }
-                               } else {
-                                 p.export_.chunk_bytes = parse_bytes(l, v);
-                               }
-                             });
+    p.operands = parse_words(
+        argc, argv, kSpecs, [&](const OptionSpec& s, const std::string& l, std::string_view v) {
+          if (common(s, l, v)) return;
+          if (std::string_view(s.long_name) == "dtype") {
+            p.export_.dtype = cli::parse_choice<DType>(
+                l, v, {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}});
+          } else {
+            p.export_.chunk_bytes = parse_bytes(l, v);
+          }
+        });
     if (!p.help) expect_operands(p.operands, 2, 2, "CKPT and OUT: export CKPT OUT");
   } else if (cmd == "diff") {
     p.command = Command::diff;
@@ -312,7 +305,9 @@ int ckpt_main(int argc, char** argv) {
   // hang.
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
-    MPI_Comm_dup(MPI_COMM_WORLD, &w.comm);
+    shardopt::Communicator tool(MPI_COMM_WORLD);
+    w.tool = &tool;
+    w.comm = tool.mpi_comm();
     int rc = 0;
     switch (p.command) {
       case Command::info:
@@ -331,7 +326,7 @@ int ckpt_main(int argc, char** argv) {
         rc = run_bench(comm, w, p.bench);
         break;
     }
-    MPI_Comm_free(&w.comm);
+    tool.free();
     comm.free();
     return rc;
   } catch (const shardopt::Error& e) {

@@ -35,17 +35,14 @@ void verify_file(shardopt::Communicator& comm, const World& w, const std::string
     total += t.bytes();
     chunks += chunks_of(h, t);
   }
-  const std::vector<Window> windows =
-      cut_windows(numel, cost, align, window_target(total, w.size, o.window));
+  const std::vector<Window> windows = plan_windows(numel, cost, align, total, w, o.window);
   Scratch scratch;
   u64 biggest = 0;
-  for (std::size_t k = 0; k < rounds_of(windows.size(), w.size); ++k) {
-    if (const Window* win = my_window(windows, k, w)) {
-      u64 b = 0;
-      for (const Unit& u : *win) b += u.count;
-      biggest = std::max(biggest, b);
-    }
-  }
+  for_each_my_window(windows, w, [&](const Window& win) {
+    u64 b = 0;
+    for (const Unit& u : win) b += u.count;
+    biggest = std::max(biggest, b);
+  });
   unsigned char* buf = nullptr;
   local(w, [&] { buf = scratch.get(std::max<u64>(biggest, 1)); });
   for (std::size_t k = 0; k < rounds_of(windows.size(), w.size); ++k) {

@@ -43,6 +43,14 @@
 namespace train {
 namespace {
 
+// True on every rank if `ok` is true on every rank: the checks before the
+// library is set up (its settings may be what failed) run on raw MPI.
+bool all_ok(bool ok) {
+  int v = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v == 1;
+}
+
 // Everything that needs MPI; run_with_mpi's Environment outlives it.
 int train_main(int argc, char** argv) {
   int rank = 0;
@@ -78,7 +86,7 @@ int train_main(int argc, char** argv) {
   } catch (const std::exception& e) {
     local_error = e.what();
   }
-  if (!all_ok(local_error.empty(), MPI_COMM_WORLD)) {
+  if (!all_ok(local_error.empty())) {
     if (!local_error.empty()) cli::print_error(kProgram, rank, local_error);
     return 1;
   }
@@ -87,23 +95,23 @@ int train_main(int argc, char** argv) {
   // asks for more.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 
-  MPI_Comm stats = MPI_COMM_NULL;
-  MPI_Comm_dup(MPI_COMM_WORLD, &stats);
   int status = 1;
   try {
+    // The trainer's own reductions and checks run beside the library's.
+    shardopt::Communicator stats(MPI_COMM_WORLD);
     shardopt::Communicator comm(MPI_COMM_WORLD);
     const bool live = rank == 0 && !opt.json &&
                       (opt.progress == Progress::on ||
                        (opt.progress == Progress::automatic && output_is_terminal()));
     status = run({opt, comm, stats, rank, ranks, rank == 0, live});
     comm.free();
+    stats.free();
   } catch (const std::exception& e) {
     // A failure on some ranks only, possibly in the middle of a collective
     // the others wait in: stop the job rather than hang.
     cli::print_error(kProgram, rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  MPI_Comm_free(&stats);
   return status;
 }
 

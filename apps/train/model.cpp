@@ -7,21 +7,22 @@
 
 namespace train {
 
-train::Shape student_shape(const Options& o) {
+namespace {
+
+// --inputs, then --layers - 1 hidden layers of width `hidden`, then --outputs.
+train::Shape mlp_shape(const Options& o, int hidden) {
   train::Shape s;
   s.dims.push_back(o.inputs);
-  for (int l = 1; l < o.layers; ++l) s.dims.push_back(o.hidden);
+  s.dims.insert(s.dims.end(), static_cast<std::size_t>(std::max(o.layers - 1, 0)), hidden);
   s.dims.push_back(o.outputs);
   return s;
 }
 
-train::Shape teacher_shape(const Options& o) {
-  train::Shape s;
-  s.dims.push_back(o.inputs);
-  for (int l = 1; l < o.layers; ++l) s.dims.push_back(o.teacher_hidden);
-  s.dims.push_back(o.outputs);
-  return s;
-}
+}  // namespace
+
+train::Shape student_shape(const Options& o) { return mlp_shape(o, o.hidden); }
+
+train::Shape teacher_shape(const Options& o) { return mlp_shape(o, o.teacher_hidden); }
 
 std::vector<float> student_init(const train::Shape& shape, std::uint64_t seed) {
   std::vector<float> v(shape.numel());

@@ -150,36 +150,19 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   if (name == "stage") {
     o.stage = parse_int(label, v, 0, 2, "0 1 2");
   } else if (name == "precision") {
-    if (v == "f32") {
-      o.precision = DType::f32;
-    } else if (v == "bf16") {
-      o.precision = DType::bf16;
-    } else if (v == "f16") {
-      o.precision = DType::f16;
-    } else {
-      bad_value(label, v, "f32 bf16 f16");
-    }
+    o.precision = cli::parse_choice<DType>(
+        label, v, {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}});
   } else if (name == "schedule") {
-    if (v == "cosine") {
-      o.schedule = Schedule::cosine;
-    } else if (v == "constant") {
-      o.schedule = Schedule::constant;
-    } else {
-      bad_value(label, v, "cosine constant");
-    }
+    o.schedule = cli::parse_choice<Schedule>(
+        label, v, {{"cosine", Schedule::cosine}, {"constant", Schedule::constant}});
   } else if (name == "clip") {
     o.clip = parse_number(label, v, false);
   } else if (name == "bucket-mb") {
     o.bucket_mb = parse_number(label, v, false);
     if (o.bucket_mb > 65536.0) bad_value(label, v, "a number of MiB > 0 and <= 65536");
   } else if (name == "loss-scale") {
-    if (v == "dynamic") {
-      o.loss_scale = LossScaling::dynamic;
-    } else if (v == "none") {
-      o.loss_scale = LossScaling::none;
-    } else {
-      bad_value(label, v, "dynamic none");
-    }
+    o.loss_scale = cli::parse_choice<LossScaling>(
+        label, v, {{"dynamic", LossScaling::dynamic}, {"none", LossScaling::none}});
   } else if (name == "param-remainders") {
     o.param_remainders = true;
   } else if (name == "reduce-fp32") {
@@ -213,15 +196,8 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   } else if (name == "json") {
     o.json = true;
   } else if (name == "progress") {
-    if (v == "auto") {
-      o.progress = Progress::automatic;
-    } else if (v == "on") {
-      o.progress = Progress::on;
-    } else if (v == "off") {
-      o.progress = Progress::off;
-    } else {
-      bad_value(label, v, "auto on off");
-    }
+    o.progress = cli::parse_choice<Progress>(
+        label, v, {{"auto", Progress::automatic}, {"on", Progress::on}, {"off", Progress::off}});
   } else if (name == "save-params") {
     if (v.empty()) bad_value(label, v, "a file name");
     o.save_params = std::string(v);

@@ -25,26 +25,17 @@ bool output_is_terminal();
 // communication StepInfo reports (exposed: blocked waiting for collectives;
 // span: the gradient reduction from its first reduce-scatter to its end).
 struct Times {
-  double compute = 0.0;
-  double reduce = 0.0;
-  double update = 0.0;
-  double gather = 0.0;
-  double total = 0.0;
-  double exposed = 0.0;
-  double span = 0.0;
-  double reduce_bytes = 0.0;
-  double gather_bytes = 0.0;
+  // Seconds.
+  double compute = 0.0, reduce = 0.0, update = 0.0, gather = 0.0, total = 0.0;
+  double exposed = 0.0, span = 0.0;
+  // Bytes.
+  double reduce_bytes = 0.0, gather_bytes = 0.0;
 
   void add(const Times& t) {
-    compute += t.compute;
-    reduce += t.reduce;
-    update += t.update;
-    gather += t.gather;
-    total += t.total;
-    exposed += t.exposed;
-    span += t.span;
-    reduce_bytes += t.reduce_bytes;
-    gather_bytes += t.gather_bytes;
+    std::array<double, 9> a = array();
+    const std::array<double, 9> b = t.array();
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    *this = from(a);
   }
   std::array<double, 9> array() const {
     return {compute, reduce, update, gather, total, exposed, span, reduce_bytes, gather_bytes};

@@ -20,6 +20,7 @@
 #include "files.hpp"
 #include "model.hpp"
 #include "output.hpp"
+#include "shardopt/agree.hpp"
 #include "shardopt/zero.hpp"
 
 namespace train {
@@ -37,17 +38,16 @@ double scheduled_lr(const Options& o, int step_index) {
 // Reductions over the ranks
 
 // The slowest rank's sums of each phase (each phase's maximum on its own).
-Times slowest(const Times& local, MPI_Comm comm) {
+Times slowest(const Times& local, const shardopt::Communicator& comm) {
   std::array<double, 9> a = local.array();
-  MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(a.size()), MPI_DOUBLE, MPI_MAX, comm);
+  MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(a.size()), MPI_DOUBLE, MPI_MAX,
+                comm.mpi_comm());
   return Times::from(a);
 }
 
-double mean_over_ranks(double v, MPI_Comm comm) {
-  int n = 1;
-  MPI_Comm_size(comm, &n);
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
-  return v / n;
+double mean_over_ranks(double v, const shardopt::Communicator& comm) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
+  return v / comm.size();
 }
 
 // FNV-1a over the bytes of every parameter.
@@ -58,24 +58,12 @@ std::uint64_t params_hash(const ModelTensors& m) {
   return h;
 }
 
-bool same_on_every_rank(std::uint64_t v, MPI_Comm comm) {
-  std::array<std::uint64_t, 2> lo_hi = {v, ~v};
-  MPI_Allreduce(MPI_IN_PLACE, lo_hi.data(), 2, MPI_UINT64_T, MPI_MIN, comm);
-  return lo_hi[0] == v && lo_hi[1] == ~v;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---------------------------------------------------------------------------
 // Collective calls of the optimizer that write or read files
-
-// The slowest rank's value of `seconds`.
-double slowest_seconds(double seconds, MPI_Comm comm) {
-  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return seconds;
-}
 
 // Ends a collective library call (save, load, export) that throws the same
 // error on every rank: each rank that failed prints the error (a job's ranks
@@ -84,7 +72,7 @@ double slowest_seconds(double seconds, MPI_Comm comm) {
 // succeeded on every rank.
 bool collective_ok(const RunContext& c, const std::string& error) {
   if (!error.empty()) cli::print_error(kProgram, c.rank, error);
-  return all_ok(error.empty(), c.stats);
+  return shardopt::all_ranks(c.stats, error.empty());
 }
 
 // Runs a collective call of the optimizer that writes or reads `path`:
@@ -102,7 +90,7 @@ std::optional<double> timed_collective(const RunContext& c, const std::string& w
   }
   const double seconds = seconds_since(t0);
   if (!collective_ok(c, error)) return std::nullopt;
-  return slowest_seconds(seconds, c.stats);
+  return shardopt::max_over_ranks(c.stats, seconds);
 }
 
 // ---------------------------------------------------------------------------
@@ -433,13 +421,13 @@ int Training::finish() {
 
   // step() leaves every rank's parameters identical, so rank 0 writes its
   // own; check the promise first, at the cost of one small reduction.
-  s.identical = same_on_every_rank(params_hash(model_), c_.stats);
+  s.identical = shardopt::same_on_all_ranks(c_.stats, params_hash(model_));
   if (!s.identical) {
     s.save_error = "the parameters differ between ranks after the last step";
   } else if (!o.save_params.empty() && c_.rank == 0) {
     s.save_error = save_params(o.save_params, model_, opt.steps());
   }
-  s.saved = all_ok(s.save_error.empty(), c_.stats);
+  s.saved = shardopt::all_ranks(c_.stats, s.save_error.empty());
 
   // The checkpoint at the end, unless this run already wrote it, or the
   // run took no step from the checkpoint it resumed at that very path.
@@ -470,12 +458,6 @@ int Training::finish() {
 }
 
 }  // namespace
-
-bool all_ok(bool ok, MPI_Comm comm) {
-  int v = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, comm);
-  return v == 1;
-}
 
 int run(const RunContext& c) {
   Training t(c);  // the model and the data

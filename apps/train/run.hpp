@@ -14,15 +14,12 @@ inline constexpr const char* kProgram = "shardopt-train";
 struct RunContext {
   const Options& o;
   shardopt::Communicator& comm;
-  MPI_Comm stats;  // the trainer's own reductions (losses, times)
+  shardopt::Communicator& stats;  // the trainer's own reductions (losses, times) and checks
   int rank;
   int ranks;
   bool printer;
   bool live;  // a progress line redrawn in place
 };
-
-// True on every rank if `ok` is true on every rank.
-bool all_ok(bool ok, MPI_Comm comm);
 
 // Runs the training on every rank; returns the exit status.
 int run(const RunContext& c);

@@ -1,0 +1,289 @@
+// shardopt-bench-comm: the benchmark of one element type: each collective
+// of shardopt timed beside the same raw MPI call, and its check.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "../bench_mpi.hpp"
+#include "../report.hpp"
+#include "data.hpp"
+#include "options.hpp"
+
+namespace bench_comm {
+
+using report::Stats;
+using report::stats_of;
+
+struct Row {
+  Collective op;
+  std::size_t nominal_bytes;  // the size asked for
+  std::size_t bytes;          // the size moved: the count times elem (times ranks)
+  std::size_t count;          // elements per rank block (allreduce, broadcast: all)
+  bool inplace;
+  int iters;
+  Stats so, mpi;
+  long long wrong;  // -1: not checked
+};
+
+inline double algbw_gbps(const Row& r) {
+  return r.so.median_us > 0 ? static_cast<double>(r.bytes) / (r.so.median_us * 1e-6) / 1e9 : 0.0;
+}
+inline double ratio_of(const Row& r) {
+  return r.so.median_us > 0 ? r.mpi.median_us / r.so.median_us : 0;
+}
+
+template <class T>
+class Bench {
+ public:
+  Bench(const Options& opt, shardopt::Communicator& comm, MPI_Comm raw, MPI_Comm timing, void* send,
+        void* recv)
+      : opt_(opt),
+        comm_(comm),
+        raw_(raw),
+        timing_(timing),
+        rank_(comm.rank()),
+        nranks_(comm.size()),
+        send_(static_cast<T*>(send)),
+        recv_(static_cast<T*>(recv)),
+        data_(comm.size(), exact_integer_limit<T>(), opt.redop) {
+    fill_input(send_, max_elements(), rank_, 0);
+  }
+
+  // One row of results for (op, nominal size, variant), or none if the count is 0.
+  std::optional<Row> run(Collective op, std::size_t nominal, bool inplace) {
+    const std::size_t n = static_cast<std::size_t>(nranks_);
+    const bool blocked = op == Collective::reduce_scatter || op == Collective::allgather;
+    const std::size_t count = blocked ? nominal / (n * sizeof(T)) : nominal / sizeof(T);
+    if (count == 0) return std::nullopt;
+    Row row{};
+    row.op = op;
+    row.nominal_bytes = nominal;
+    row.count = count;
+    row.bytes = count * sizeof(T) * (blocked ? n : 1);
+    row.inplace = inplace;
+
+    // Restores the input of an in-place reduction before each iteration, so
+    // every iteration reduces the same random data (repeated in-place sums
+    // would overflow into inf or wrap around).
+    const std::size_t restore = (inplace && is_reduction(op)) ? row.bytes : 0;
+    // The data the op sends in place: the root's buffer, this rank's block.
+    if (op == Collective::broadcast && rank_ == opt_.root) {
+      std::memcpy(recv_, send_, count * sizeof(T));
+    }
+    if (op == Collective::allgather && inplace) {
+      std::memcpy(recv_ + static_cast<std::size_t>(rank_) * count, send_, count * sizeof(T));
+    }
+    auto prepare = [&] {
+      if (restore) std::memcpy(recv_, send_, restore);
+    };
+    auto run_shardopt = [&] { call_shardopt(op, inplace, count); };
+    auto run_mpi = [&] { call_mpi(op, inplace, count); };
+    time_pair(prepare, run_shardopt, run_mpi, row);
+    row.wrong = opt_.check ? check(op, inplace, count) : -1;
+    return row;
+  }
+
+ private:
+  std::size_t max_elements() const { return opt_.max_bytes / sizeof(T); }
+
+  void call_shardopt(Collective op, bool inplace, std::size_t count) {
+    const DType t = opt_.dtype;
+    switch (op) {
+      case Collective::allreduce:
+        comm_.allreduce(inplace ? recv_ : send_, recv_, count, t, opt_.redop);
+        break;
+      case Collective::reduce_scatter:  // in place: MPI style, the block lands at the start
+        comm_.reduce_scatter(inplace ? recv_ : send_, recv_, count, t, opt_.redop);
+        break;
+      case Collective::allgather:
+        comm_.allgather(inplace ? recv_ + static_cast<std::size_t>(rank_) * count : send_, recv_,
+                        count, t);
+        break;
+      case Collective::broadcast:
+        comm_.broadcast(recv_, count, t, opt_.root);
+        break;
+    }
+  }
+
+  // The raw calls keep MPI's default error handler (MPI_ERRORS_ARE_FATAL,
+  // inherited from MPI_COMM_WORLD): a failure stops the job with MPI's message.
+  void call_mpi(Collective op, bool inplace, std::size_t count) {
+    const MPI_Datatype t = bench_mpi::raw_mpi_type(opt_.dtype);
+    const MPI_Op mop = bench_mpi::raw_mpi_op(opt_.redop);
+    const int c = static_cast<int>(count);
+    const void* in = inplace ? MPI_IN_PLACE : static_cast<const void*>(send_);
+    switch (op) {
+      case Collective::allreduce:
+        MPI_Allreduce(in, recv_, c, t, mop, raw_);
+        break;
+      case Collective::reduce_scatter:
+        MPI_Reduce_scatter_block(in, recv_, c, t, mop, raw_);
+        break;
+      case Collective::allgather:
+        if (inplace) {
+          MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv_, c, t, raw_);
+        } else {
+          MPI_Allgather(send_, c, t, recv_, c, t, raw_);
+        }
+        break;
+      case Collective::broadcast:
+        MPI_Bcast(recv_, c, t, opt_.root, raw_);
+        break;
+    }
+  }
+
+  // Times shardopt (A) and MPI (B) as A B A B ..., each iteration alone after
+  // a barrier; an iteration's time is the slowest rank's.
+  template <class Prepare, class A, class B>
+  void time_pair(Prepare& prepare, A& run_a, B& run_b, Row& row) {
+    auto once = [&](auto& fn) {
+      prepare();
+      MPI_Barrier(timing_);
+      const double t0 = MPI_Wtime();
+      fn();
+      const double t1 = MPI_Wtime();
+      return t1 - t0;
+    };
+    int iters = opt_.iters;
+    if (opt_.warmup > 0) {
+      double per_iteration = 0;  // of the last warm-up pair, barrier and restore included
+      for (int i = 0; i < opt_.warmup; ++i) {
+        const double w0 = MPI_Wtime();
+        once(run_a);
+        once(run_b);
+        per_iteration = (MPI_Wtime() - w0) / 2;
+      }
+      // Every rank must run the same number of iterations: agree on the estimate.
+      MPI_Allreduce(MPI_IN_PLACE, &per_iteration, 1, MPI_DOUBLE, MPI_MAX, timing_);
+      const double wanted = per_iteration > 0 ? std::ceil(kSeriesBudgetS / per_iteration) : 1e9;
+      const int cap = std::max(opt_.iters, kMaxScaledIters);
+      iters = static_cast<int>(
+          std::clamp(wanted, static_cast<double>(opt_.iters), static_cast<double>(cap)));
+    }
+    std::vector<double> t(2 * static_cast<std::size_t>(iters));
+    // The order within each pair is drawn at random (the same draw on every
+    // rank), so a slowdown that repeats with the iteration's parity cannot
+    // fall on one side only.
+    std::mt19937 order(12345);
+    for (int i = 0; i < iters; ++i) {
+      if (order() & 1u) {
+        t[i] = once(run_a);
+        t[iters + i] = once(run_b);
+      } else {
+        t[iters + i] = once(run_b);
+        t[i] = once(run_a);
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, timing_);
+    row.iters = iters;
+    row.so = stats_of(std::vector<double>(t.begin(), t.begin() + iters));
+    row.mpi = stats_of(std::vector<double>(t.begin() + iters, t.end()));
+  }
+
+  void fill_input(T* p, std::size_t count, int rank, std::size_t first) const {
+    for (std::size_t k = 0; k < count; ++k) p[k] = from_integer<T>(data_.value(rank, first + k));
+  }
+  static void fill_sentinel(T* p, std::size_t count) { std::fill(p, p + count, sentinel<T>()); }
+
+  // Elements of got[0, count) that differ from the reduction over all ranks
+  // of their inputs first .. first + count.
+  long long count_wrong_reduced(const T* got, std::size_t count, std::size_t first) const {
+    long long wrong = 0;
+    const ReduceOp op = opt_.redop;
+    for (std::size_t k = 0; k < count; ++k) {
+      std::int64_t acc = data_.value(0, first + k);
+      for (int q = 1; q < nranks_; ++q) {
+        const std::int64_t v = data_.value(q, first + k);
+        if (op == ReduceOp::max) {
+          acc = std::max(acc, v);
+        } else if (op == ReduceOp::min) {
+          acc = std::min(acc, v);
+        } else {
+          acc += v;
+        }
+      }
+      if (op == ReduceOp::avg) acc /= nranks_;  // exact: the inputs are multiples of nranks
+      if (!equals_integer(got[k], acc)) ++wrong;
+    }
+    return wrong;
+  }
+
+  // Elements of got[0, count) that differ from rank src's inputs first ...
+  long long count_wrong_copied(const T* got, std::size_t count, int src, std::size_t first) const {
+    long long wrong = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (!equals_integer(got[k], data_.value(src, first + k))) ++wrong;
+    }
+    return wrong;
+  }
+
+  // Re-initializes inputs and outputs, runs shardopt once, and returns the
+  // number of wrong output elements over all ranks.
+  long long check(Collective op, bool inplace, std::size_t count) {
+    const std::size_t n = static_cast<std::size_t>(nranks_);
+    const std::size_t own = static_cast<std::size_t>(rank_) * count;
+    long long wrong = 0;
+    switch (op) {
+      case Collective::allreduce:
+        fill_input(send_, count, rank_, 0);
+        if (inplace) {
+          fill_input(recv_, count, rank_, 0);
+        } else {
+          fill_sentinel(recv_, count);
+        }
+        call_shardopt(op, inplace, count);
+        wrong = count_wrong_reduced(recv_, count, 0);
+        break;
+      case Collective::reduce_scatter:
+        fill_input(send_, n * count, rank_, 0);
+        if (inplace) {
+          fill_input(recv_, n * count, rank_, 0);
+        } else {
+          fill_sentinel(recv_, count);
+        }
+        call_shardopt(op, inplace, count);
+        wrong = count_wrong_reduced(recv_, count, own);
+        break;
+      case Collective::allgather:
+        fill_input(send_, count, rank_, 0);
+        fill_sentinel(recv_, n * count);
+        if (inplace) fill_input(recv_ + own, count, rank_, 0);
+        call_shardopt(op, inplace, count);
+        for (int q = 0; q < nranks_; ++q) {
+          wrong += count_wrong_copied(recv_ + static_cast<std::size_t>(q) * count, count, q, 0);
+        }
+        break;
+      case Collective::broadcast:
+        if (rank_ == opt_.root) {
+          fill_input(recv_, count, rank_, 0);
+        } else {
+          fill_sentinel(recv_, count);
+        }
+        call_shardopt(op, inplace, count);
+        wrong = count_wrong_copied(recv_, count, opt_.root, 0);
+        break;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, timing_);
+    return wrong;
+  }
+
+  const Options& opt_;
+  shardopt::Communicator& comm_;
+  MPI_Comm raw_;     // the raw MPI calls run here
+  MPI_Comm timing_;  // barriers and the reductions of times and counts run here
+  int rank_;
+  int nranks_;
+  T* send_;
+  T* recv_;
+  InputData data_;
+};
+
+}  // namespace bench_comm

@@ -1,0 +1,84 @@
+// shardopt-bench-comm: the collectives it times and its command line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <vector>
+
+#include "shardopt/shardopt.hpp"
+
+namespace bench_comm {
+
+using shardopt::DType;
+using shardopt::ReduceOp;
+
+inline constexpr const char* kProgram = "shardopt-bench-comm";
+
+// The ratio goal applies to sizes of at least this many bytes.
+inline constexpr std::size_t kGoalBytes = 64 * 1024;
+inline constexpr double kGoalRatio = 0.98;
+// Small sizes run more iterations than -n: about this long per timed series,
+// up to kMaxScaledIters iterations.
+inline constexpr double kSeriesBudgetS = 0.1;
+inline constexpr int kMaxScaledIters = 1000;
+// Seed of the input data; rank r's data is a function of (seed, r, index).
+inline constexpr std::uint64_t kSeed = 0x243f6a8885a308d3ULL;
+
+// ---------------------------------------------------------------------------
+// Collectives
+
+enum class Collective { allreduce, reduce_scatter, allgather, broadcast };
+inline constexpr Collective kAllCollectives[] = {Collective::allreduce, Collective::reduce_scatter,
+                                                 Collective::allgather, Collective::broadcast};
+
+inline const char* collective_name(Collective c) {
+  constexpr const char* kNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+  const auto i = static_cast<std::size_t>(c);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+inline bool is_reduction(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce_scatter;
+}
+
+// nccl-tests' bus bandwidth factors: the fraction of the data each rank's
+// link must carry for an optimal algorithm.
+inline double busbw_factor(Collective c, int n) {
+  switch (c) {
+    case Collective::allreduce:
+      return 2.0 * (n - 1) / n;
+    case Collective::reduce_scatter:
+    case Collective::allgather:
+      return static_cast<double>(n - 1) / n;
+    case Collective::broadcast:
+      return 1.0;
+  }
+  return 1.0;
+}
+
+// ---------------------------------------------------------------------------
+// Options
+
+struct Options {
+  std::size_t min_bytes = 1024;
+  std::size_t max_bytes = std::size_t{64} << 20;
+  std::size_t factor = 4;
+  int warmup = 5;
+  int iters = 20;
+  DType dtype = DType::f32;
+  ReduceOp redop = ReduceOp::sum;
+  std::vector<Collective> ops{std::begin(kAllCollectives), std::end(kAllCollectives)};
+  int root = 0;
+  bool check = true;
+  bool json = false;
+  bool help = false;
+};
+
+// The text of -h.
+extern const char* const kUsage;
+
+// Parses argv the same way on every rank; throws cli::UsageError.
+Options parse_options(int argc, char** argv, int nranks);
+
+}  // namespace bench_comm
