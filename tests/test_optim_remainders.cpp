@@ -28,12 +28,6 @@ using functional::StepResult;
 
 namespace {
 
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // bf16 parameters and their remainders.
 struct Encoded {
   std::vector<bfloat16> hi;
