@@ -88,6 +88,26 @@ inline bool rejects(const std::function<void()>& f, ErrorCode code, const std::s
   return false;
 }
 
+// Checks that a table of per-optimizer cases (anything with a `name` whose
+// first word is the optimizer's name) has a case for each optimizer of List
+// (shardopt::Optimizers: SHARDOPT_OPTIMIZERS), and only cases of those, so
+// that an optimizer added to the library is not left out of the table's tests.
+template <class List, class Table>
+void check_every_optimizer(const Table& table) {
+  std::size_t matched = 0;
+  List::each([&]<class O>() {
+    INFO(O::name);
+    std::size_t found = 0;
+    for (const auto& c : table) {
+      const std::string name(c.name);
+      found += name.substr(0, name.find(' ')) == O::name;
+    }
+    CHECK(found >= 1);
+    matched += found;
+  });
+  CHECK(matched == table.size());
+}
+
 // A size big enough for threads: 2^20 + 3, or 2^17 + 3 in the sanitizer run
 // (SHARDOPT_TEST_SANITIZE set), where the instrumented kernels are ten times
 // slower; both are split across threads and leave every thread a partial
