@@ -225,20 +225,17 @@ class Reader {
       fail(msg.str());
     }
   }
-  std::uint32_t u32(const char* what) {
-    need(4, what);
-    std::uint32_t v = 0;
-    for (int b = 3; b >= 0; --b) v = (v << 8) | bytes_[pos_ + static_cast<std::size_t>(b)];
-    pos_ += 4;
+  // An unsigned little-endian integer of U's size.
+  template <class U>
+  U little_endian(const char* what) {
+    need(sizeof(U), what);
+    U v = 0;
+    for (std::size_t b = sizeof(U); b-- > 0;) v = (v << 8) | bytes_[pos_ + b];
+    pos_ += sizeof(U);
     return v;
   }
-  std::uint64_t u64(const char* what) {
-    need(8, what);
-    std::uint64_t v = 0;
-    for (int b = 7; b >= 0; --b) v = (v << 8) | bytes_[pos_ + static_cast<std::size_t>(b)];
-    pos_ += 8;
-    return v;
-  }
+  std::uint32_t u32(const char* what) { return little_endian<std::uint32_t>(what); }
+  std::uint64_t u64(const char* what) { return little_endian<std::uint64_t>(what); }
   float f32(const char* what) {
     const std::uint32_t u = u32(what);
     float f;

@@ -131,4 +131,12 @@ bool no_throw(F&& f) {
   return false;
 }
 
+// Whether `c` still runs a correct allreduce (after an error, an agreed
+// one or a failure): the sum of 1..size over its ranks.
+inline bool sums_correctly(Communicator& c) {
+  double x = c.rank() + 1.0, s = 0;
+  c.allreduce(&x, &s, 1, DType::f64, ReduceOp::sum);
+  return s == c.size() * (c.size() + 1) / 2.0;
+}
+
 }  // namespace shardopt::test

@@ -2,6 +2,7 @@
 // bitwise comparison, and error matching.
 #pragma once
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +23,12 @@ inline std::uint32_t bits(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, 4);
   return u;
+}
+
+inline float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 // The number of elements whose bits differ.
@@ -81,6 +88,26 @@ inline bool rejects(const std::function<void()>& f, ErrorCode code, const std::s
   return false;
 }
 
+// Checks that a table of per-optimizer cases (anything with a `name` whose
+// first word is the optimizer's name) has a case for each optimizer of List
+// (shardopt::Optimizers: SHARDOPT_OPTIMIZERS), and only cases of those, so
+// that an optimizer added to the library is not left out of the table's tests.
+template <class List, class Table>
+void check_every_optimizer(const Table& table) {
+  std::size_t matched = 0;
+  List::each([&]<class O>() {
+    INFO(O::name);
+    std::size_t found = 0;
+    for (const auto& c : table) {
+      const std::string name(c.name);
+      found += name.substr(0, name.find(' ')) == O::name;
+    }
+    CHECK(found >= 1);
+    matched += found;
+  });
+  CHECK(matched == table.size());
+}
+
 // A size big enough for threads: 2^20 + 3, or 2^17 + 3 in the sanitizer run
 // (SHARDOPT_TEST_SANITIZE set), where the instrumented kernels are ten times
 // slower; both are split across threads and leave every thread a partial
@@ -94,6 +121,33 @@ inline std::size_t big_size() {
 inline const std::vector<std::size_t>& awkward_sizes() {
   static const std::vector<std::size_t> sizes = {0, 1, 7, 15, 16, 17, 1000, 65537, big_size()};
   return sizes;
+}
+
+// The largest |a[i] - b[i]|, in double, of a kernel's result against a
+// float64 formula's.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+// A kernel's buffers with the fields every optimizer has set: parameters
+// `p`, gradient `g` in type `gt`, and, for out 1 (bf16) or 2 (f16), the
+// 16-bit parameter copy in *copy (none for out 0; buffers without a copy,
+// as LAMB's first pass, have no such fields). The caller sets the states.
+template <class Buffers>
+Buffers kernel_buffers(std::vector<float>& p, const Grads& g, DType gt, int out = 0,
+                       std::vector<std::uint16_t>* copy = nullptr) {
+  Buffers b;
+  b.param = p.data();
+  b.grad = g.data(gt);
+  b.grad_type = gt;
+  if constexpr (requires { b.param_out; }) {
+    b.param_out = out != 0 ? copy->data() : nullptr;
+    b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
+  }
+  b.n = p.size();
+  return b;
 }
 
 }  // namespace shardopt::test

@@ -50,13 +50,6 @@ std::string ranks_text(int first, int last) {
   return s;
 }
 
-// After a failure, the communicator still sums correctly.
-bool sums_correctly(Communicator& c) {
-  double x = c.rank() + 1.0, s = 0;
-  c.allreduce(&x, &s, 1, DType::f64, ReduceOp::sum);
-  return s == c.size() * (c.size() + 1) / 2.0;
-}
-
 }  // namespace
 
 TEST_CASE("agree_or_throw returns on every rank when no rank failed", "[comm][agree]") {

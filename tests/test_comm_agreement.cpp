@@ -23,13 +23,6 @@ Communicator checked_comm() {
 // The last rank is the odd one out.
 bool is_odd_rank(const Communicator& c) { return c.rank() == c.size() - 1; }
 
-// After an agreed error, the communicator still runs a correct allreduce.
-bool sums_correctly(Communicator& c) {
-  double x = c.rank() + 1.0, s = 0;
-  c.allreduce(&x, &s, 1, DType::f64, ReduceOp::sum);
-  return s == c.size() * (c.size() + 1) / 2.0;
-}
-
 }  // namespace
 
 TEST_CASE("agreement is off by default and on when asked", "[comm][agreement]") {

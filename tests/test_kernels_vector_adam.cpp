@@ -21,21 +21,12 @@ TEST_CASE("Vector steps equal the reference kernels: Adam", "[kernels][vector]")
         for (bool ams : {false, true}) {
           const auto s = make_adam_scalars(0.01, 0.9, 0.999, 1e-8, wd ? 0.1 : 0.0, wd == 2, ams,
                                            storage == 1, 3, 0.5);
-          compare("Adam grad " + std::string(dtype_name(gt)) + " storage " +
-                      std::to_string(storage) + " wd " + std::to_string(wd) + " ams " +
-                      std::to_string(ams),
-                  [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                    AdamBuffers b;
-                    set_grad(b, a, gt);
-                    b.exp_avg = a.fp(1);
-                    b.exp_avg_sq = a.fp(2);
-                    b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
-                    set_params(b, a, storage);
-                    b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::step<Adam>(b, s);
-                    return kernels::Kernel<Adam>::dispatch(
-                        b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                  });
+          compare_step<Adam>("Adam", " wd " + std::to_string(wd) + " ams " + std::to_string(ams),
+                             gt, storage, s, [&](auto& b, Arena& a) {
+                               b.exp_avg = a.fp(1);
+                               b.exp_avg_sq = a.fp(2);
+                               b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
+                             });
         }
   CHECK(g_vector_ranges > 0);
 }

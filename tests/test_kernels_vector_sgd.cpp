@@ -21,18 +21,8 @@ TEST_CASE("Vector steps equal the reference kernels: SGD, first step and later",
           const bool mom = mode & 1;
           const auto s = make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
                                           mom && (mode & 4), mode == 3, step, 0.5);
-          compare("SGD grad " + std::string(dtype_name(gt)) + " storage " +
-                      std::to_string(storage) + " mode " + std::to_string(mode) + " step " +
-                      std::to_string(step),
-                  [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
-                    SgdBuffers b;
-                    set_grad(b, a, gt);
-                    b.momentum_buffer = mom ? a.fp(1) : nullptr;
-                    set_params(b, a, storage);
-                    b.n = a.f[0].size() - 4;
-                    if (!emulate) return reference::step<SGD>(b, s);
-                    return kernels::Kernel<SGD>::dispatch(
-                        b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
-                  });
+          compare_step<SGD>(
+              "SGD", " mode " + std::to_string(mode) + " step " + std::to_string(step), gt, storage,
+              s, [&](auto& b, Arena& a) { b.momentum_buffer = mom ? a.fp(1) : nullptr; });
         }
 }

@@ -22,14 +22,8 @@ struct AdagradState {
 };
 
 AdagradBuffers adagrad_buffers(AdagradState& st, const Grads& g, DType gt, int out) {
-  AdagradBuffers b;
-  b.param = st.p.data();
-  b.grad = g.data(gt);
-  b.grad_type = gt;
+  auto b = kernel_buffers<AdagradBuffers>(st.p, g, gt, out, &st.out);
   b.sum = st.sum.data();
-  b.param_out = out != 0 ? st.out.data() : nullptr;
-  b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
-  b.n = st.p.size();
   return b;
 }
 
@@ -75,8 +69,7 @@ TEST_CASE("Adagrad reference kernel follows the float64 formulas over 30 steps",
         p[i] -= lr / (1 + (step - 1) * lr_decay) * d / (std::sqrt(sum[i]) + eps);
       }
     }
-    double worst = 0;
-    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+    const double worst = max_abs_diff(st.p, p);
     INFO("mode " << mode);
     CHECK(worst < 5e-6);
   }

@@ -27,12 +27,6 @@ namespace {
 
 constexpr DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Every vector path this machine has, each run with the kernels limited to
 // it; the limit is lifted when the object goes.
 struct IsaSweep {

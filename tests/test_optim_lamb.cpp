@@ -23,14 +23,10 @@ struct LambState {
 };
 
 LambBuffers lamb_buffers(LambState& st, const Grads& g, DType gt) {
-  LambBuffers b;
-  b.param = st.p.data();
-  b.grad = g.data(gt);
-  b.grad_type = gt;
+  auto b = kernel_buffers<LambBuffers>(st.p, g, gt);
   b.exp_avg = st.m.data();
   b.exp_avg_sq = st.v.data();
   b.update = st.r.data();
-  b.n = st.p.size();
   return b;
 }
 
@@ -79,8 +75,7 @@ TEST_CASE("LAMB follows the float64 formulas over 30 steps", "[optim][lamb]") {
       const double trust = std::sqrt(pn) / std::sqrt(rn);
       for (std::size_t i = 0; i < n; ++i) p[i] -= lr * trust * r[i];
     }
-    double worst = 0;
-    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+    const double worst = max_abs_diff(st.p, p);
     INFO("mode " << mode);
     CHECK(worst < 5e-6);
   }

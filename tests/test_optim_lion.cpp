@@ -22,14 +22,8 @@ struct LionState {
 };
 
 LionBuffers lion_buffers(LionState& st, const Grads& g, DType gt, int out) {
-  LionBuffers b;
-  b.param = st.p.data();
-  b.grad = g.data(gt);
-  b.grad_type = gt;
+  auto b = kernel_buffers<LionBuffers>(st.p, g, gt, out, &st.out);
   b.exp_avg = st.m.data();
-  b.param_out = out != 0 ? st.out.data() : nullptr;
-  b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
-  b.n = st.p.size();
   return b;
 }
 
@@ -74,8 +68,7 @@ TEST_CASE("Lion reference kernel follows the float64 formulas over 30 steps", "[
         m[i] = b2 * m[i] + (1 - b2) * d;
       }
     }
-    double worst = 0;
-    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+    const double worst = max_abs_diff(st.p, p);
     INFO("mode " << mode);
     CHECK(worst < 5e-6);
   }

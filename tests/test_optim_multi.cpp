@@ -165,6 +165,24 @@ std::vector<Case> cases() {
                     std::span<void* const> outs) {
                    return functional::lamb(ps, gs, l[0], l[1], l[2], t, Lamb{.lr = 0.01}, e, outs);
                  }});
+  // The optimizers served by the generic step alone, with their slots in
+  // order.
+  const auto add_generic = [&](std::string name, auto o) {
+    constexpr std::size_t k = slot_count<decltype(o)>();
+    all.push_back(
+        {name, k, 0.0f,
+         [o](ParamView p, GradView g, auto& s, std::int64_t t, const StepOptions& e) {
+           return functional::step(p, g, std::span<const std::span<float>>(s).first(k), t, o, e);
+         },
+         [o](auto ps, auto gs, Lists& l, std::int64_t t, const StepOptions& e,
+             std::span<void* const> outs) {
+           const std::vector<std::span<const std::span<float>>> lists(l.begin(), l.begin() + k);
+           return functional::step(ps, gs, lists, t, o, e, outs);
+         }});
+  };
+  add_generic("NAdam", NAdam{.lr = 0.01, .weight_decay = 0.01});
+  add_generic("RAdam decoupled",
+              RAdam{.lr = 0.01, .weight_decay = 0.01, .decoupled_weight_decay = true});
   return all;
 }
 
@@ -233,6 +251,10 @@ void compare(const Case& c, const std::vector<Spec>& specs, DType copy_type, boo
 }
 
 }  // namespace
+
+TEST_CASE("List steps: the case table covers every optimizer", "[optim][multi]") {
+  check_every_optimizer<Optimizers>(cases());
+}
 
 TEST_CASE("List steps equal single steps tensor by tensor, bitwise", "[optim][multi]") {
   const std::vector<Spec> fp32 = {{0, Storage::fp32, DType::f32},

@@ -28,12 +28,6 @@ using functional::StepResult;
 
 namespace {
 
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // bf16 parameters and their remainders.
 struct Encoded {
   std::vector<bfloat16> hi;
@@ -107,11 +101,31 @@ const std::vector<Case>& cases() {
        [](ParamView p, GradView g, States& s, std::int64_t t) {
          return functional::lamb(p, g, s[0], s[1], s[2], t, Lamb{.lr = 0.01});
        }},
+      {"NAdam", 2, 0.0f,
+       [](ParamView p, GradView g, States& s, std::int64_t t) {
+         const std::span<float> states[] = {s[0], s[1]};
+         return functional::step(p, g, states, t,
+                                 NAdam{.lr = 0.01, .weight_decay = 0.01, .momentum_decay = 0.004});
+       }},
+      // Steps 5 on: step 5 is one of RAdam's first (unrectified) steps, the
+      // later ones rectified.
+      {"RAdam", 2, 0.0f,
+       [](ParamView p, GradView g, States& s, std::int64_t t) {
+         const std::span<float> states[] = {s[0], s[1]};
+         return functional::step(
+             p, g, states, t + 4,
+             RAdam{.lr = 0.01, .weight_decay = 0.01, .decoupled_weight_decay = true});
+       }},
   };
   return all;
 }
 
 }  // namespace
+
+TEST_CASE("Parameter remainders: the optimizer table holds every optimizer",
+          "[optim][remainders]") {
+  check_every_optimizer<Optimizers>(cases());
+}
 
 TEST_CASE("Parameter remainders round-trip every fp32 bit pattern", "[optim][remainders]") {
   // All 2^32 patterns: finite values, infinities and every NaN payload.

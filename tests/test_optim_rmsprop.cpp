@@ -28,16 +28,10 @@ RmspropState make_state(std::size_t n, std::uint64_t seed) {
 
 RmspropBuffers rmsprop_buffers(RmspropState& st, const Grads& g, DType gt, const RmspropScalars& s,
                                int out) {
-  RmspropBuffers b;
-  b.param = st.p.data();
-  b.grad = g.data(gt);
-  b.grad_type = gt;
+  auto b = kernel_buffers<RmspropBuffers>(st.p, g, gt, out, &st.out);
   b.square_avg = st.sq.data();
   b.grad_avg = s.centered ? st.ga.data() : nullptr;
   b.momentum_buffer = s.momentum != 0 ? st.buf.data() : nullptr;
-  b.param_out = out != 0 ? st.out.data() : nullptr;
-  b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
-  b.n = st.p.size();
   return b;
 }
 
@@ -101,8 +95,7 @@ TEST_CASE("RMSprop reference kernel follows the float64 formulas over 30 steps",
         }
       }
     }
-    double worst = 0;
-    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+    const double worst = max_abs_diff(st.p, p);
     INFO("mode " << mode);
     CHECK(worst < 5e-6);
   }

@@ -22,14 +22,8 @@ struct SgdState {
 };
 
 SgdBuffers sgd_buffers(SgdState& st, const Grads& g, DType gt, bool momentum, int out) {
-  SgdBuffers b;
-  b.param = st.p.data();
-  b.grad = g.data(gt);
-  b.grad_type = gt;
+  auto b = kernel_buffers<SgdBuffers>(st.p, g, gt, out, &st.out);
   b.momentum_buffer = momentum ? st.buf.data() : nullptr;
-  b.param_out = out != 0 ? st.out.data() : nullptr;
-  b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
-  b.n = st.p.size();
   return b;
 }
 
@@ -88,8 +82,7 @@ TEST_CASE("SGD reference kernel follows the float64 formulas over 30 steps", "[o
     }
     // Each step rounds p (half an ulp, <= 1.2e-7 for |p| < 2) and the update a
     // few times; momentum 0.9 keeps about ten steps of those roundings alive.
-    double worst = 0;
-    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(st.p[i] - p[i]));
+    const double worst = max_abs_diff(st.p, p);
     INFO("mode " << mode);
     CHECK(worst < 5e-6);
   }

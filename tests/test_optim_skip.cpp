@@ -1,7 +1,8 @@
 // Non-finite gradients: the finiteness kernels (CPU against the reference on
 // every vector path), functional::grads_finite, and StepOptions::skip_nonfinite
-// for each of the seven optimizers: a skipped step writes nothing, a step that
-// is not skipped equals the step without the option bitwise.
+// for every optimizer (the table below covers SHARDOPT_OPTIMIZERS, AdamW
+// included): a skipped step writes nothing, a step that is not skipped equals
+// the step without the option bitwise.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -158,6 +159,19 @@ const std::vector<Optimizer>& optimizers() {
        [](ParamView p, GradView g, States& s, const StepOptions& o) {
          return functional::lamb(p, g, s[0], s[1], s[2], 2, Lamb{.lr = 0.01}, o);
        }},
+      {"NAdam", 2,
+       [](ParamView p, GradView g, States& s, const StepOptions& o) {
+         const std::span<float> states[] = {s[0], s[1]};
+         return functional::step(p, g, states, 2, NAdam{.lr = 0.01, .weight_decay = 0.01}, o);
+       }},
+      // Step 10: past RAdam's first steps, the rectified adaptive step.
+      {"RAdam", 2,
+       [](ParamView p, GradView g, States& s, const StepOptions& o) {
+         const std::span<float> states[] = {s[0], s[1]};
+         return functional::step(
+             p, g, states, 10,
+             RAdam{.lr = 0.01, .weight_decay = 0.01, .decoupled_weight_decay = true}, o);
+       }},
   };
   return all;
 }
@@ -209,6 +223,10 @@ struct Buffers {
 };
 
 }  // namespace
+
+TEST_CASE("skip_nonfinite: the table holds every optimizer", "[optim][finite]") {
+  check_every_optimizer<Optimizers>(optimizers());
+}
 
 TEST_CASE("skip_nonfinite: a step with a non-finite gradient writes nothing", "[optim][finite]") {
   for (const Optimizer& o : optimizers()) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "optim_helpers.hpp"
 #include "shardopt/half.hpp"
 
 using shardopt::bf16_from_float;
@@ -15,19 +16,10 @@ using shardopt::bfloat16;
 using shardopt::f16_from_float;
 using shardopt::float16;
 using shardopt::to_float;
+using shardopt::test::bits;
+using shardopt::test::from_bits;
 
 namespace {
-
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 // Round-to-nearest-even to bf16 worked out in double: the two bf16 values
 // around x are the truncation and the next one up; pick the nearer.

@@ -181,4 +181,25 @@ inline void compare(const std::string& what, const Run& run) {
 
 inline constexpr DType kGradTypes[] = {DType::f32, DType::bf16, DType::f16};
 
+// compare() of one element-wise step of Opt with scalars s, named
+// "<name> grad <gt> storage <storage><suffix>": the buffers B take the
+// gradient of type gt, the states that states(b, arena) points into the
+// arena, and the parameters of `storage` (set_params).
+template <class Opt, class S, class States>
+void compare_step(const std::string& name, const std::string& suffix, DType gt, int storage,
+                  const S& s, States states) {
+  using B = typename kernels::Kernel<Opt>::Buffers;
+  compare(name + " grad " + dtype_name(gt) + " storage " + std::to_string(storage) + suffix,
+          [&](Arena& a, bool emulate, std::size_t threads, std::size_t chunk) {
+            B b;
+            set_grad(b, a, gt);
+            states(b, a);
+            set_params(b, a, storage);
+            b.n = a.f[0].size() - 4;
+            if (!emulate) return reference::step<Opt>(b, s);
+            return kernels::Kernel<Opt>::dispatch(
+                b, s, [&]<class Loop>() { return like_cuda<Loop>(b, s, threads, chunk); });
+          });
+}
+
 }  // namespace shardopt::test

@@ -198,6 +198,20 @@ print(next(json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"type\":\
   ok "np$n stage $stage: resumed a 2-rank checkpoint at step 20 and trained on to 40"
 done
 
+# Reports (and returns 1) unless the 2-rank job in OUTPUT ended with exit
+# status 1 (its status in rc), each rank's error matching PATTERN.
+every_rank_failed() {  # WHAT PATTERN OUTPUT
+  if [ "$rc" -ne 1 ]; then
+    fail "$1: exit status $rc (expected 1; 124 is a hang)" "$3"
+  elif ! grep -q "^shardopt-train: rank 0: $2" "$3" ||
+       ! grep -q "^shardopt-train: rank 1: $2" "$3"; then
+    fail "$1: not every rank says '$2'" "$3"
+  else
+    return 0
+  fi
+  return 1
+}
+
 # (e) Bad checkpoints: exit status 1 on every rank, each rank saying why.
 expect_load_error() {  # WHAT TEXT ARGS...
   local what=$1 text=$2
@@ -205,11 +219,8 @@ expect_load_error() {  # WHAT TEXT ARGS...
   local out="$tmp/err.out" rc
   train 2 "$out" --steps 40 "$@"
   rc=$?
-  if [ $rc -ne 1 ]; then
-    fail "$what: exit status $rc (expected 1; 124 is a hang)" "$out"
-  elif ! grep -q "^shardopt-train: rank 0: .*$text" "$out" ||
-       ! grep -q "^shardopt-train: rank 1: .*$text" "$out"; then
-    fail "$what: not every rank says '$text'" "$out"
+  if ! every_rank_failed "$what" ".*$text" "$out"; then
+    :
   elif grep -q '"type":"step"' "$out"; then
     fail "$what: training started" "$out"
   else
@@ -260,11 +271,8 @@ expect_save_error() {
   local out="$tmp/failsave.out" rc
   train 2 "$out" --steps 20 --checkpoint "$tmp/failsave/C" --checkpoint-every 5
   rc=$?
-  if [ $rc -ne 1 ]; then
-    fail "a failed save: exit status $rc (expected 1; 124 is a hang)" "$out"
-  elif ! grep -q "^shardopt-train: rank 0: cannot write the checkpoint '$tmp/failsave/C'" "$out" ||
-       ! grep -q "^shardopt-train: rank 1: cannot write the checkpoint '$tmp/failsave/C'" "$out"; then
-    fail "a failed save: not every rank says why" "$out"
+  if ! every_rank_failed "a failed save" "cannot write the checkpoint '$tmp/failsave/C'" "$out"; then
+    :
   elif [ "$(listing "$tmp/failsave")" != "C " ]; then
     fail "a failed save left: $(listing "$tmp/failsave")" "$out"
   else

@@ -33,11 +33,25 @@ left_running() {  # MODE RANK WHAT OUTPUT
   fi
 }
 
+# Runs the fault job in MODE (with its RANK) at RANKS ranks, the watchdog
+# armed, its output in OUTPUT; sets rc to its exit status.
+watched_job() {  # RANKS MODE RANK OUTPUT
+  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$1" --oversubscribe "$program" "$2" "$3" \
+    >"$4" 2>&1
+  rc=$?
+}
+
+# Reports (and returns 1) unless the job ended with the watchdog's status.
+watchdog_status() {  # WHAT OUTPUT
+  if [ "$rc" -ne 86 ]; then
+    fail "$1: exit status $rc, not the watchdog's 86 (124: a hang)" "$2"
+    return 1
+  fi
+}
+
 stall_case() {  # RANKS STALL-RANK
-  local n=$1 stall=$2 out="$tmp/stall-$1-$2.out"
-  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" stall "$stall" \
-    >"$out" 2>&1
-  local rc=$?
+  local n=$1 stall=$2 out="$tmp/stall-$1-$2.out" rc
+  watched_job "$n" stall "$stall" "$out"
   local ended
   ended=$(date +%s.%N)
   local stalled
@@ -48,10 +62,7 @@ stall_case() {  # RANKS STALL-RANK
   fi
   local took
   took=$(python3 -c "print(f'{$ended - $stalled:.1f}')")
-  if [ $rc -ne 86 ]; then
-    fail "$n ranks, rank $stall stalls: exit status $rc, not the watchdog's 86 (124: a hang)" "$out"
-    return
-  fi
+  watchdog_status "$n ranks, rank $stall stalls" "$out" || return
   if ! python3 -c "import sys; sys.exit(0 if $took <= $timeout_s + 5 else 1)"; then
     fail "$n ranks, rank $stall stalls: the job ended $took s after the stall (limit $((timeout_s + 5)))" "$out"
     return
@@ -89,14 +100,9 @@ stall_case 2 1
 stall_case 3 0
 
 apart_case() {  # RANKS ODD-RANK
-  local n=$1 odd=$2 out="$tmp/apart-$1-$2.out"
-  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe "$program" apart "$odd" \
-    >"$out" 2>&1
-  local rc=$?
-  if [ $rc -ne 86 ]; then
-    fail "$n ranks, rank $odd in a barrier: exit status $rc, not the watchdog's 86 (124: a hang)" "$out"
-    return
-  fi
+  local n=$1 odd=$2 out="$tmp/apart-$1-$2.out" rc
+  watched_job "$n" apart "$odd" "$out"
+  watchdog_status "$n ranks, rank $odd in a barrier" "$out" || return
   # The odd rank sees the others in step(); the others see it in barrier.
   local seen=0
   if grep -q "^shardopt watchdog on rank $odd .*: barrier over $n rank(s) has not completed" "$out"; then
