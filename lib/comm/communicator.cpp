@@ -534,6 +534,23 @@ std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send
   return b.allreduce(send, recv, count, dtype, op, blocking);
 }
 
+// The sizes of a collective between a block of `count` elements per rank
+// (the full buffer, `full`) and one block: the full buffer's elements
+// (checked against overflow, naming op) and bytes, a block's bytes, and
+// where this rank's block of the full buffer starts.
+struct Blocks {
+  std::size_t total, full_bytes, block_bytes;
+  const char* own;
+};
+Blocks blocks_of(const Backend& b, const char* op, const void* full, std::size_t count,
+                 DType dtype) {
+  const std::size_t total =
+      detail::checked_mul(count, static_cast<std::size_t>(b.size()), op, "count x ranks");
+  const std::size_t es = dtype_size(dtype);
+  return {total, detail::checked_mul(total, es, op, "count"), count * es,
+          static_cast<const char*>(full) + static_cast<std::size_t>(b.rank()) * count * es};
+}
+
 std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send, void* recv,
                                              std::size_t count, DType dtype, ReduceOp op,
                                              bool blocking) {
@@ -541,19 +558,14 @@ std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void*
   const auto sig = signature(OpKind::reduce_scatter, count, dtype, static_cast<int>(op));
   check_arguments(b, agree, sig, [&] {
     check_reduction("reduce_scatter", dtype, op);
-    const std::size_t n = static_cast<std::size_t>(b.size());
-    const std::size_t total = detail::checked_mul(count, n, "reduce_scatter", "count x ranks");
-    const std::size_t es = dtype_size(dtype);
-    const std::size_t total_bytes = detail::checked_mul(total, es, "reduce_scatter", "count");
-    check_buffer(b, "reduce_scatter", "send", send, total);
+    const Blocks k = blocks_of(b, "reduce_scatter", send, count, dtype);
+    check_buffer(b, "reduce_scatter", "send", send, k.total);
     check_buffer(b, "reduce_scatter", "recv", recv, count);
-    const auto* own =
-        static_cast<const char*>(send) + static_cast<std::size_t>(b.rank()) * count * es;
     if (count != 0 && recv == send) {
       place = detail::ScatterPlace::at_start;
-    } else if (count != 0 && recv == own) {
+    } else if (count != 0 && recv == k.own) {
       place = detail::ScatterPlace::at_own_block;
-    } else if (detail::overlap(send, total_bytes, recv, count * es)) [[unlikely]] {
+    } else if (detail::overlap(send, k.full_bytes, recv, k.block_bytes)) [[unlikely]] {
       throw_overlap(
           "reduce_scatter: recv overlaps send but is neither send (MPI-style in place) nor "
           "send + rank*count (NCCL-style in place)",
@@ -569,16 +581,11 @@ std::unique_ptr<PendingOp> do_allgather(Backend& b, bool agree, const void* send
   bool in_place = false;
   check_arguments(b, agree, signature(OpKind::allgather, count, dtype), [&] {
     check_dtype("allgather", dtype);
-    const std::size_t n = static_cast<std::size_t>(b.size());
-    const std::size_t total = detail::checked_mul(count, n, "allgather", "count x ranks");
-    const std::size_t es = dtype_size(dtype);
-    const std::size_t total_bytes = detail::checked_mul(total, es, "allgather", "count");
+    const Blocks k = blocks_of(b, "allgather", recv, count, dtype);
     check_buffer(b, "allgather", "send", send, count);
-    check_buffer(b, "allgather", "recv", recv, total);
-    const auto* own =
-        static_cast<const char*>(recv) + static_cast<std::size_t>(b.rank()) * count * es;
-    in_place = count != 0 && send == own;
-    if (!in_place && detail::overlap(send, count * es, recv, total_bytes)) [[unlikely]] {
+    check_buffer(b, "allgather", "recv", recv, k.total);
+    in_place = count != 0 && send == k.own;
+    if (!in_place && detail::overlap(send, k.block_bytes, recv, k.full_bytes)) [[unlikely]] {
       throw_overlap(
           "allgather: send overlaps recv but is not recv + rank*count (the in-place form)",
           "use separate buffers, or pass send = recv + rank*count");

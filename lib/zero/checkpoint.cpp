@@ -372,7 +372,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   reader.read(ranges);
 
   // Everything is read and verified on every rank: commit.
-  discard_reduction();
+  reducer().discard();
   const auto whole = [&](std::size_t k) {
     return std::all_of(load_param[k].begin(), load_param[k].end(), [](char c) { return c != 0; });
   };
@@ -400,7 +400,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
         std::memcpy(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
                     s.count * 4);
   }
-  if (opt_.stage > 0) gather_params();
+  if (opt_.stage > 0) reducer().gather_params();
   steps_ = report.step;
   if (scaler_want) {
     scale_ = scaler[0];

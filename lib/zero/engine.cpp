@@ -1,50 +1,13 @@
-// shardopt: the ZeRO engine's gradient reduction and parameter allgather.
-//
-// Every collective on comm_ is started in the same order on every rank:
-// reduce-scatters in descending bucket order (as buckets fill, or all at the
-// end), then the allgathers in ascending order. Decisions that could differ
-// between ranks (which gradients were marked ready) are agreed on ctl_, a
-// duplicate communicator, so they never interleave with the data traffic.
+// shardopt: the ZeRO engine's parameters and gradients as the user reaches
+// them; the reduction itself is the GradReducer's (lib/zero/reduction.cpp).
 #include "zero/engine.hpp"
 
-#include <mpi.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
 #include <string>
 
-#include "comm/agree.hpp"
 #include "common/check.hpp"
-#include "common/log.hpp"
 #include "common/watchdog.hpp"
-#include "zero/convert.hpp"
 
 namespace shardopt::detail {
-
-void ZeroEngine::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
-                           std::byte* buf) const {
-  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const auto [s, e] = overlap(p, lo, hi);
-    if (s < e)
-      std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - layout_.flat[p]) * elem_,
-                  (e - s) * elem_);
-  }
-}
-
-void ZeroEngine::from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
-                             const std::byte* buf) const {
-  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const auto [s, e] = overlap(p, lo, hi);
-    if (s < e)
-      std::memcpy(user(p) + (s - layout_.flat[p]) * elem_, buf + (s - b.begin) * elem_,
-                  (e - s) * elem_);
-  }
-}
-
-std::byte* ZeroEngine::user_grad(std::size_t param, std::size_t offset) const {
-  return grad_ptr_[param] + offset * elem_;
-}
 
 std::byte* ZeroEngine::user_param(const Segment& s) const {
   return static_cast<std::byte*>(params_[s.param].data) + s.offset * elem_;
@@ -61,194 +24,17 @@ const Param& ZeroEngine::param(std::size_t i) const {
 
 void* ZeroEngine::grad(std::size_t i) {
   param(i);  // checks the index
-  return grad_ptr_[i];
-}
-
-void ZeroEngine::drain() {
-  while (!flights_.empty()) {
-    complete(flights_.front());
-    flights_.pop_front();
-  }
-}
-
-void ZeroEngine::clear_marks() {
-  std::fill(ready_.begin(), ready_.end(), 0);
-  for (Bucket& b : buckets_) b.ready = 0;
-  next_launch_ = buckets_.size();
-  marked_any_ = false;
-}
-
-void ZeroEngine::discard_reduction() {
-  drain();
-  clear_marks();
-  for (Bucket& b : buckets_) {
-    if (b.staging >= 0) pool_busy_[std::size_t(b.staging)] = false;
-    b.staging = -1;
-  }
-  micro_batches_ = 0;
-  reduced_once_ = false;
-  open_ = true;
-}
-
-void ZeroEngine::zero_grad_buffers() {
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
-      std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+  return reducer().grad(i);
 }
 
 void ZeroEngine::zero_grad() {
-  discard_reduction();
-  zero_grad_buffers();
+  reducer().discard();
+  reducer().zero_grad_buffers();
 }
 
 void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
-  const Param& p = param(i);
-  if (opt_.stage < 2 && reduced_once_)
-    throw_error(ErrorCode::invalid_state,
-                "grad_ready(" + std::to_string(i) +
-                    ") after the gradients of this step were "
-                    "reduced (stage " +
-                    std::to_string(opt_.stage) + ")",
-                "stages 0 and 1 reduce once per step: accumulate micro-batches in the gradient "
-                "buffers and mark them ready in the last one only, or use stage 2",
-                __FILE__, __LINE__);
-  if (ready_[i] != 0)
-    throw_error(ErrorCode::invalid_state,
-                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
-                    "') was called twice in one micro-batch",
-                "mark each gradient ready once per micro-batch; reduce_gradients() or step() "
-                "starts the next one",
-                __FILE__, __LINE__);
-  if (streamed_[i] != 0 && grad == nullptr)
-    throw_error(ErrorCode::invalid_argument,
-                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
-                    "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
-                "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
-                __LINE__);
-  if (streamed_[i] == 0 && grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
-    std::memcpy(grad_ptr_[i], grad, p.numel * elem_);
-  marked_any_ = true;
-  open_ = true;
-  ready_[i] = 1;
-  // Buckets start at multiples of the bucket size: those the parameter spans.
-  for (std::size_t b = layout_.flat[i] / layout_.bucket_elems;
-       p.numel > 0 && b <= (layout_.flat[i] + p.numel - 1) / layout_.bucket_elems; ++b) {
-    if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
-    const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);
-    buckets_[b].ready += e - s;
-  }
-  launch_ready_buckets();
-  progress();
-}
-
-void ZeroEngine::launch_ready_buckets() {
-  while (next_launch_ > 0 && buckets_[next_launch_ - 1].ready == buckets_[next_launch_ - 1].len) {
-    --next_launch_;
-    launch(next_launch_);
-  }
-}
-
-int ZeroEngine::acquire_pool() {
-  for (;;) {
-    for (std::size_t k = 0; k < pool_.size(); ++k) {
-      if (!pool_busy_[k]) {
-        pool_busy_[k] = true;
-        return static_cast<int>(k);
-      }
-    }
-    if (flights_.empty()) break;
-    complete(flights_.front());  // the oldest reduction frees its buffer
-    flights_.pop_front();
-  }
-  // Every buffer holds a bucket still being filled (gradients streamed out
-  // of bucket order): one more, kept for later steps.
-  pool_.emplace_back(pool_bytes_);
-  pool_busy_.push_back(true);
-  SHARDOPT_LOG(info, "ZeRO engine: " << pool_.size()
-                                     << " bucket buffers in use: gradients arrive out of bucket "
-                                        "order (buckets fill from the last parameter to the "
-                                        "first)");
-  return static_cast<int>(pool_.size() - 1);
-}
-
-void ZeroEngine::stream_grad(std::size_t bi, std::size_t p, const std::byte* grad) {
-  Bucket& b = buckets_[bi];
-  const std::size_t rsize = dtype_size(reduce_type_);
-  if (b.staging < 0) {
-    b.staging = acquire_pool();
-    std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
-    std::memset(buf + b.len * rsize, 0, (b.padded - b.len) * rsize);
-  }
-  std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
-  const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
-  convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_,
-          e - s, static_cast<float>(1.0 / opt_.predivide_factor));
-}
-
-void ZeroEngine::pack_grads(std::size_t bi, void* dst) const {
-  const Bucket& b = buckets_[bi];
-  const std::size_t rsize = dtype_size(reduce_type_);
-  auto* out = static_cast<std::byte*>(dst);
-  const float mul = static_cast<float>(1.0 / opt_.predivide_factor);
-  for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-    const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
-    if (s >= e || streamed_[p] != 0) continue;  // streamed ones are in place already
-    convert(user_grad(p, s - layout_.flat[p]), dtype_, out + (s - b.begin) * rsize, reduce_type_,
-            e - s, mul);
-  }
-  std::memset(out + b.len * rsize, 0, (b.padded - b.len) * rsize);
-}
-
-void ZeroEngine::launch(std::size_t bi) {
-  const Bucket& b = buckets_[bi];
-  const std::size_t pc = piece(b);
-  const std::size_t rsize = dtype_size(reduce_type_);
-  if (comm_stats_.first_launch < 0) comm_stats_.first_launch = MPI_Wtime();
-  comm_stats_.reduce_bytes += pc * std::size_t(nranks_) * rsize;
-  Flight f;
-  f.bucket = bi;
-  if (opt_.stage < 2) {
-    // In place: this rank's reduced piece lands where its block was.
-    std::byte* base = nullptr;
-    if (reduced_.size() > 0) {
-      base = reduced_.as<std::byte>() + b.begin * rsize;
-      pack_grads(bi, base);
-    } else if (b.grad_base != nullptr) {
-      base = const_cast<std::byte*>(b.grad_base);
-    } else {
-      f.pool = acquire_pool();
-      base = pool_[std::size_t(f.pool)].as<std::byte>();
-      pack_grads(bi, base);
-    }
-    f.request = comm_.ireduce_scatter(base, base + std::size_t(rank_) * pc * rsize, pc,
-                                      reduce_type_, ReduceOp::sum);
-  } else {
-    const std::byte* send = b.grad_base;
-    std::byte* scratch = nullptr;
-    const bool direct_recv = reduce_type_ == DType::f32 && micro_batches_ == 0;
-    if (b.staging >= 0) {  // streamed gradients: the bucket is half packed already
-      f.pool = b.staging;
-      buckets_[bi].staging = -1;
-      std::byte* buf = pool_[std::size_t(f.pool)].as<std::byte>();
-      pack_grads(bi, buf);
-      send = buf;
-      scratch = buf + b.padded * rsize;
-    } else if (send == nullptr || !direct_recv) {
-      f.pool = acquire_pool();
-      std::byte* buf = pool_[std::size_t(f.pool)].as<std::byte>();
-      // The reduced piece lands behind the packed bucket, if there is one.
-      scratch = send == nullptr ? buf + b.padded * rsize : buf;
-      if (send == nullptr) {
-        pack_grads(bi, buf);
-        send = buf;
-      }
-    }
-    void* recv = direct_recv ? static_cast<void*>(grad_shard_.as<float>() + b.shard_offset)
-                             : static_cast<void*>(scratch);
-    f.scratch = direct_recv ? nullptr : scratch;
-    f.request = comm_.ireduce_scatter(send, recv, pc, reduce_type_, ReduceOp::sum);
-  }
-  flights_.push_back(std::move(f));
+  param(i);  // checks the index
+  reducer().grad_ready(i, grad);
 }
 
 void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) const {
@@ -258,157 +44,9 @@ void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) 
   const std::int64_t step = after_update ? steps_ : steps_ + 1;
   std::string s = "step " + std::to_string(step) + ": " + what;
   if (bucket != SIZE_MAX)
-    s += ", bucket " + std::to_string(bucket + 1) + " of " + std::to_string(buckets_.size());
+    s += ", bucket " + std::to_string(bucket + 1) + " of " +
+         std::to_string(reducer().bucket_count());
   watch_context(std::move(s));
-}
-
-void ZeroEngine::complete(Flight& f) {
-  watch("the reduce-scatter of the gradients", f.bucket);
-  const double t0 = MPI_Wtime();
-  f.request.wait();
-  comm_stats_.waited += MPI_Wtime() - t0;
-  const Bucket& b = buckets_[f.bucket];
-  const std::size_t pc = piece(b);
-  if (opt_.stage < 2 && f.pool >= 0) {
-    // This rank's reduced piece goes back into the user's gradients now;
-    // the allgather at the end of the reduction fills in the others'.
-    const std::size_t lo = b.begin + std::size_t(rank_) * pc;
-    from_bucket(b, lo, std::min(lo + pc, b.begin + b.len), grads_of(),
-                pool_[std::size_t(f.pool)].as<std::byte>());
-  }
-  if (opt_.stage == 2 && f.scratch != nullptr) {
-    float* acc = grad_shard_.as<float>() + b.shard_offset;
-    if (micro_batches_ == 0) {
-      convert(static_cast<const std::byte*>(f.scratch), reduce_type_,
-              reinterpret_cast<std::byte*>(acc), DType::f32, pc, 1.0f);
-    } else {
-      // Accumulate in fp32, in the order the micro-batches came.
-      accumulate(static_cast<const std::byte*>(f.scratch), reduce_type_, acc, pc);
-    }
-  }
-  if (f.pool >= 0) pool_busy_[std::size_t(f.pool)] = false;
-}
-
-void ZeroEngine::progress() {
-  while (!flights_.empty() && flights_.front().request.test()) {
-    complete(flights_.front());
-    flights_.pop_front();
-  }
-}
-
-void ZeroEngine::finish_reduction() {
-  // Agree on what was marked: partly marked gradients on any rank are an
-  // error on every rank (after every rank has started the same
-  // reduce-scatters, so that none is left waiting on another).
-  std::vector<std::string> missing;
-  // Streamed gradients exist only through grad_ready(i, grad): always
-  // required. The others may all be left unmarked.
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (ready_[i] == 0 && params_[i].numel > 0 && (marked_any_ || streamed_[i] != 0))
-      missing.push_back(params_[i].name);
-  std::int64_t agreed[2] = {missing.empty() ? 0 : 1,
-                            static_cast<std::int64_t>(buckets_.size() - next_launch_)};
-  ctl_.allreduce(agreed, agreed, 2, DType::i64, ReduceOp::max);
-  if (agreed[0] != 0) {
-    const std::size_t launched = static_cast<std::size_t>(agreed[1]);
-    while (buckets_.size() - next_launch_ < launched) launch(--next_launch_);
-    std::string mine;
-    for (std::size_t k = 0; k < missing.size() && k < 20; ++k)
-      mine += (k ? ", '" : "'") + missing[k] + "'";
-    if (missing.size() > 20) mine += ", ... (" + std::to_string(missing.size()) + " in all)";
-    discard_reduction();
-    agree_or_throw(ctl_,
-                   missing.empty() ? std::string()
-                                   : "gradients never marked ready in this micro-batch: " + mine,
-                   ErrorCode::invalid_state,
-                   "call grad_ready(i) for every parameter of the micro-batch (or for none: "
-                   "step() then takes every gradient at once; a parameter registered without a "
-                   "gradient buffer in stage 2 always needs grad_ready(i, grad)); the gradients "
-                   "reduced so far in "
-                   "this step were discarded, so redo its micro-batches");
-  }
-  if (!marked_any_) {
-    for (Bucket& b : buckets_) b.ready = b.len;
-  }
-  launch_ready_buckets();
-  drain();
-  if (opt_.stage < 2) allgather_grads();
-  comm_stats_.reduce_end = MPI_Wtime();
-  clear_marks();
-  ++micro_batches_;
-  reduced_once_ = true;
-  open_ = false;
-}
-
-// Stages 0 and 1: the allgather that completes the allreduce (reduce-scatter
-// + allgather, so that the reduced values are those of stage 2).
-void ZeroEngine::allgather_grads() {
-  if (reduced_.size() > 0) {
-    const std::size_t rsize = dtype_size(reduce_type_);
-    allgather_buckets(reduce_type_, comm_stats_.reduce_bytes, grads_of(),
-                      [&](const Bucket& b) { return reduced_.as<std::byte>() + b.begin * rsize; });
-  } else {
-    allgather_buckets(dtype_, comm_stats_.reduce_bytes, grads_of(),
-                      [](const Bucket& b) { return const_cast<std::byte*>(b.grad_base); });
-  }
-}
-
-// Stages 1 and 2: every rank's updated pieces into every rank's parameters.
-void ZeroEngine::gather_params() {
-  allgather_buckets(dtype_, comm_stats_.gather_bytes, params_of(),
-                    [](const Bucket& b) { return b.param_base; });
-}
-
-// Bucket by bucket, in ascending order: an in-place allgather on `direct(b)`
-// where that is not null, else through a pool buffer (this rank's piece
-// copied in from `user`, the others' copied out to it), two in flight.
-void ZeroEngine::allgather_buckets(DType type, std::uint64_t& bytes, const UserPtr& user,
-                                   const std::function<std::byte*(const Bucket&)>& direct) {
-  struct Gather {
-    std::size_t bucket;
-    Request request;
-    int pool;
-  };
-  std::deque<Gather> open;
-  const std::size_t size = dtype_size(type);
-  const auto finish = [&](Gather& g) {
-    watch("the allgather of the parameters", g.bucket, true);
-    const double t0 = MPI_Wtime();
-    g.request.wait();
-    comm_stats_.waited += MPI_Wtime() - t0;
-    if (g.pool < 0) return;
-    const Bucket& b = buckets_[g.bucket];
-    from_bucket(b, b.begin, b.begin + b.len, user, pool_[std::size_t(g.pool)].as<std::byte>());
-    pool_busy_[std::size_t(g.pool)] = false;
-  };
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const Bucket& b = buckets_[bi];
-    const std::size_t pc = piece(b);
-    Gather g{bi, Request(), -1};
-    std::byte* base = direct(b);
-    if (base == nullptr) {
-      for (;;) {
-        const auto free = std::find(pool_busy_.begin(), pool_busy_.end(), false);
-        if (free != pool_busy_.end()) {
-          g.pool = static_cast<int>(free - pool_busy_.begin());
-          break;
-        }
-        finish(open.front());
-        open.pop_front();
-      }
-      pool_busy_[std::size_t(g.pool)] = true;
-      base = pool_[std::size_t(g.pool)].as<std::byte>();
-      const std::size_t lo = b.begin + std::size_t(rank_) * pc;
-      to_bucket(b, lo, std::min(lo + pc, b.begin + b.len), user, base);
-    }
-    bytes += pc * std::size_t(nranks_) * size;
-    g.request = comm_.iallgather(base + std::size_t(rank_) * pc * size, base, pc, type);
-    open.push_back(std::move(g));
-  }
-  while (!open.empty()) {
-    finish(open.front());
-    open.pop_front();
-  }
 }
 
 }  // namespace shardopt::detail

@@ -54,14 +54,7 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
   init_state();
 }
 
-ZeroEngine::~ZeroEngine() {
-  for (Flight& f : flights_) {
-    try {
-      f.request.wait();
-    } catch (...) {  // a destructor never throws; the Request logs
-    }
-  }
-}
+ZeroEngine::~ZeroEngine() = default;
 
 void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   const auto fail = [&](ErrorCode c, std::string msg) {
@@ -311,15 +304,9 @@ void ZeroEngine::build_layout() {
   std::vector<std::size_t> numel(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) numel[i] = params_[i].numel;
   layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_);
-  buckets_.clear();
-  for (const BucketRange& b : layout_.buckets) buckets_.push_back(Bucket{b});
-  ready_.assign(params_.size(), 0);
-  next_launch_ = buckets_.size();
 }
 
 void ZeroEngine::allocate() {
-  const std::size_t n = static_cast<std::size_t>(nranks_);
-  const std::size_t full = layout_.shard * n;  // the padded flat size
   slots_.clear();
   // A slot is allocated when some group's options use it.
   for (const OptimizerConfig& g : groups_) {
@@ -333,69 +320,11 @@ void ZeroEngine::allocate() {
   if (remainders_) master_buf_ = HostBuffer(layout_.storage * 2);
   for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(layout_.storage * 4);
   if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(layout_.storage * 4);
-  if (opt_.stage == 2) grad_shard_ = HostBuffer(layout_.shard * 4);
-  if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
-  // Null gradients: the optimizer owns them, or, with stream_grads (stage
-  // 2), they exist only in their buckets, copied in by grad_ready(i, grad).
-  bool owned = false;
-  streamed_.assign(params_.size(), 0);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].grad != nullptr || params_[i].numel == 0) continue;
-    if (opt_.stream_grads)
-      streamed_[i] = 1;
-    else
-      owned = true;
-  }
-  if (owned) owned_grads_ = HostBuffer(full * elem_);
-  grad_ptr_.resize(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    grad_ptr_[i] = params_[i].grad != nullptr
-                       ? static_cast<std::byte*>(params_[i].grad)
-                       : (owned ? owned_grads_.as<std::byte>() + layout_.flat[i] * elem_ : nullptr);
-  }
-  // Which buckets the collectives can run on in place.
-  const std::size_t rsize = dtype_size(reduce_type_);
-  std::size_t pool_bytes = 0;
-  for (Bucket& b : buckets_) {
-    const auto contiguous = [&](auto ptr_of) {
-      std::byte* base = nullptr;
-      std::byte* next = nullptr;
-      for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-        if (params_[p].numel == 0) continue;
-        std::byte* ptr = ptr_of(p);
-        if (base == nullptr) {
-          base = ptr + (b.begin - layout_.flat[p]) * elem_;
-        } else if (ptr != next) {
-          return static_cast<std::byte*>(nullptr);
-        }
-        next = ptr + params_[p].numel * elem_;
-      }
-      return base;
-    };
-    bool all_owned = true, any_streamed = false;
-    for (std::size_t p = b.first_param; p < b.end_param; ++p) {
-      all_owned = all_owned && (params_[p].grad == nullptr || params_[p].numel == 0);
-      any_streamed = any_streamed || streamed_[p] != 0;
-    }
-    if (opt_.predivide_factor == 1.0 && reduce_type_ == dtype_ && !any_streamed &&
-        (b.len == b.padded || all_owned))
-      b.grad_base = contiguous([&](std::size_t p) { return grad_ptr_[p]; });
-    if (b.len == b.padded)
-      b.param_base =
-          contiguous([&](std::size_t p) { return static_cast<std::byte*>(params_[p].data); });
-    const bool packs_grads = reduced_.size() == 0 && b.grad_base == nullptr;
-    if (packs_grads) pool_bytes = std::max(pool_bytes, b.padded * rsize);
-    if (opt_.stage == 2)  // the packed bucket, if any, and the reduced piece
-      pool_bytes =
-          std::max(pool_bytes, (packs_grads ? b.padded * rsize : 0) + b.padded / n * rsize);
-    if (opt_.stage > 0 && b.param_base == nullptr)
-      pool_bytes = std::max(pool_bytes, b.padded * elem_);
-  }
-  pool_bytes_ = pool_bytes;
-  if (pool_bytes > 0) {
-    for (int k = 0; k < 2; ++k) pool_.emplace_back(pool_bytes);
-    pool_busy_.assign(pool_.size(), false);
-  }
+  reducer_ = std::make_unique<GradReducer>(
+      comm_, ctl_, params_, layout_, opt_, dtype_, reduce_type_,
+      [this](const char* what, std::size_t bucket, bool after_update) {
+        watch(what, bucket, after_update);
+      });
   if (kind_ == kCustomKind) {
     std::size_t longest = 0;
     for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);

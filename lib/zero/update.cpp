@@ -53,25 +53,12 @@ double ZeroEngine::grad_multiplier() const {
   return opt_.loss_scaler ? avg / scale_ : avg;
 }
 
-const void* ZeroEngine::reduced_grad(const Segment& s, DType& type) const {
-  if (opt_.stage == 2) {
-    type = DType::f32;
-    return grad_shard_.as<float>() + s.storage;
-  }
-  if (reduced_.size() > 0) {
-    type = DType::f32;
-    return reduced_.as<float>() + s.flat;
-  }
-  type = dtype_;
-  return user_grad(s.param, s.offset);
-}
-
 double ZeroEngine::local_sum_squares(int q) const {
   double sum = 0.0;
   for (const Segment& s : layout_.segments) {
     if (s.rank != q) continue;
     DType t;
-    const void* g = reduced_grad(s, t);
+    const void* g = reducer().reduced_grad(s, t);
     sum += kernels::cpu::sum_squares(g, t, s.count);
   }
   return sum;
@@ -81,21 +68,21 @@ bool ZeroEngine::local_grads_finite(double mul) const {
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     DType t;
-    const void* g = reduced_grad(s, t);
+    const void* g = reducer().reduced_grad(s, t);
     if (!functional::grads_finite(functional::GradView(g, s.count, t), mul)) return false;
   }
   return true;
 }
 
 void ZeroEngine::ensure_reduced() {
-  std::int64_t pending = open_ ? 1 : 0;
+  std::int64_t pending = reducer().open() ? 1 : 0;
   ctl_.allreduce(&pending, &pending, 1, DType::i64, ReduceOp::max);
-  if (pending != 0) finish_reduction();
+  if (pending != 0) reducer().finish();
 }
 
 void ZeroEngine::reduce_gradients() {
   require_comm("reduce_gradients()");
-  if (opt_.stage < 2 && reduced_once_)
+  if (opt_.stage < 2 && reducer().reduced_once())
     throw_error(
         ErrorCode::invalid_state,
         "reduce_gradients() was called twice before step() in stage " + std::to_string(opt_.stage),
@@ -103,12 +90,12 @@ void ZeroEngine::reduce_gradients() {
         "accumulate micro-batches there (call nothing between them), or use stage 2, "
         "whose fp32 gradient shard accumulates reduced micro-batches",
         __FILE__, __LINE__);
-  finish_reduction();
+  reducer().finish();
   if (opt_.stage == 2) {
     // The micro-batch is in the shard: hand back zeroed buffers for the
     // next one, which step() (or the next call) reduces.
-    zero_grad_buffers();
-    open_ = true;
+    reducer().zero_grad_buffers();
+    reducer().reopen();
   }
 }
 
@@ -185,7 +172,7 @@ StepInfo ZeroEngine::step() {
   else
     update(mul);
   const double t2 = MPI_Wtime();
-  if (opt_.stage > 0) gather_params();
+  if (opt_.stage > 0) reducer().gather_params();
   const double t3 = MPI_Wtime();
   if (opt_.loss_scaler) update_scaler(true);
   info.step = steps_;
@@ -213,7 +200,7 @@ StepInfo ZeroEngine::step() {
 }
 
 void ZeroEngine::fill_comm(StepInfo& info) const {
-  const CommStats& c = comm_stats_;
+  const CommStats& c = reducer().stats();
   const double share = nranks_ > 1 ? double(nranks_ - 1) / nranks_ : 0.0;
   info.reduce_bytes = c.reduce_bytes;
   info.gather_bytes = c.gather_bytes;
@@ -257,10 +244,7 @@ void ZeroEngine::log_window(const StepInfo& info) {
 }
 
 void ZeroEngine::end_step() {
-  comm_stats_ = CommStats{};
-  micro_batches_ = 0;
-  reduced_once_ = false;
-  open_ = true;
+  reducer().end_step();
   clip_coef_ = 1.0;
   grad_norm_ = -1.0;
 }
@@ -302,7 +286,7 @@ void ZeroEngine::throw_non_finite(double mul) {
     const Segment& s = layout_.segments[si];
     if (static_cast<std::int64_t>(s.param) > where[0]) continue;
     DType t;
-    const void* src = reduced_grad(s, t);
+    const void* src = reducer().reduced_grad(s, t);
     g.resize(s.count);
     cast(src, t, g.data(), DType::f32, s.count);
     for (std::size_t j = 0; j < s.count; ++j) {
@@ -363,7 +347,7 @@ ZeroEngine::Run ZeroEngine::run_of(const Segment& s) {
   r.storage = s.storage;
   r.count = s.count;
   r.param = master_ ? master_buf_.as<std::byte>() + s.storage * 4 : user_param(s);
-  r.grad = static_cast<const std::byte*>(reduced_grad(s, r.grad_type));
+  r.grad = static_cast<const std::byte*>(reducer().reduced_grad(s, r.grad_type));
   r.out = master_ ? user_param(s) : nullptr;
   return r;
 }
@@ -439,7 +423,7 @@ void ZeroEngine::update_lamb(double mul) {
       b.param = master_ ? master_buf_.as<float>() + s.storage
                         : reinterpret_cast<const float*>(user_param(s));
     }
-    b.grad = reduced_grad(s, b.grad_type);
+    b.grad = reducer().reduced_grad(s, b.grad_type);
     b.exp_avg = states_[0].as<float>() + s.storage;
     b.exp_avg_sq = states_[1].as<float>() + s.storage;
     b.update = lamb_update_.as<float>() + s.storage;
@@ -574,10 +558,7 @@ MemoryReport ZeroEngine::memory_report() const {
   m.master_params = master_buf_.size();
   for (const HostBuffer& s : states_) m.optimizer_state += s.size();
   m.optimizer_state += lamb_update_.size();
-  m.grad_shard = grad_shard_.size();
-  m.reduced_grads = reduced_.size();
-  m.owned_grads = owned_grads_.size();
-  for (const HostBuffer& b : pool_) m.buckets += b.size();
+  reducer().add_memory(m);
   m.buckets += custom_scratch_.size();
   for (const Param& p : params_) {
     m.user_params += p.numel * elem_;

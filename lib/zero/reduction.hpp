@@ -1,0 +1,176 @@
+// shardopt: the ZeRO engine's gradient reduction and parameter allgather
+// (internal). A GradReducer owns the gradient side of the engine: the
+// buckets' state, the reduce-scatters in flight, the buffers they use (the
+// bucket pool, the stage-2 fp32 gradient shard, fp32 reductions of 16-bit
+// gradients, the gradients the optimizer owns) and the allgathers that
+// complete a step. The engine (lib/zero/engine.hpp) drives it; the update
+// reads the reduced gradients through reduced_grad().
+//
+// Every collective on the data communicator is started in the same order on
+// every rank: reduce-scatters in descending bucket order (as buckets fill,
+// or all at the end), then the allgathers in ascending order. Decisions that
+// could differ between ranks (which gradients were marked ready) are agreed
+// on the control communicator, so they never interleave with the data.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/memory.hpp"
+#include "shardopt/zero.hpp"
+#include "zero/shards.hpp"
+
+namespace shardopt::detail {
+
+// A bucket of the layout with the reducer's state of it.
+struct Bucket : BucketRange {
+  // Whether the user's (or owned) gradients / parameters of the whole padded
+  // bucket are one contiguous buffer of the communicated type, so that the
+  // collectives run on it in place, without packing.
+  const std::byte* grad_base = nullptr;  // non-null: direct
+  std::byte* param_base = nullptr;       // non-null: direct
+  int staging = -1;                      // pool buffer receiving streamed gradients, -1 for none
+  std::size_t ready = 0;                 // elements marked ready this micro-batch
+};
+
+// Communication since the last step (StepInfo).
+struct CommStats {
+  std::uint64_t reduce_bytes = 0, gather_bytes = 0;
+  double first_launch = -1.0, reduce_end = -1.0, waited = 0.0;
+};
+
+class GradReducer {
+ public:
+  // For the watchdog's message (SHARDOPT_TIMEOUT): what is under way, the
+  // bucket (SIZE_MAX for none), and whether the update has counted the step.
+  using Watch = std::function<void(const char* what, std::size_t bucket, bool after_update)>;
+
+  // Allocates the buffers. params, layout and options must outlive the
+  // reducer (the engine's own); dtype is the parameters' and gradients',
+  // reduce_type the communicated one.
+  GradReducer(Communicator& comm, Communicator& ctl, const std::vector<Param>& params,
+              const ShardLayout& layout, const ZeroOptions& options, DType dtype, DType reduce_type,
+              Watch watch);
+  ~GradReducer();  // waits for the reductions in flight
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Parameter i's gradient buffer (the user's, owned, or null when streamed).
+  std::byte* grad(std::size_t i) const noexcept { return grad_ptr_[i]; }
+  // Marks gradient i ready (i a valid index) and starts the reduce-scatter
+  // of every bucket that is complete.
+  void grad_ready(std::size_t i, const void* grad);
+  // Completes the reduction of the micro-batch: agrees on what was marked
+  // (partly marked gradients throw on every rank), reduces the rest, and in
+  // stages 0 and 1 allgathers the reduced gradients back.
+  void finish();
+  // Completes what is in flight and forgets the marks and reductions since
+  // the last step.
+  void discard();
+  void zero_grad_buffers();
+  // Stages 1 and 2: every rank's updated pieces into every rank's parameters.
+  void gather_params();
+  // The start of the next step: no reduction, statistics cleared.
+  void end_step();
+
+  // Gradients may have changed since the last reduction.
+  bool open() const noexcept { return open_; }
+  // Stage 2 after reduce_gradients(): the next micro-batch is open.
+  void reopen() noexcept { open_ = true; }
+  // A reduction happened since the last step.
+  bool reduced_once() const noexcept { return reduced_once_; }
+
+  // The reduced gradients of segment s: fp32 (the stage-2 shard, or fp32
+  // reductions of 16-bit gradients) or the user's buffer, of `type`.
+  const void* reduced_grad(const Segment& s, DType& type) const;
+  const CommStats& stats() const noexcept { return stats_; }
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  // Adds the reducer's buffers to m.
+  void add_memory(MemoryReport& m) const;
+
+ private:
+  // One reduce-scatter in flight.
+  struct Flight {
+    std::size_t bucket = 0;
+    Request request;
+    int pool = -1;            // pool buffer used, -1 for none
+    void* scratch = nullptr;  // stage 2: reduced piece to add to the shard
+  };
+  // The user's buffer of parameter p (gradients or parameters).
+  using UserPtr = std::function<std::byte*(std::size_t p)>;
+
+  void allocate();
+  std::size_t piece(const Bucket& b) const noexcept { return b.padded / nranks_; }
+  // Flat elements [s, e) of parameter p inside [lo, hi) (s >= e if none).
+  std::pair<std::size_t, std::size_t> overlap(std::size_t p, std::size_t lo,
+                                              std::size_t hi) const noexcept {
+    return {std::max(lo, layout_.flat[p]), std::min(hi, layout_.flat[p] + params_[p].numel)};
+  }
+  void launch_ready_buckets();
+  void launch(std::size_t b);
+  void complete(Flight& f);
+  void progress();
+  // A free pool buffer: completes the oldest reduction in flight if none is
+  // free, or adds a buffer when every one is filling a bucket.
+  int acquire_pool();
+  void stream_grad(std::size_t bucket, std::size_t param, const std::byte* grad);
+  void drain();        // completes every reduction in flight, in order
+  void clear_marks();  // forgets what grad_ready() marked in this micro-batch
+  void allgather_grads();
+  void pack_grads(std::size_t b, void* dst) const;
+  UserPtr grads_of() const {
+    return [this](std::size_t p) { return grad_ptr_[p]; };
+  }
+  UserPtr params_of() const {
+    return [this](std::size_t p) { return static_cast<std::byte*>(params_[p].data); };
+  }
+  // Copies flat elements [lo, hi) of bucket b between the user's buffers
+  // and a bucket-shaped buffer of the parameters' dtype.
+  void to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                 std::byte* buf) const;
+  void from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
+                   const std::byte* buf) const;
+  void allgather_buckets(DType type, std::uint64_t& bytes, const UserPtr& user,
+                         const std::function<std::byte*(const Bucket&)>& direct);
+
+  Communicator& comm_;
+  Communicator& ctl_;
+  const std::vector<Param>& params_;
+  const ShardLayout& layout_;
+  const ZeroOptions& opt_;
+  DType dtype_, reduce_type_;
+  std::size_t elem_;  // bytes of dtype_
+  int rank_, nranks_;
+  Watch watch_;
+  std::vector<Bucket> buckets_;
+
+  // Buffers, allocated once.
+  HostBuffer grad_shard_;         // stage 2: fp32 accumulator, S
+  HostBuffer reduced_;            // stages 0/1 with fp32 reduction of 16-bit grads: N * S fp32
+  HostBuffer owned_grads_;        // Param::grad null: N * S of dtype
+  std::vector<HostBuffer> pool_;  // bucket-sized scratch for packing
+  std::vector<bool> pool_busy_;
+  std::size_t pool_bytes_ = 0;
+  std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready
+  std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
+
+  // Step state.
+  std::deque<Flight> flights_;
+  std::size_t next_launch_ = 0;  // buckets [next_launch_, nb) were launched
+  bool marked_any_ = false;
+  std::vector<char> ready_;    // whether each parameter was marked ready
+  int micro_batches_ = 0;      // reduced since the last step
+  bool reduced_once_ = false;  // a reduction happened since the last step
+  // Gradients may have changed since the last reduction: set by
+  // grad_ready(), discard() and end_step(), cleared by each reduction.
+  bool open_ = true;
+  CommStats stats_;
+};
+
+}  // namespace shardopt::detail
