@@ -140,22 +140,20 @@ std::function<const void*(const Segment&)> ZeroEngine::master_source(
     std::size_t at = 0;
     for (const Segment& s : layout_.segments) {
       if (s.rank != rank_) continue;
-      functional::decode_param_remainders(
-          {reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
-          {master_buf_.as<std::uint16_t>() + s.storage, s.count}, {decoded.data() + at, s.count});
+      shard().read_master(s, decoded.data() + at);
       at += s.count;
     }
   }
   // Segments are visited in the same order by add_pieces.
   auto cursor = std::make_shared<std::size_t>(0);
   return [this, &decoded, cursor](const Segment& s) -> const void* {
-    if (master_) return master_buf_.as<float>() + s.storage;
+    if (master_) return shard().master_buffer().as<float>() + s.storage;
     if (remainders_) {
       const float* p = decoded.data() + *cursor;
       *cursor += s.count;
       return p;
     }
-    return user_param(s);
+    return shard().user_param(s);
   };
 }
 
@@ -172,7 +170,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
     tensors.push_back({std::move(name), dtype, std::move(shape)});
   };
   for (const Param& p : params_) add(p.name, "F32", shape_of(p));
-  for (const std::string& slot : slots_)
+  for (const std::string& slot : shard().slots())
     for (const Param& p : params_) add(p.name + "." + slot, "F32", shape_of(p));
   if (opt_.loss_scaler) add(kScalerTensor, "F64", {3});
   if (!error.empty())
@@ -182,9 +180,9 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
   std::vector<ckpt::Piece> pieces;
   std::vector<float> decoded;
   add_pieces(0, 4, master_source(decoded), pieces);
-  for (std::size_t k = 0; k < slots_.size(); ++k)
+  for (std::size_t k = 0; k < shard().slots().size(); ++k)
     add_pieces((k + 1) * np, 4,
-               [&](const Segment& s) { return states_[k].as<float>() + s.storage; }, pieces);
+               [&](const Segment& s) { return shard().state(k).as<float>() + s.storage; }, pieces);
   const double scaler[3] = {scale_, static_cast<double>(good_steps_),
                             static_cast<double>(hysteresis_left_)};
   if (opt_.loss_scaler)
@@ -199,7 +197,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
   for (const Param& p : params_)
     plist.push_back({{"name", p.name}, {"group", p.group}, {"numel", p.numel}});
   m["shardopt.params"] = plist.dump();
-  m["shardopt.states"] = json(slots_).dump();
+  m["shardopt.states"] = json(shard().slots()).dump();
   m["shardopt.stage"] = std::to_string(opt_.stage);
   m["shardopt.ranks"] = std::to_string(nranks_);
   m["shardopt.param_remainders"] = remainders_ ? "true" : "false";
@@ -223,7 +221,7 @@ void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) 
     add_pieces(0, 4, master_source(decoded), pieces);
   else
     add_pieces(
-        0, elem_, [this](const Segment& s) { return user_param(s); }, pieces);
+        0, elem_, [this](const Segment& s) { return shard().user_param(s); }, pieces);
   auto m = checkpoint_metadata("export");
   ckpt::write_file(ctl_, path, tensors, pieces, m, {});
 }
@@ -272,9 +270,10 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
     const ckpt::TensorInfo* have = nullptr;
   };
   std::vector<Want> want;
-  for (std::size_t k = 0; k <= slots_.size(); ++k)
+  for (std::size_t k = 0; k <= shard().slots().size(); ++k)
     for (std::size_t i = 0; i < params_.size(); ++i)
-      want.push_back({k == 0 ? params_[i].name : params_[i].name + "." + slots_[k - 1], k, i});
+      want.push_back(
+          {k == 0 ? params_[i].name : params_[i].name + "." + shard().slots()[k - 1], k, i});
   if (opt_.loss_scaler) want.push_back({kScalerTensor, std::string::npos, 0});
   std::set<std::string> wanted;
   for (Want& w : want) {
@@ -332,8 +331,8 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   // laid out like the state (huge pages, touched once), verified, before
   // anything changes. A slot loaded for every parameter becomes the state
   // buffer itself; the others are copied parameter by parameter.
-  std::vector<HostBuffer> staging(slots_.size() + 1);
-  std::vector<std::vector<const Want*>> by_slot(slots_.size() + 1);
+  std::vector<HostBuffer> staging(shard().slots().size() + 1);
+  std::vector<std::vector<const Want*>> by_slot(shard().slots().size() + 1);
   const Want* scaler_want = nullptr;
   std::vector<ckpt::ReadRange> ranges;
   for (const Want& w : want) {
@@ -344,9 +343,9 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
     }
     by_slot[w.slot].push_back(&w);
   }
-  std::vector<std::vector<char>> load_param(slots_.size() + 1,
+  std::vector<std::vector<char>> load_param(shard().slots().size() + 1,
                                             std::vector<char>(params_.size(), 0));
-  for (std::size_t k = 0; k <= slots_.size(); ++k) {
+  for (std::size_t k = 0; k <= shard().slots().size(); ++k) {
     if (by_slot[k].empty()) continue;
     staging[k] = HostBuffer(layout_.storage * 4);
     for (const Want* w : by_slot[k]) load_param[k][w->param] = 1;
@@ -354,13 +353,14 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   const auto index_of = [&](const ckpt::TensorInfo* t) {
     return static_cast<std::size_t>(t - h.tensors.data());
   };
-  std::vector<const ckpt::TensorInfo*> tensor_of((slots_.size() + 1) * params_.size(), nullptr);
+  std::vector<const ckpt::TensorInfo*> tensor_of((shard().slots().size() + 1) * params_.size(),
+                                                 nullptr);
   for (const Want& w : want)
     if (w.have && w.slot != std::string::npos)
       tensor_of[w.slot * params_.size() + w.param] = w.have;
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
-    for (std::size_t k = 0; k <= slots_.size(); ++k) {
+    for (std::size_t k = 0; k <= shard().slots().size(); ++k) {
       const ckpt::TensorInfo* t = tensor_of[k * params_.size() + s.param];
       if (t == nullptr || s.count == 0) continue;
       ranges.push_back(
@@ -376,29 +376,30 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   const auto whole = [&](std::size_t k) {
     return std::all_of(load_param[k].begin(), load_param[k].end(), [](char c) { return c != 0; });
   };
-  if (master_ && whole(0)) master_buf_ = std::move(staging[0]);
-  for (std::size_t k = 1; k <= slots_.size(); ++k)
-    if (whole(k)) states_[k - 1] = std::move(staging[k]);
+  if (master_ && whole(0)) shard().master_buffer() = std::move(staging[0]);
+  for (std::size_t k = 1; k <= shard().slots().size(); ++k)
+    if (whole(k)) shard().state(k - 1) = std::move(staging[k]);
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     if (load_param[0][s.param]) {
       if (master_) {
-        float* m = master_buf_.as<float>() + s.storage;
+        float* m = shard().master_buffer().as<float>() + s.storage;
         if (staging[0].data() != nullptr)
           std::memcpy(m, staging[0].as<float>() + s.storage, s.count * 4);
-        cast(m, DType::f32, user_param(s), dtype_, s.count);
+        cast(m, DType::f32, shard().user_param(s), dtype_, s.count);
       } else if (remainders_) {
-        functional::encode_param_remainders({staging[0].as<float>() + s.storage, s.count},
-                                            {reinterpret_cast<bfloat16*>(user_param(s)), s.count},
-                                            {master_buf_.as<std::uint16_t>() + s.storage, s.count});
+        functional::encode_param_remainders(
+            {staging[0].as<float>() + s.storage, s.count},
+            {reinterpret_cast<bfloat16*>(shard().user_param(s)), s.count},
+            {shard().master_buffer().as<std::uint16_t>() + s.storage, s.count});
       } else {
-        std::memcpy(user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
+        std::memcpy(shard().user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
       }
     }
-    for (std::size_t k = 1; k <= slots_.size(); ++k)
+    for (std::size_t k = 1; k <= shard().slots().size(); ++k)
       if (load_param[k][s.param] && staging[k].data() != nullptr)
-        std::memcpy(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
-                    s.count * 4);
+        std::memcpy(shard().state(k - 1).as<float>() + s.storage,
+                    staging[k].as<float>() + s.storage, s.count * 4);
   }
   if (opt_.stage > 0) reducer().gather_params();
   steps_ = report.step;

@@ -9,10 +9,6 @@
 
 namespace shardopt::detail {
 
-std::byte* ZeroEngine::user_param(const Segment& s) const {
-  return static_cast<std::byte*>(params_[s.param].data) + s.offset * elem_;
-}
-
 const Param& ZeroEngine::param(std::size_t i) const {
   if (i >= params_.size())
     throw_error(ErrorCode::invalid_argument,

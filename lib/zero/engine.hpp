@@ -5,8 +5,9 @@
 //               inputs and builds it (lib/zero/layout.cpp);
 //   reduction   GradReducer (lib/zero/reduction.hpp): the gradient buffers,
 //               the reduce-scatters and the allgathers;
-//   update      the fp32 master and states, the optimizer step, the loss
-//               scaler (lib/zero/update.cpp);
+//   update      ShardState (lib/zero/shard_state.hpp): the fp32 master and
+//               states and the fused update; the engine's step around it,
+//               the checks, the norm and the loss scaler (lib/zero/update.cpp);
 //   checkpoint  save, load and export on lib/ckpt's file format
 //               (lib/zero/checkpoint.cpp); check_sync (lib/zero/sync.cpp).
 #pragma once
@@ -29,6 +30,7 @@
 #include "shardopt/zero.hpp"
 #include "zero/optimizer_config.hpp"
 #include "zero/reduction.hpp"
+#include "zero/shard_state.hpp"
 #include "zero/shards.hpp"
 
 namespace shardopt::detail {
@@ -74,29 +76,15 @@ class ZeroEngine {
   void agree_on_layout();
   void build_layout();
   void allocate();
-  void init_state();
 
-  // Update. A run: consecutive elements of one group whose buffers
-  // (parameters, gradients, states, parameter copy) are each contiguous.
-  struct Run {
-    int group = 0;
-    std::size_t storage = 0, count = 0;
-    std::byte* param = nullptr;  // fp32 master, fp32 parameters, or bf16 with remainders
-    const std::byte* grad = nullptr;
-    DType grad_type = DType::f32;
-    std::byte* out = nullptr;  // the 16-bit parameters beside an fp32 master
-  };
-  Run run_of(const Segment& s);
-  void for_each_run(const std::function<void(const Run&)>& f);
+  // Update.
   void ensure_reduced();
   GradReducer& reducer() const noexcept { return *reducer_; }
+  ShardState& shard() const noexcept { return *shard_; }
   double grad_multiplier() const;
   double local_sum_squares(int q) const;
   bool local_grads_finite(double mul) const;
   void check_hyper_parameters() const;
-  void update(double mul);
-  void update_lamb(double mul);
-  void update_custom(double mul);
   void update_scaler(bool finite);
   // Throws StateError (on every rank alike: free() is collective) when the
   // application has freed the communicator the optimizer was built on.
@@ -112,8 +100,6 @@ class ZeroEngine {
   // rank naming the first parameter (registration order) and element.
   [[noreturn]] void throw_non_finite(double mul);
   void end_step();
-
-  std::byte* user_param(const Segment& s) const;
 
   // Checkpoints.
   std::map<std::string, std::string> checkpoint_metadata(const char* content) const;
@@ -135,17 +121,12 @@ class ZeroEngine {
   bool master_ = false;             // a separate fp32 master copy
   bool remainders_ = false;
   ShardLayout layout_;
-  std::size_t bucket_elems_ = 0;    // B asked for (agreed), before the layout caps it
-  std::vector<std::string> slots_;  // state names after "master"
-
-  // Buffers, allocated once.
-  HostBuffer master_buf_;           // fp32 master, or 16-bit remainders
-  std::vector<HostBuffer> states_;  // one per slot
-  HostBuffer lamb_update_;          // LAMB's direction
-  HostBuffer custom_scratch_;       // custom optimizer: fp32 gradients of one segment
+  std::size_t bucket_elems_ = 0;  // B asked for (agreed), before the layout caps it
 
   // Step state.
-  std::unique_ptr<GradReducer> reducer_;  // made once the layout is known
+  // The parts made once the layout is known.
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ShardState> shard_;
   double clip_coef_ = 1.0;
   double grad_norm_ = -1.0;
   std::int64_t steps_ = 0;

@@ -51,7 +51,6 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
   agree_on_layout();
   build_layout();
   allocate();
-  init_state();
 }
 
 ZeroEngine::~ZeroEngine() = default;
@@ -307,47 +306,13 @@ void ZeroEngine::build_layout() {
 }
 
 void ZeroEngine::allocate() {
-  slots_.clear();
-  // A slot is allocated when some group's options use it.
-  for (const OptimizerConfig& g : groups_) {
-    const std::vector<Slot> slots = slots_of(g);
-    if (slots_.empty()) slots_.assign(slots.size(), std::string());
-    for (std::size_t k = 0; k < slots.size(); ++k)
-      if (slots[k].used) slots_[k] = slots[k].name;
-  }
-  std::erase(slots_, std::string());
-  if (master_) master_buf_ = HostBuffer(layout_.storage * 4);
-  if (remainders_) master_buf_ = HostBuffer(layout_.storage * 2);
-  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(layout_.storage * 4);
-  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(layout_.storage * 4);
   reducer_ = std::make_unique<GradReducer>(
       comm_, ctl_, params_, layout_, opt_, dtype_, reduce_type_,
       [this](const char* what, std::size_t bucket, bool after_update) {
         watch(what, bucket, after_update);
       });
-  if (kind_ == kCustomKind) {
-    std::size_t longest = 0;
-    for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);
-    custom_scratch_ = HostBuffer(longest * 4);
-  }
-}
-
-void ZeroEngine::init_state() {
-  // Each group's (state index, initial value) for the states it starts off 0.
-  std::vector<std::vector<std::pair<std::size_t, float>>> initial(groups_.size());
-  for (std::size_t g = 0; g < groups_.size(); ++g)
-    for (const Slot& slot : slots_of(groups_[g]))
-      for (std::size_t k = 0; k < slots_.size(); ++k)
-        if (slot.used && slot.initial != 0.0 && slots_[k] == slot.name)
-          initial[g].emplace_back(k, static_cast<float>(slot.initial));
-  for (std::size_t si : layout_.mine) {
-    const Segment& s = layout_.segments[si];
-    const std::byte* src = static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_;
-    if (master_) cast(src, dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
-    // States that do not start at 0 (Adagrad's sum).
-    for (const auto& [state, value] : initial[std::size_t(params_[s.param].group)])
-      std::fill_n(states_[state].as<float>() + s.storage, s.count, value);
-  }
+  shard_ = std::make_unique<ShardState>(comm_, params_, groups_, layout_, opt_.stage, dtype_,
+                                        remainders_);
   if (opt_.loss_scaler) {
     scale_ = opt_.loss_scaler->init_scale;
     hysteresis_left_ = opt_.loss_scaler->hysteresis;

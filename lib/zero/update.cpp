@@ -13,10 +13,8 @@
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "common/mpi_lifetime.hpp"
-#include "kernels/lamb.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
-#include "zero/convert.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {
@@ -165,12 +163,7 @@ StepInfo ZeroEngine::step() {
   }
   mul *= clip_coef_;
   ++steps_;
-  if (kind_ == kind_of<Lamb>())
-    update_lamb(mul);
-  else if (kind_ == kCustomKind)
-    update_custom(mul);
-  else
-    update(mul);
+  shard().update(reducer(), mul, steps_);
   const double t2 = MPI_Wtime();
   if (opt_.stage > 0) reducer().gather_params();
   const double t3 = MPI_Wtime();
@@ -341,167 +334,9 @@ void ZeroEngine::update_scaler(bool finite) {
   }
 }
 
-ZeroEngine::Run ZeroEngine::run_of(const Segment& s) {
-  Run r;
-  r.group = params_[s.param].group;
-  r.storage = s.storage;
-  r.count = s.count;
-  r.param = master_ ? master_buf_.as<std::byte>() + s.storage * 4 : user_param(s);
-  r.grad = static_cast<const std::byte*>(reducer().reduced_grad(s, r.grad_type));
-  r.out = master_ ? user_param(s) : nullptr;
-  return r;
-}
-
-// Consecutive segments of one group whose buffers all continue each other
-// run as one call.
-void ZeroEngine::for_each_run(const std::function<void(const Run&)>& f) {
-  const std::size_t psize = master_ ? 4 : elem_;
-  Run cur;
-  bool open = false;
-  for (std::size_t si : layout_.mine) {
-    const Run r = run_of(layout_.segments[si]);
-    if (open && r.group == cur.group && r.storage == cur.storage + cur.count &&
-        r.param == cur.param + cur.count * psize &&
-        r.grad == cur.grad + cur.count * dtype_size(cur.grad_type) &&
-        r.grad_type == cur.grad_type && (r.out == nullptr) == (cur.out == nullptr) &&
-        (r.out == nullptr || r.out == cur.out + cur.count * elem_)) {
-      cur.count += r.count;
-      continue;
-    }
-    if (open) f(cur);
-    cur = r;
-    open = true;
-  }
-  if (open) f(cur);
-}
-
-void ZeroEngine::update(double mul) {
-  using namespace functional;
-  std::vector<std::span<float>> states;
-  for_each_run([&](const Run& r) {
-    const ParamView pv =
-        remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
-                                std::span<std::uint16_t>(
-                                    master_buf_.as<std::uint16_t>() + r.storage, r.count))
-                    : ParamView(reinterpret_cast<float*>(r.param), r.count);
-    const GradView gv(r.grad, r.count, r.grad_type);
-    StepOptions so;
-    so.grad_mul = mul;
-    so.param_out = r.out;
-    so.param_out_dtype = dtype_;
-    std::visit(
-        [&](const auto& o) {
-          if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
-            // This group's slots, in order, from the engine's state buffers
-            // (allocated for the slots any group uses).
-            states.clear();
-            o.slots([&](const Slot& slot) {
-              std::span<float> span;
-              for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
-                if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage, r.count};
-              states.push_back(span);
-            });
-            functional::step(pv, gv, states, steps_, o, so);
-          }
-        },
-        groups_[std::size_t(r.group)]);
-  });
-}
-
-void ZeroEngine::update_lamb(double mul) {
-  const std::size_t np = params_.size();
-  // partial[(q * np + p) * 2 + {0, 1}]: rank q's sums of squares of
-  // parameter p's values and update direction, over its segments in order.
-  std::vector<double> partial(std::size_t(nranks_) * np * 2, 0.0);
-  const auto direction = [&](const Segment& s) {
-    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[s.param].group)]);
-    kernels::LambBuffers b;
-    if (remainders_) {
-      b.param_bf16 = reinterpret_cast<const bfloat16*>(user_param(s));
-      b.remainder = master_buf_.as<std::uint16_t>() + s.storage;
-    } else {
-      b.param = master_ ? master_buf_.as<float>() + s.storage
-                        : reinterpret_cast<const float*>(user_param(s));
-    }
-    b.grad = reducer().reduced_grad(s, b.grad_type);
-    b.exp_avg = states_[0].as<float>() + s.storage;
-    b.exp_avg_sq = states_[1].as<float>() + s.storage;
-    b.update = lamb_update_.as<float>() + s.storage;
-    b.n = s.count;
-    const kernels::LambScalars sc = kernels::make_lamb_scalars(
-        o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, steps_, mul);
-    const kernels::LambNorms n = kernels::cpu::lamb_direction(b, sc);
-    double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
-    d[0] += n.param_sq;
-    d[1] += n.update_sq;
-  };
-  for (std::size_t si : layout_.mine) direction(layout_.segments[si]);
-  if (opt_.stage > 0) {
-    std::vector<double> mine(partial.begin() + std::ptrdiff_t(std::size_t(rank_) * np * 2),
-                             partial.begin() + std::ptrdiff_t(std::size_t(rank_ + 1) * np * 2));
-    comm_.allgather(mine.data(), partial.data(), np * 2, DType::f64);
-  }
-  std::vector<float> neg_step(np);
-  for (std::size_t p = 0; p < np; ++p) {
-    double ps = 0.0, us = 0.0;
-    for (int q = 0; q < nranks_; ++q) {
-      ps += partial[(std::size_t(q) * np + p) * 2];
-      us += partial[(std::size_t(q) * np + p) * 2 + 1];
-    }
-    const double trust = ps > 0.0 && us > 0.0 ? std::sqrt(ps) / std::sqrt(us) : 1.0;
-    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[p].group)]);
-    neg_step[p] = static_cast<float>(-(o.lr * trust));
-  }
-  for (std::size_t si : layout_.mine) {
-    const Segment& s = layout_.segments[si];
-    kernels::LambApplyBuffers a;
-    if (remainders_) {
-      a.param_out = user_param(s);
-      a.param_out_type = DType::bf16;
-      a.remainder = master_buf_.as<std::uint16_t>() + s.storage;
-    } else if (master_) {
-      a.param = master_buf_.as<float>() + s.storage;
-      a.param_out = user_param(s);
-      a.param_out_type = dtype_;
-    } else {
-      a.param = reinterpret_cast<float*>(user_param(s));
-    }
-    a.update = lamb_update_.as<float>() + s.storage;
-    a.n = s.count;
-    kernels::cpu::lamb_apply(a, neg_step[s.param]);
-  }
-}
-
-void ZeroEngine::update_custom(double mul) {
-  std::vector<std::span<float>> states(slots_.size());
-  for_each_run([&](const Run& r) {
-    const CustomOptimizer& o = std::get<CustomOptimizer>(groups_[std::size_t(r.group)]);
-    float* g = custom_scratch_.as<float>();
-    // Runs merge segments, so one may be longer than the scratch: go in
-    // pieces of the longest segment.
-    const std::size_t chunk = custom_scratch_.size() / 4;
-    for (std::size_t k = 0; k < r.count; k += chunk) {
-      const std::size_t m = std::min(chunk, r.count - k);
-      convert(r.grad + k * dtype_size(r.grad_type), r.grad_type, reinterpret_cast<std::byte*>(g),
-              DType::f32, m, static_cast<float>(mul));
-      for (std::size_t q = 0; q < slots_.size(); ++q)
-        states[q] = {states_[q].as<float>() + r.storage + k, m};
-      float* params = reinterpret_cast<float*>(r.param) + k;
-      CustomStep cs;
-      cs.params = {params, m};
-      cs.grads = {g, m};
-      cs.states = states;
-      cs.step = steps_;
-      cs.group = r.group;
-      o.update(cs, o.lr);
-      if (r.out != nullptr) cast(params, DType::f32, r.out + k * elem_, dtype_, m);
-    }
-  });
-}
-
 std::vector<std::string> ZeroEngine::state_names() const {
   std::vector<std::string> names = {"master"};
-  names.insert(names.end(), slots_.begin(), slots_.end());
+  names.insert(names.end(), shard().slots().begin(), shard().slots().end());
   return names;
 }
 
@@ -509,8 +344,9 @@ std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i
   const Param& p = param(i);
   int slot = -2;
   if (name == "master") slot = -1;
-  for (std::size_t k = 0; k < slots_.size(); ++k)
-    if (slots_[k] == name) slot = static_cast<int>(k);
+  const std::vector<std::string>& slots = shard().slots();
+  for (std::size_t k = 0; k < slots.size(); ++k)
+    if (slots[k] == name) slot = static_cast<int>(k);
   if (slot == -2) {
     std::string known;
     for (const auto& n : state_names()) known += (known.empty() ? "" : ", ") + n;
@@ -525,17 +361,10 @@ std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i
     const Segment& s = layout_.segments[si];
     if (s.param != i) continue;
     std::vector<float> v(s.count);
-    if (slot >= 0) {
-      std::memcpy(v.data(), states_[std::size_t(slot)].as<float>() + s.storage, s.count * 4);
-    } else if (master_) {
-      std::memcpy(v.data(), master_buf_.as<float>() + s.storage, s.count * 4);
-    } else if (remainders_) {
-      functional::decode_param_remainders(
-          {reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
-          {master_buf_.as<std::uint16_t>() + s.storage, s.count}, v);
-    } else {
-      std::memcpy(v.data(), user_param(s), s.count * 4);
-    }
+    if (slot >= 0)
+      std::memcpy(v.data(), shard().state(std::size_t(slot)).as<float>() + s.storage, s.count * 4);
+    else
+      shard().read_master(s, v.data());
     for (std::size_t k = 0; k < s.count; ++k) {
       std::uint32_t u;
       std::memcpy(&u, &v[k], 4);
@@ -555,11 +384,8 @@ std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i
 
 MemoryReport ZeroEngine::memory_report() const {
   MemoryReport m;
-  m.master_params = master_buf_.size();
-  for (const HostBuffer& s : states_) m.optimizer_state += s.size();
-  m.optimizer_state += lamb_update_.size();
+  shard().add_memory(m);
   reducer().add_memory(m);
-  m.buckets += custom_scratch_.size();
   for (const Param& p : params_) {
     m.user_params += p.numel * elem_;
     if (p.grad != nullptr) m.user_grads += p.numel * elem_;

@@ -1,0 +1,262 @@
+// shardopt: the ZeRO engine's update part (lib/zero/shard_state.hpp): this
+// rank's optimizer state and the fused update of its segments.
+#include "zero/shard_state.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/lamb.hpp"
+#include "shardopt/cast.hpp"
+#include "shardopt/optim.hpp"
+#include "zero/convert.hpp"
+
+namespace shardopt::detail {
+
+ShardState::ShardState(Communicator& comm, const std::vector<Param>& params,
+                       const std::vector<OptimizerConfig>& groups, const ShardLayout& layout,
+                       int stage, DType dtype, bool remainders)
+    : comm_(comm),
+      params_(params),
+      groups_(groups),
+      layout_(layout),
+      stage_(stage),
+      dtype_(dtype),
+      elem_(dtype_size(dtype)),
+      master_(dtype != DType::f32 && !remainders),
+      remainders_(remainders),
+      kind_(groups.empty() ? 0 : groups[0].index()),
+      rank_(comm.rank()),
+      nranks_(comm.size()) {
+  // A slot is allocated when some group's options use it.
+  for (const OptimizerConfig& g : groups_) {
+    const std::vector<Slot> slots = slots_of(g);
+    if (slots_.empty()) slots_.assign(slots.size(), std::string());
+    for (std::size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].used) slots_[k] = slots[k].name;
+  }
+  std::erase(slots_, std::string());
+  if (master_) master_buf_ = HostBuffer(layout_.storage * 4);
+  if (remainders_) master_buf_ = HostBuffer(layout_.storage * 2);
+  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(layout_.storage * 4);
+  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(layout_.storage * 4);
+  if (kind_ == kCustomKind) {
+    std::size_t longest = 0;
+    for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);
+    custom_scratch_ = HostBuffer(longest * 4);
+  }
+  init();
+}
+
+void ShardState::init() {
+  // Each group's (state index, initial value) for the states it starts off 0.
+  std::vector<std::vector<std::pair<std::size_t, float>>> initial(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (const Slot& slot : slots_of(groups_[g]))
+      for (std::size_t k = 0; k < slots_.size(); ++k)
+        if (slot.used && slot.initial != 0.0 && slots_[k] == slot.name)
+          initial[g].emplace_back(k, static_cast<float>(slot.initial));
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
+    if (master_)
+      cast(user_param(s), dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
+    // States that do not start at 0 (Adagrad's sum).
+    for (const auto& [state, value] : initial[std::size_t(params_[s.param].group)])
+      std::fill_n(states_[state].as<float>() + s.storage, s.count, value);
+  }
+}
+
+std::byte* ShardState::user_param(const Segment& s) const {
+  return static_cast<std::byte*>(params_[s.param].data) + s.offset * elem_;
+}
+
+void ShardState::read_master(const Segment& s, float* out) const {
+  if (master_) {
+    std::memcpy(out, master_buf_.as<float>() + s.storage, s.count * 4);
+  } else if (remainders_) {
+    functional::decode_param_remainders({reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
+                                        {master_buf_.as<std::uint16_t>() + s.storage, s.count},
+                                        {out, s.count});
+  } else {
+    std::memcpy(out, user_param(s), s.count * 4);
+  }
+}
+
+void ShardState::update(const GradReducer& grads, double mul, std::int64_t step) {
+  grads_ = &grads;
+  step_ = step;
+  if (kind_ == kind_of<Lamb>())
+    update_lamb(mul);
+  else if (kind_ == kCustomKind)
+    update_custom(mul);
+  else
+    update_elementwise(mul);
+}
+
+void ShardState::add_memory(MemoryReport& m) const {
+  m.master_params = master_buf_.size();
+  for (const HostBuffer& s : states_) m.optimizer_state += s.size();
+  m.optimizer_state += lamb_update_.size();
+  m.buckets += custom_scratch_.size();
+}
+
+ShardState::Run ShardState::run_of(const Segment& s) {
+  Run r;
+  r.group = params_[s.param].group;
+  r.storage = s.storage;
+  r.count = s.count;
+  r.param = master_ ? master_buf_.as<std::byte>() + s.storage * 4 : user_param(s);
+  r.grad = static_cast<const std::byte*>(grads_->reduced_grad(s, r.grad_type));
+  r.out = master_ ? user_param(s) : nullptr;
+  return r;
+}
+
+// Consecutive segments of one group whose buffers all continue each other
+// run as one call.
+void ShardState::for_each_run(const std::function<void(const Run&)>& f) {
+  const std::size_t psize = master_ ? 4 : elem_;
+  Run cur;
+  bool open = false;
+  for (std::size_t si : layout_.mine) {
+    const Run r = run_of(layout_.segments[si]);
+    if (open && r.group == cur.group && r.storage == cur.storage + cur.count &&
+        r.param == cur.param + cur.count * psize &&
+        r.grad == cur.grad + cur.count * dtype_size(cur.grad_type) &&
+        r.grad_type == cur.grad_type && (r.out == nullptr) == (cur.out == nullptr) &&
+        (r.out == nullptr || r.out == cur.out + cur.count * elem_)) {
+      cur.count += r.count;
+      continue;
+    }
+    if (open) f(cur);
+    cur = r;
+    open = true;
+  }
+  if (open) f(cur);
+}
+
+void ShardState::update_elementwise(double mul) {
+  using namespace functional;
+  std::vector<std::span<float>> states;
+  for_each_run([&](const Run& r) {
+    const ParamView pv =
+        remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
+                                std::span<std::uint16_t>(
+                                    master_buf_.as<std::uint16_t>() + r.storage, r.count))
+                    : ParamView(reinterpret_cast<float*>(r.param), r.count);
+    const GradView gv(r.grad, r.count, r.grad_type);
+    StepOptions so;
+    so.grad_mul = mul;
+    so.param_out = r.out;
+    so.param_out_dtype = dtype_;
+    std::visit(
+        [&](const auto& o) {
+          if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
+            // This group's slots, in order, from the engine's state buffers
+            // (allocated for the slots any group uses).
+            states.clear();
+            o.slots([&](const Slot& slot) {
+              std::span<float> span;
+              for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
+                if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage, r.count};
+              states.push_back(span);
+            });
+            functional::step(pv, gv, states, step_, o, so);
+          }
+        },
+        groups_[std::size_t(r.group)]);
+  });
+}
+
+void ShardState::update_lamb(double mul) {
+  const std::size_t np = params_.size();
+  // partial[(q * np + p) * 2 + {0, 1}]: rank q's sums of squares of
+  // parameter p's values and update direction, over its segments in order.
+  std::vector<double> partial(std::size_t(nranks_) * np * 2, 0.0);
+  const auto direction = [&](const Segment& s) {
+    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[s.param].group)]);
+    kernels::LambBuffers b;
+    if (remainders_) {
+      b.param_bf16 = reinterpret_cast<const bfloat16*>(user_param(s));
+      b.remainder = master_buf_.as<std::uint16_t>() + s.storage;
+    } else {
+      b.param = master_ ? master_buf_.as<float>() + s.storage
+                        : reinterpret_cast<const float*>(user_param(s));
+    }
+    b.grad = grads_->reduced_grad(s, b.grad_type);
+    b.exp_avg = states_[0].as<float>() + s.storage;
+    b.exp_avg_sq = states_[1].as<float>() + s.storage;
+    b.update = lamb_update_.as<float>() + s.storage;
+    b.n = s.count;
+    const kernels::LambScalars sc = kernels::make_lamb_scalars(
+        o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step_, mul);
+    const kernels::LambNorms n = kernels::cpu::lamb_direction(b, sc);
+    double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
+    d[0] += n.param_sq;
+    d[1] += n.update_sq;
+  };
+  for (std::size_t si : layout_.mine) direction(layout_.segments[si]);
+  if (stage_ > 0) {
+    std::vector<double> mine(partial.begin() + std::ptrdiff_t(std::size_t(rank_) * np * 2),
+                             partial.begin() + std::ptrdiff_t(std::size_t(rank_ + 1) * np * 2));
+    comm_.allgather(mine.data(), partial.data(), np * 2, DType::f64);
+  }
+  std::vector<float> neg_step(np);
+  for (std::size_t p = 0; p < np; ++p) {
+    double ps = 0.0, us = 0.0;
+    for (int q = 0; q < nranks_; ++q) {
+      ps += partial[(std::size_t(q) * np + p) * 2];
+      us += partial[(std::size_t(q) * np + p) * 2 + 1];
+    }
+    const double trust = ps > 0.0 && us > 0.0 ? std::sqrt(ps) / std::sqrt(us) : 1.0;
+    const Lamb& o = std::get<Lamb>(groups_[std::size_t(params_[p].group)]);
+    neg_step[p] = static_cast<float>(-(o.lr * trust));
+  }
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
+    kernels::LambApplyBuffers a;
+    if (remainders_) {
+      a.param_out = user_param(s);
+      a.param_out_type = DType::bf16;
+      a.remainder = master_buf_.as<std::uint16_t>() + s.storage;
+    } else if (master_) {
+      a.param = master_buf_.as<float>() + s.storage;
+      a.param_out = user_param(s);
+      a.param_out_type = dtype_;
+    } else {
+      a.param = reinterpret_cast<float*>(user_param(s));
+    }
+    a.update = lamb_update_.as<float>() + s.storage;
+    a.n = s.count;
+    kernels::cpu::lamb_apply(a, neg_step[s.param]);
+  }
+}
+
+void ShardState::update_custom(double mul) {
+  std::vector<std::span<float>> states(slots_.size());
+  for_each_run([&](const Run& r) {
+    const CustomOptimizer& o = std::get<CustomOptimizer>(groups_[std::size_t(r.group)]);
+    float* g = custom_scratch_.as<float>();
+    // Runs merge segments, so one may be longer than the scratch: go in
+    // pieces of the longest segment.
+    const std::size_t chunk = custom_scratch_.size() / 4;
+    for (std::size_t k = 0; k < r.count; k += chunk) {
+      const std::size_t m = std::min(chunk, r.count - k);
+      convert(r.grad + k * dtype_size(r.grad_type), r.grad_type, reinterpret_cast<std::byte*>(g),
+              DType::f32, m, static_cast<float>(mul));
+      for (std::size_t q = 0; q < slots_.size(); ++q)
+        states[q] = {states_[q].as<float>() + r.storage + k, m};
+      float* params = reinterpret_cast<float*>(r.param) + k;
+      CustomStep cs;
+      cs.params = {params, m};
+      cs.grads = {g, m};
+      cs.states = states;
+      cs.step = step_;
+      cs.group = r.group;
+      o.update(cs, o.lr);
+      if (r.out != nullptr) cast(params, DType::f32, r.out + k * elem_, dtype_, m);
+    }
+  });
+}
+
+}  // namespace shardopt::detail
