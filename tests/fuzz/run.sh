@@ -98,7 +98,7 @@ dep_libs=$(pkg-config --libs libxxhash 2>/dev/null || echo -lxxhash)
 
 common="$src/lib/common/error.cpp $src/lib/common/log.cpp $src/lib/common/settings.cpp"
 if [ "$target" = header ]; then
-  sources="$src/tests/fuzz/fuzz_header.cpp $src/lib/ckpt/format.cpp $common"
+  sources="$src/tests/fuzz/fuzz_header.cpp $src/lib/ckpt/format.cpp $src/lib/ckpt/header_writer.cpp $common"
 else
   sources="$src/tests/fuzz/fuzz_env.cpp $common"
 fi
