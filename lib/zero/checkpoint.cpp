@@ -226,55 +226,54 @@ void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) 
   ckpt::write_file(ctl_, path, tensors, pieces, m, {});
 }
 
-LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
-  require_comm("load()");
-  if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
-    agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
-                   "pass the same LoadOptions on every rank");
-  ckpt::Reader reader(ctl_, path);
-  const ckpt::Header& h = reader.header();
-  // From here on every decision depends on the header and the agreed
-  // layout only, so every rank takes it alike without communicating.
-  const auto fail = [&](const std::string& what, const char* hint) {
-    throw_error(ErrorCode::checkpoint, "cannot load '" + path + "': " + what, hint, __FILE__,
-                __LINE__);
-  };
+namespace {
+
+// A tensor this optimizer has, and the file's tensor of that name when its
+// dtype and shape match.
+struct Want {
+  std::string name;
+  std::size_t slot;  // 0 master, k state k-1, npos the loss scaler
+  std::size_t param;
+  const ckpt::TensorInfo* have = nullptr;
+};
+
+[[noreturn]] void fail_load(const std::string& path, const std::string& what, const char* hint) {
+  throw_error(ErrorCode::checkpoint, "cannot load '" + path + "': " + what, hint, __FILE__,
+              __LINE__);
+}
+
+// Checks that h is a shardopt checkpoint; the report's step, ranks and user
+// metadata.
+LoadReport read_report(const ckpt::Header& h, const std::string& path) {
   if (h.format_version == 0)
-    fail("it has no shardopt metadata (a plain safetensors file, not a shardopt checkpoint)",
-         "load a file written by ZeroRedundancyOptimizer::save()");
+    fail_load(path,
+              "it has no shardopt metadata (a plain safetensors file, not a shardopt checkpoint)",
+              "load a file written by ZeroRedundancyOptimizer::save()");
   const std::string& content = meta(h, path, "shardopt.content");
   if (content != "checkpoint")
-    fail("it is a shardopt " + content + ", not a checkpoint (it holds " +
-             (content == "export" ? "the parameters only" : "something else") + ")",
-         "load a file written by save(); an export is read by inference codes directly");
+    fail_load(path,
+              "it is a shardopt " + content + ", not a checkpoint (it holds " +
+                  (content == "export" ? "the parameters only" : "something else") + ")",
+              "load a file written by save(); an export is read by inference codes directly");
   LoadReport report;
   report.step = meta_int(h, path, "shardopt.step");
   report.saved_ranks = static_cast<int>(meta_int(h, path, "shardopt.ranks"));
   for (const auto& [k, v] : h.metadata)
     if (k.rfind("user.", 0) == 0) report.metadata[k.substr(5)] = v;
-  const std::string kind = meta(h, path, "shardopt.optimizer");
-  const json groups = meta_json(h, path, "shardopt.groups");
-  std::vector<std::string> problems;
-  if (kind != kind_key(groups_[0]))
-    problems.push_back("it was saved by optimizer '" + kind + "', this one is '" +
-                       kind_key(groups_[0]) + "'");
-  if (!groups.is_array() || groups.size() != groups_.size())
-    problems.push_back("it has " + std::to_string(groups.is_array() ? groups.size() : 0) +
-                       " parameter group(s), this optimizer " + std::to_string(groups_.size()));
+  return report;
+}
 
-  // The tensors this optimizer has, against the file's.
-  struct Want {
-    std::string name;
-    std::size_t slot;  // 0 master, k state k-1, npos the loss scaler
-    std::size_t param;
-    const ckpt::TensorInfo* have = nullptr;
-  };
+// The tensors of an optimizer with these parameters and state slots
+// (and the loss scaler's), matched against h's; the report's loaded,
+// missing, unexpected and mismatched lists, and the problems they make.
+std::vector<Want> match_tensors(const ckpt::Header& h, const std::vector<Param>& params,
+                                const std::vector<std::string>& slots, bool scaler,
+                                LoadReport& report, std::vector<std::string>& problems) {
   std::vector<Want> want;
-  for (std::size_t k = 0; k <= shard().slots().size(); ++k)
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      want.push_back(
-          {k == 0 ? params_[i].name : params_[i].name + "." + shard().slots()[k - 1], k, i});
-  if (opt_.loss_scaler) want.push_back({kScalerTensor, std::string::npos, 0});
+  for (std::size_t k = 0; k <= slots.size(); ++k)
+    for (std::size_t i = 0; i < params.size(); ++i)
+      want.push_back({k == 0 ? params[i].name : params[i].name + "." + slots[k - 1], k, i});
+  if (scaler) want.push_back({kScalerTensor, std::string::npos, 0});
   std::set<std::string> wanted;
   for (Want& w : want) {
     wanted.insert(w.name);
@@ -283,10 +282,10 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
       report.missing.push_back(w.name);
       continue;
     }
-    const bool scaler = w.slot == std::string::npos;
+    const bool is_scaler = w.slot == std::string::npos;
     const std::vector<std::uint64_t> shape =
-        scaler ? std::vector<std::uint64_t>{3} : shape_of(params_[w.param]);
-    const std::string dtype = scaler ? "F64" : "F32";
+        is_scaler ? std::vector<std::uint64_t>{3} : shape_of(params[w.param]);
+    const std::string dtype = is_scaler ? "F64" : "F32";
     if (t->dtype != dtype || t->shape != shape) {
       report.mismatched.push_back(w.name + ": " + t->dtype + " " + shape_text(t->shape) +
                                   " in the file, " + dtype + " " + shape_text(shape) + " here");
@@ -308,12 +307,39 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   if (!report.mismatched.empty())
     problems.push_back(std::to_string(report.mismatched.size()) +
                        " tensor(s) of another dtype or shape: " + list(report.mismatched, 4));
+  return want;
+}
+
+}  // namespace
+
+LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
+  require_comm("load()");
+  if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
+    agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
+                   "pass the same LoadOptions on every rank");
+  ckpt::Reader reader(ctl_, path);
+  const ckpt::Header& h = reader.header();
+  // From here on every decision depends on the header and the agreed
+  // layout only, so every rank takes it alike without communicating.
+  LoadReport report = read_report(h, path);
+  const std::string kind = meta(h, path, "shardopt.optimizer");
+  const json groups = meta_json(h, path, "shardopt.groups");
+  std::vector<std::string> problems;
+  if (kind != kind_key(groups_[0]))
+    problems.push_back("it was saved by optimizer '" + kind + "', this one is '" +
+                       kind_key(groups_[0]) + "'");
+  if (!groups.is_array() || groups.size() != groups_.size())
+    problems.push_back("it has " + std::to_string(groups.is_array() ? groups.size() : 0) +
+                       " parameter group(s), this optimizer " + std::to_string(groups_.size()));
+  const std::vector<std::string>& slots = shard().slots();
+  const std::vector<Want> want =
+      match_tensors(h, params_, slots, opt_.loss_scaler.has_value(), report, problems);
   if (o.strict && !problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += "\n  " + p;
-    fail("it does not match this optimizer:" + all,
-         "register the same parameters (names, shapes, dtype) and optimizer as the run that "
-         "saved it, or load with LoadOptions::strict = false to take the tensors that match");
+    fail_load(path, "it does not match this optimizer:" + all,
+              "register the same parameters (names, shapes, dtype) and optimizer as the run that "
+              "saved it, or load with LoadOptions::strict = false to take the tensors that match");
   }
   const bool restore_groups = o.hyper_parameters && kind == kind_key(groups_[0]) &&
                               groups.is_array() && groups.size() == groups_.size();
@@ -322,45 +348,36 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
     try {
       for (std::size_t g = 0; g < groups_.size(); ++g) apply_hypers_json(new_groups[g], groups[g]);
     } catch (const json::exception& e) {
-      fail(std::string("its group hyper-parameters are malformed (") + e.what() + ")",
-           "the header is corrupted; load another checkpoint");
+      fail_load(path, std::string("its group hyper-parameters are malformed (") + e.what() + ")",
+                "the header is corrupted; load another checkpoint");
     }
   }
 
   // Read this rank's segments of every tensor to load into staging buffers
   // laid out like the state (huge pages, touched once), verified, before
-  // anything changes. A slot loaded for every parameter becomes the state
-  // buffer itself; the others are copied parameter by parameter.
-  std::vector<HostBuffer> staging(shard().slots().size() + 1);
-  std::vector<std::vector<const Want*>> by_slot(shard().slots().size() + 1);
-  const Want* scaler_want = nullptr;
-  std::vector<ckpt::ReadRange> ranges;
+  // anything changes: staging[k] for slot k (0 the master), and which
+  // parameters each slot loads.
+  std::vector<HostBuffer> staging(slots.size() + 1);
+  std::vector<std::vector<char>> loaded(slots.size() + 1, std::vector<char>(params_.size(), 0));
+  std::vector<const ckpt::TensorInfo*> tensor_of((slots.size() + 1) * params_.size(), nullptr);
+  const ckpt::TensorInfo* scaler_tensor = nullptr;
   for (const Want& w : want) {
     if (w.have == nullptr) continue;
     if (w.slot == std::string::npos) {
-      scaler_want = &w;
+      scaler_tensor = w.have;
       continue;
     }
-    by_slot[w.slot].push_back(&w);
-  }
-  std::vector<std::vector<char>> load_param(shard().slots().size() + 1,
-                                            std::vector<char>(params_.size(), 0));
-  for (std::size_t k = 0; k <= shard().slots().size(); ++k) {
-    if (by_slot[k].empty()) continue;
-    staging[k] = HostBuffer(layout_.storage * 4);
-    for (const Want* w : by_slot[k]) load_param[k][w->param] = 1;
+    if (staging[w.slot].data() == nullptr) staging[w.slot] = HostBuffer(layout_.storage * 4);
+    loaded[w.slot][w.param] = 1;
+    tensor_of[w.slot * params_.size() + w.param] = w.have;
   }
   const auto index_of = [&](const ckpt::TensorInfo* t) {
     return static_cast<std::size_t>(t - h.tensors.data());
   };
-  std::vector<const ckpt::TensorInfo*> tensor_of((shard().slots().size() + 1) * params_.size(),
-                                                 nullptr);
-  for (const Want& w : want)
-    if (w.have && w.slot != std::string::npos)
-      tensor_of[w.slot * params_.size() + w.param] = w.have;
+  std::vector<ckpt::ReadRange> ranges;
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
-    for (std::size_t k = 0; k <= shard().slots().size(); ++k) {
+    for (std::size_t k = 0; k <= slots.size(); ++k) {
       const ckpt::TensorInfo* t = tensor_of[k * params_.size() + s.param];
       if (t == nullptr || s.count == 0) continue;
       ranges.push_back(
@@ -368,42 +385,15 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
     }
   }
   double scaler[3] = {0, 0, 0};
-  if (scaler_want) ranges.push_back({index_of(scaler_want->have), 0, sizeof scaler, scaler});
+  if (scaler_tensor) ranges.push_back({index_of(scaler_tensor), 0, sizeof scaler, scaler});
   reader.read(ranges);
 
   // Everything is read and verified on every rank: commit.
   reducer().discard();
-  const auto whole = [&](std::size_t k) {
-    return std::all_of(load_param[k].begin(), load_param[k].end(), [](char c) { return c != 0; });
-  };
-  if (master_ && whole(0)) shard().master_buffer() = std::move(staging[0]);
-  for (std::size_t k = 1; k <= shard().slots().size(); ++k)
-    if (whole(k)) shard().state(k - 1) = std::move(staging[k]);
-  for (std::size_t si : layout_.mine) {
-    const Segment& s = layout_.segments[si];
-    if (load_param[0][s.param]) {
-      if (master_) {
-        float* m = shard().master_buffer().as<float>() + s.storage;
-        if (staging[0].data() != nullptr)
-          std::memcpy(m, staging[0].as<float>() + s.storage, s.count * 4);
-        cast(m, DType::f32, shard().user_param(s), dtype_, s.count);
-      } else if (remainders_) {
-        functional::encode_param_remainders(
-            {staging[0].as<float>() + s.storage, s.count},
-            {reinterpret_cast<bfloat16*>(shard().user_param(s)), s.count},
-            {shard().master_buffer().as<std::uint16_t>() + s.storage, s.count});
-      } else {
-        std::memcpy(shard().user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
-      }
-    }
-    for (std::size_t k = 1; k <= shard().slots().size(); ++k)
-      if (load_param[k][s.param] && staging[k].data() != nullptr)
-        std::memcpy(shard().state(k - 1).as<float>() + s.storage,
-                    staging[k].as<float>() + s.storage, s.count * 4);
-  }
+  shard().load(staging, loaded);
   if (opt_.stage > 0) reducer().gather_params();
   steps_ = report.step;
-  if (scaler_want) {
+  if (scaler_tensor) {
     scale_ = scaler[0];
     good_steps_ = static_cast<int>(scaler[1]);
     hysteresis_left_ = static_cast<int>(scaler[2]);

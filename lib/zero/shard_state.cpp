@@ -94,6 +94,37 @@ void ShardState::update(const GradReducer& grads, double mul, std::int64_t step)
     update_elementwise(mul);
 }
 
+void ShardState::load(std::vector<HostBuffer>& staging,
+                      const std::vector<std::vector<char>>& loaded) {
+  const auto whole = [&](std::size_t k) {
+    return std::all_of(loaded[k].begin(), loaded[k].end(), [](char c) { return c != 0; });
+  };
+  if (master_ && whole(0)) master_buf_ = std::move(staging[0]);
+  for (std::size_t k = 1; k <= slots_.size(); ++k)
+    if (whole(k)) states_[k - 1] = std::move(staging[k]);
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
+    if (loaded[0][s.param]) {
+      if (master_) {
+        float* m = master_buf_.as<float>() + s.storage;
+        if (staging[0].data() != nullptr)
+          std::memcpy(m, staging[0].as<float>() + s.storage, s.count * 4);
+        cast(m, DType::f32, user_param(s), dtype_, s.count);
+      } else if (remainders_) {
+        functional::encode_param_remainders({staging[0].as<float>() + s.storage, s.count},
+                                            {reinterpret_cast<bfloat16*>(user_param(s)), s.count},
+                                            {master_buf_.as<std::uint16_t>() + s.storage, s.count});
+      } else {
+        std::memcpy(user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
+      }
+    }
+    for (std::size_t k = 1; k <= slots_.size(); ++k)
+      if (loaded[k][s.param] && staging[k].data() != nullptr)
+        std::memcpy(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
+                    s.count * 4);
+  }
+}
+
 void ShardState::add_memory(MemoryReport& m) const {
   m.master_params = master_buf_.size();
   for (const HostBuffer& s : states_) m.optimizer_state += s.size();

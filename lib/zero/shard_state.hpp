@@ -52,6 +52,12 @@ class ShardState {
   // Segment s's fp32 master values into out[0, s.count): the master copy,
   // the remainders decoded, or the fp32 parameters.
   void read_master(const Segment& s, float* out) const;
+  // Takes the values a checkpoint loaded: staging[k] (slot k - 1; 0 the
+  // master values, fp32), laid out like the state, holds the parameters p
+  // with loaded[k][p] set. A slot loaded for every parameter becomes the
+  // state buffer itself; the others are copied segment by segment. The
+  // master values also go to the user's parameters (or their remainders).
+  void load(std::vector<HostBuffer>& staging, const std::vector<std::vector<char>>& loaded);
   // Adds its buffers to m.
   void add_memory(MemoryReport& m) const;
 
