@@ -54,19 +54,15 @@ struct StateBuffers : StepBuffers {
 
 namespace shardopt::kernels::detail {
 
+// Whether Step says its loop vectorizes without help (Step::plain_loop):
+// then the CPU loop is not forced to vectorize, and its 16-bit buffers are
+// staged through fp32 (kernels/cpu/runner.hpp).
 template <class Step>
-constexpr bool step_simd() {
-  if constexpr (requires { Step::simd; })
-    return Step::simd;
+constexpr bool plain_loop() {
+  if constexpr (requires { Step::plain_loop; })
+    return Step::plain_loop;
   else
-    return true;
-}
-template <class Step>
-constexpr bool step_direct_bf16() {
-  if constexpr (requires { Step::direct_bf16; })
-    return Step::direct_bf16;
-  else
-    return true;
+    return false;
 }
 
 template <class Step, class G, class P>
@@ -79,7 +75,7 @@ struct ElementLoop {
   using Storage = P;
   template <class G2, class P2>
   using Rebind = ElementLoop<Step, G2, P2>;
-  static constexpr bool direct_bf16 = step_direct_bf16<Step>();
+  static constexpr bool direct_bf16 = !plain_loop<Step>();
 
   // Updates [begin, end); returns true if every gradient there was finite.
   [[gnu::always_inline]] static inline bool range(const Buffers& b, const Scalars& s,
@@ -90,14 +86,14 @@ struct ElementLoop {
     const G* __restrict g = static_cast<const G*>(b.grad);
     // A local copy: no store of the loop can change the state pointers.
     const Buffers states = b;
-    return for_range < step_simd<Step>() && force_simd < G,
-           P >> (
-                    begin, end, [&](std::size_t i) __attribute__((always_inline)) {
-                      float pi = P::load(p, copy, rem, i);
-                      const bool finite = Step::apply(pi, load_grad(g, i), states, i, s);
-                      P::store(p, copy, rem, i, pi);
-                      return finite;
-                    });
+    constexpr bool simd = !plain_loop<Step>() && force_simd<G, P>;
+    return for_range<simd>(
+        begin, end, [&](std::size_t i) __attribute__((always_inline)) {
+          float pi = P::load(p, copy, rem, i);
+          const bool finite = Step::apply(pi, load_grad(g, i), states, i, s);
+          P::store(p, copy, rem, i, pi);
+          return finite;
+        });
   }
   // Updates element i (the CUDA kernels: kernels/vector_step.hpp).
   SHARDOPT_HOST_DEVICE static bool apply(const Buffers& b, const Scalars& s, std::size_t i) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/element.hpp"
+#include "kernels/element_loop.hpp"
 
 namespace shardopt::kernels {
 
@@ -66,6 +67,21 @@ SHARDOPT_HOST_DEVICE inline bool update_moments(float& p, float& g, float& m, fl
   v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);  // mul_(b2).addcmul_(g, g, 1-b2)
   return finite;
 }
+
+// The buffers of a step that keeps the two moments only (NAdam, RAdam):
+// StepBuffers' (kernels/element.hpp) and
+//   exp_avg:     first moment, read and written
+//   exp_avg_sq:  second moment, read and written
+struct MomentBuffers : StateBuffers<MomentBuffers> {
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+
+  template <class F>
+  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+    f(exp_avg);
+    f(exp_avg_sq);
+  }
+};
 
 // Calls f.template operator()<W>() with the step's weight decay mode.
 template <class F>

@@ -81,20 +81,8 @@ SHARDOPT_HOST_DEVICE inline bool nadam_element(float& p, float g, float& m, floa
   return finite;
 }
 
-// The buffers of one NAdam step over n elements: StepBuffers'
-// (kernels/element.hpp) and
-//   exp_avg:     first moment, read and written
-//   exp_avg_sq:  second moment, read and written
-struct NAdamBuffers : StateBuffers<NAdamBuffers> {
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-
-  template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
-    f(exp_avg);
-    f(exp_avg_sq);
-  }
-};
+// The buffers of one NAdam step over n elements: the moments' (kernels/moments.hpp).
+using NAdamBuffers = MomentBuffers;
 
 // One element of a NAdam step of the given weight decay (kernels/element_loop.hpp).
 template <WeightDecay W>

@@ -70,20 +70,8 @@ SHARDOPT_HOST_DEVICE inline bool radam_element(float& p, float g, float& m, floa
   return finite;
 }
 
-// The buffers of one RAdam step over n elements: StepBuffers'
-// (kernels/element.hpp) and
-//   exp_avg:     first moment, read and written
-//   exp_avg_sq:  second moment, read and written
-struct RAdamBuffers : StateBuffers<RAdamBuffers> {
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-
-  template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
-    f(exp_avg);
-    f(exp_avg_sq);
-  }
-};
+// The buffers of one RAdam step over n elements: the moments' (kernels/moments.hpp).
+using RAdamBuffers = MomentBuffers;
 
 // One element of a RAdam step of the given modes (kernels/element_loop.hpp).
 template <WeightDecay W, bool Rectified>

@@ -90,8 +90,7 @@ struct SgdStep {
   // GCC vectorizes this loop on its own and forcing it slows the fp32 one;
   // it declines to vectorize it with bf16, whose buffers are staged then
   // (kernels/cpu/runner.hpp).
-  static constexpr bool simd = false;
-  static constexpr bool direct_bf16 = false;
+  static constexpr bool plain_loop = true;
   // sgd_element reads the momentum buffer only after the first step.
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {

@@ -12,7 +12,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "ckpt/format_text.hpp"
 #include "common/check.hpp"
 
 namespace shardopt::ckpt {

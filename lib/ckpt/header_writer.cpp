@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "ckpt/format.hpp"
-#include "ckpt/format_text.hpp"
 #include "common/check.hpp"
 
 namespace shardopt::ckpt {
