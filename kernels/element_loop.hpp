@@ -10,11 +10,11 @@
 //                                              std::size_t i, const Scalars& s);
 //     which updates the parameter's fp32 value p and element i of b's
 //     states, g being the gradient as float (before grad_mul), and returns
-//     whether the gradient was finite; optionally
-//       static constexpr bool simd = false;         // the CPU loop is not forced to vectorize
-//       static constexpr bool direct_bf16 = false;  // its 16-bit buffers are staged
-//       (cpu/runner.hpp) each_buffer(Buffers&, const Scalars&, F&&)  // the accesses, refined
-//       (kernels/vector_step.hpp)
+//     whether the gradient was finite; and, optionally,
+//       static constexpr bool plain_loop = true;
+//     when GCC vectorizes its CPU loop unforced (plain_loop(), below), and
+//       each_buffer(Buffers&, const Scalars&, F&&)
+//     where it refines the buffers' accesses (kernels/vector_step.hpp);
 //   - Kernel<O> deriving from ElementKernel<Kernel<O>> with
 //       template <class F> static bool modes(const Scalars& s, F&& f);
 //     which calls f.template operator()<Step>() with the step struct of s's modes.

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "shardopt/half.hpp"
 
@@ -90,36 +91,28 @@ inline constexpr const char* reduce_op_name(ReduceOp op) noexcept {
   return "invalid";
 }
 
-// The DType of a C++ element type: dtype_of<float>() == DType::f32.
-template <class T>
-struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::f64;
-};
-template <>
-struct DTypeOf<bfloat16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct DTypeOf<float16> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct DTypeOf<std::int32_t> {
-  static constexpr DType value = DType::i32;
-};
-template <>
-struct DTypeOf<std::int64_t> {
-  static constexpr DType value = DType::i64;
-};
+// The DType of a C++ element type: dtype_of<float>() == DType::f32; a
+// type without one does not compile.
 template <class T>
 inline constexpr DType dtype_of() noexcept {
-  return DTypeOf<T>::value;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return DType::bf16;
+  else if constexpr (std::is_same_v<T, float16>)
+    return DType::f16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::i64;
+  else
+    static_assert(sizeof(T) == 0, "dtype_of: no DType for this element type");
 }
+template <class T>
+struct DTypeOf {
+  static constexpr DType value = dtype_of<T>();
+};
 
 }  // namespace shardopt
