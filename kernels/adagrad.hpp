@@ -73,9 +73,7 @@ struct AdagradBuffers : StateBuffers<AdagradBuffers> {
 // One element of an Adagrad step, with or without weight decay
 // (kernels/element_loop.hpp).
 template <bool Wd>
-struct AdagradStep {
-  using Buffers = AdagradBuffers;
-  using Scalars = AdagradScalars;
+struct AdagradStep : StepTypes<AdagradBuffers, AdagradScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return adagrad_element<Wd>(p, g, b.sum[i], s);
@@ -83,10 +81,7 @@ struct AdagradStep {
 };
 
 template <>
-struct Kernel<Adagrad> : ElementKernel<Kernel<Adagrad>> {
-  using Family = Adagrad;
-  using Buffers = AdagradBuffers;
-  using Scalars = AdagradScalars;
+struct Kernel<Adagrad> : ElementKernel<Adagrad, AdagradBuffers, AdagradScalars> {
   static Scalars scalars(const Adagrad& o, std::int64_t step, double grad_mul) {
     return make_adagrad_scalars(o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize, step,
                                 grad_mul);

@@ -82,9 +82,7 @@ struct AdamBuffers : StateBuffers<AdamBuffers> {
 
 // One element of an Adam step of the given modes (kernels/element_loop.hpp).
 template <WeightDecay W, bool Ams>
-struct AdamStep {
-  using Buffers = AdamBuffers;
-  using Scalars = AdamScalars;
+struct AdamStep : StepTypes<AdamBuffers, AdamScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return adam_element<W, Ams>(p, g, b.exp_avg[i], b.exp_avg_sq[i],
@@ -93,10 +91,7 @@ struct AdamStep {
 };
 
 template <>
-struct Kernel<Adam> : ElementKernel<Kernel<Adam>> {
-  using Family = Adam;
-  using Buffers = AdamBuffers;
-  using Scalars = AdamScalars;
+struct Kernel<Adam> : ElementKernel<Adam, AdamBuffers, AdamScalars> {
   static Scalars scalars(const Adam& o, std::int64_t step, double grad_mul) {
     return make_adam_scalars(o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay, false,
                              o.amsgrad, o.maximize, step, grad_mul);

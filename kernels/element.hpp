@@ -66,7 +66,7 @@ struct StepBuffers {
 // Calls f(q) with q the pointer p typed for t: float, bfloat16 or float16
 // (f32, bf16 or f16; any other type as float), const when p is.
 template <class V, class F>
-SHARDOPT_HOST_DEVICE inline decltype(auto) with_float_type(V* p, DType t, F&& f) {
+inline decltype(auto) with_float_type(V* p, DType t, F&& f) {
   static_assert(std::is_void_v<V>, "with_float_type takes an untyped pointer");
   using Bf16 = std::conditional_t<std::is_const_v<V>, const bfloat16, bfloat16>;
   using F16 = std::conditional_t<std::is_const_v<V>, const float16, float16>;

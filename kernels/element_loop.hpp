@@ -4,8 +4,8 @@
 //   - its Buffers: StateBuffers<Buffers> (below) with one float* per state
 //     slot and each_state() listing them in slot order;
 //   - its element steps: one small struct per combination of the step's
-//     modes (weight decay, amsgrad, ...), each with
-//       using Buffers = ...; using Scalars = ...;
+//     modes (weight decay, amsgrad, ...), each deriving from
+//     StepTypes<Buffers, Scalars> (below), with
 //       SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b,
 //                                              std::size_t i, const Scalars& s);
 //     which updates the parameter's fp32 value p and element i of b's
@@ -15,7 +15,8 @@
 //     when GCC vectorizes its CPU loop unforced (plain_loop(), below), and
 //       each_buffer(Buffers&, const Scalars&, F&&)
 //     where it refines the buffers' accesses (kernels/vector_step.hpp);
-//   - Kernel<O> deriving from ElementKernel<Kernel<O>> with
+//   - Kernel<O> deriving from ElementKernel<O, Buffers, Scalars> with
+//       static Scalars scalars(const O&, std::int64_t step, double grad_mul);
 //       template <class F> static bool modes(const Scalars& s, F&& f);
 //     which calls f.template operator()<Step>() with the step struct of s's modes.
 //
@@ -30,8 +31,16 @@
 
 #include "kernels/dispatch.hpp"
 #include "kernels/element.hpp"
+#include "kernels/optimizer.hpp"
 
 namespace shardopt::kernels {
+
+// The types an element step and Kernel<O> name: the step's buffers and scalars.
+template <class B, class S>
+struct StepTypes {
+  using Buffers = B;
+  using Scalars = S;
+};
 
 // The buffers of an element-wise step: StepBuffers' and the states that D,
 // the optimizer's Buffers struct deriving from this one, lists with
@@ -116,20 +125,20 @@ struct ElementLoop {
 namespace shardopt::kernels {
 
 // What Kernel<O> (kernels/optimizer.hpp) has in common for every
-// element-wise optimizer K: the states set in slot order, and the dispatch
-// of a step to the loop of its types and modes.
-template <class K>
-struct ElementKernel {
-  template <class B>
+// element-wise optimizer O: its types, the states set in slot order, and the
+// dispatch of a step to the loop of its types and modes (Kernel<O>::modes).
+template <class O, class B, class S>
+struct ElementKernel : StepTypes<B, S> {
+  using Family = O;
   static void set_states(B& b, float* const* states) {
     int k = 0;
     b.each_state([&](float*& state) { state = states[k++]; });
   }
-  template <class B, class S, class F>
+  template <class F>
   static bool dispatch(const B& b, const S& s, F&& f) {
     return detail::dispatch_types(
         b.grad_type, b.param_out, b.param_out_type, b.remainder, [&]<class G, class P>() {
-          return K::modes(s, [&]<class Step>() {
+          return Kernel<O>::modes(s, [&]<class Step>() {
             return f.template operator()<detail::ElementLoop<Step, G, P>>();
           });
         });

@@ -70,9 +70,7 @@ struct LionBuffers : StateBuffers<LionBuffers> {
 };
 
 // One element of a Lion step (kernels/element_loop.hpp).
-struct LionStep {
-  using Buffers = LionBuffers;
-  using Scalars = LionScalars;
+struct LionStep : StepTypes<LionBuffers, LionScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return lion_element(p, g, b.exp_avg[i], s);
@@ -80,10 +78,7 @@ struct LionStep {
 };
 
 template <>
-struct Kernel<Lion> : ElementKernel<Kernel<Lion>> {
-  using Family = Lion;
-  using Buffers = LionBuffers;
-  using Scalars = LionScalars;
+struct Kernel<Lion> : ElementKernel<Lion, LionBuffers, LionScalars> {
   static Scalars scalars(const Lion& o, std::int64_t, double grad_mul) {
     return make_lion_scalars(o.lr, o.betas.first, o.betas.second, o.weight_decay, o.maximize,
                              grad_mul);

@@ -86,9 +86,7 @@ using NAdamBuffers = MomentBuffers;
 
 // One element of a NAdam step of the given weight decay (kernels/element_loop.hpp).
 template <WeightDecay W>
-struct NAdamStep {
-  using Buffers = NAdamBuffers;
-  using Scalars = NAdamScalars;
+struct NAdamStep : StepTypes<NAdamBuffers, NAdamScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return nadam_element<W>(p, g, b.exp_avg[i], b.exp_avg_sq[i], s);
@@ -96,10 +94,7 @@ struct NAdamStep {
 };
 
 template <>
-struct Kernel<NAdam> : ElementKernel<Kernel<NAdam>> {
-  using Family = NAdam;
-  using Buffers = NAdamBuffers;
-  using Scalars = NAdamScalars;
+struct Kernel<NAdam> : ElementKernel<NAdam, NAdamBuffers, NAdamScalars> {
   static Scalars scalars(const NAdam& o, std::int64_t step, double grad_mul) {
     return make_nadam_scalars(o, step, grad_mul);
   }

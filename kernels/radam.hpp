@@ -75,9 +75,7 @@ using RAdamBuffers = MomentBuffers;
 
 // One element of a RAdam step of the given modes (kernels/element_loop.hpp).
 template <WeightDecay W, bool Rectified>
-struct RAdamStep {
-  using Buffers = RAdamBuffers;
-  using Scalars = RAdamScalars;
+struct RAdamStep : StepTypes<RAdamBuffers, RAdamScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return radam_element<W, Rectified>(p, g, b.exp_avg[i], b.exp_avg_sq[i], s);
@@ -85,10 +83,7 @@ struct RAdamStep {
 };
 
 template <>
-struct Kernel<RAdam> : ElementKernel<Kernel<RAdam>> {
-  using Family = RAdam;
-  using Buffers = RAdamBuffers;
-  using Scalars = RAdamScalars;
+struct Kernel<RAdam> : ElementKernel<RAdam, RAdamBuffers, RAdamScalars> {
   static Scalars scalars(const RAdam& o, std::int64_t step, double grad_mul) {
     return make_radam_scalars(o, step, grad_mul);
   }

@@ -98,9 +98,7 @@ struct RmspropBuffers : StateBuffers<RmspropBuffers> {
 
 // One element of an RMSprop step of the given modes (kernels/element_loop.hpp).
 template <bool Wd, bool Centered, bool Mom>
-struct RmspropStep {
-  using Buffers = RmspropBuffers;
-  using Scalars = RmspropScalars;
+struct RmspropStep : StepTypes<RmspropBuffers, RmspropScalars> {
   SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
                                          const Scalars& s) {
     return rmsprop_element<Wd, Centered, Mom>(p, g, b.square_avg[i],
@@ -110,10 +108,7 @@ struct RmspropStep {
 };
 
 template <>
-struct Kernel<RMSprop> : ElementKernel<Kernel<RMSprop>> {
-  using Family = RMSprop;
-  using Buffers = RmspropBuffers;
-  using Scalars = RmspropScalars;
+struct Kernel<RMSprop> : ElementKernel<RMSprop, RmspropBuffers, RmspropScalars> {
   static Scalars scalars(const RMSprop& o, std::int64_t, double grad_mul) {
     return make_rmsprop_scalars(o.lr, o.alpha, o.eps, o.weight_decay, o.momentum, o.centered,
                                 o.maximize, grad_mul);

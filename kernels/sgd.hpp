@@ -84,9 +84,7 @@ struct SgdBuffers : StateBuffers<SgdBuffers> {
 
 // One element of an SGD step of the given modes (kernels/element_loop.hpp).
 template <bool Wd, bool Mom>
-struct SgdStep {
-  using Buffers = SgdBuffers;
-  using Scalars = SgdScalars;
+struct SgdStep : StepTypes<SgdBuffers, SgdScalars> {
   // GCC vectorizes this loop on its own and forcing it slows the fp32 one;
   // it declines to vectorize it with bf16, whose buffers are staged then
   // (kernels/cpu/runner.hpp).
@@ -107,10 +105,7 @@ struct SgdStep {
 };
 
 template <>
-struct Kernel<SGD> : ElementKernel<Kernel<SGD>> {
-  using Family = SGD;
-  using Buffers = SgdBuffers;
-  using Scalars = SgdScalars;
+struct Kernel<SGD> : ElementKernel<SGD, SgdBuffers, SgdScalars> {
   static Scalars scalars(const SGD& o, std::int64_t step, double grad_mul) {
     return make_sgd_scalars(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize,
                             step, grad_mul);

@@ -150,4 +150,20 @@ Buffers kernel_buffers(std::vector<float>& p, const Grads& g, DType gt, int out 
   return b;
 }
 
+// A tensor of an optimizer with one state (SGD's momentum, Adagrad's sum,
+// Lion's exp_avg): its parameters, the state and a 16-bit parameter copy.
+struct OneState {
+  std::vector<float> p, state;
+  std::vector<std::uint16_t> out;
+};
+
+// kernel_buffers of st, its state in the buffers' one slot, or none when
+// `state` is false (SGD without momentum).
+template <class Buffers>
+Buffers one_state_buffers(OneState& st, const Grads& g, DType gt, int out, bool state = true) {
+  auto b = kernel_buffers<Buffers>(st.p, g, gt, out, &st.out);
+  b.each_state([&](float*& slot) { slot = state ? st.state.data() : nullptr; });
+  return b;
+}
+
 }  // namespace shardopt::test

@@ -14,21 +14,6 @@ using namespace shardopt::test;
 using kernels::AdagradBuffers;
 using kernels::AdagradScalars;
 
-namespace {
-
-struct AdagradState {
-  std::vector<float> p, sum;
-  std::vector<std::uint16_t> out;
-};
-
-AdagradBuffers adagrad_buffers(AdagradState& st, const Grads& g, DType gt, int out) {
-  auto b = kernel_buffers<AdagradBuffers>(st.p, g, gt, out, &st.out);
-  b.sum = st.sum.data();
-  return b;
-}
-
-}  // namespace
-
 TEST_CASE("Adagrad reference kernel: steps computed by hand", "[optim][adagrad]") {
   // p = 1, g = 0.5, sum = 0, lr = 0.1, lr_decay 1, eps 0:
   // step 1: sum = 0.25, p = 1 - 0.1 * 0.5 / 0.5 = 0.9
@@ -55,12 +40,12 @@ TEST_CASE("Adagrad reference kernel follows the float64 formulas over 30 steps",
     const double lr = 0.01, lr_decay = (mode & 1) ? 0.05 : 0.0, wd = (mode & 2) ? 0.05 : 0.0;
     const double init = (mode & 4) ? 0.1 : 0.0, eps = 1e-10;
     const bool maximize = mode % 3 == 0;
-    AdagradState st{uniform(n, 3, -1, 1), std::vector<float>(n, static_cast<float>(init)), {}};
+    OneState st{uniform(n, 3, -1, 1), std::vector<float>(n, static_cast<float>(init)), {}};
     std::vector<double> p(st.p.begin(), st.p.end()), sum(n, static_cast<float>(init));
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
       kernels::reference::step<Adagrad>(
-          adagrad_buffers(st, g, DType::f32, 0),
+          one_state_buffers<AdagradBuffers>(st, g, DType::f32, 0),
           kernels::make_adagrad_scalars(lr, lr_decay, wd, eps, maximize, step, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
         double d = maximize ? -double(g.f32[i]) : double(g.f32[i]);
@@ -84,15 +69,17 @@ TEST_CASE("Adagrad CPU kernel equals the reference bitwise, every type and mode"
         for (int mode = 0; mode < 2; ++mode) {
           const AdagradScalars s = kernels::make_adagrad_scalars(
               0.01, 0.01, mode ? 0.1 : 0.0, 1e-10, (mode + out) % 2 == 1, 3, out == 2 ? 0.5 : 1.0);
-          AdagradState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, 0, 0.1f),
-                         std::vector<std::uint16_t>(n)};
-          AdagradState c = a;
-          const bool fa = kernels::reference::step<Adagrad>(adagrad_buffers(a, g, gt, out), s);
-          const bool fc = kernels::cpu::step<Adagrad>(adagrad_buffers(c, g, gt, out), s);
+          OneState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, 0, 0.1f),
+                     std::vector<std::uint16_t>(n)};
+          OneState c = a;
+          const bool fa = kernels::reference::step<Adagrad>(
+              one_state_buffers<AdagradBuffers>(a, g, gt, out), s);
+          const bool fc =
+              kernels::cpu::step<Adagrad>(one_state_buffers<AdagradBuffers>(c, g, gt, out), s);
           INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode);
           CHECK(fa == fc);
           CHECK(count_diff(a.p, c.p) == 0);
-          CHECK(count_diff(a.sum, c.sum) == 0);
+          CHECK(count_diff(a.state, c.state) == 0);
           CHECK(a.out == c.out);
         }
       }

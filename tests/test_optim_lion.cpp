@@ -14,38 +14,23 @@ using namespace shardopt::test;
 using kernels::LionBuffers;
 using kernels::LionScalars;
 
-namespace {
-
-struct LionState {
-  std::vector<float> p, m;
-  std::vector<std::uint16_t> out;
-};
-
-LionBuffers lion_buffers(LionState& st, const Grads& g, DType gt, int out) {
-  auto b = kernel_buffers<LionBuffers>(st.p, g, gt, out, &st.out);
-  b.exp_avg = st.m.data();
-  return b;
-}
-
-}  // namespace
-
 TEST_CASE("Lion reference kernel: one step computed by hand", "[optim][lion]") {
   // p = (1, 1, 1), g = (0.5, -0.5, 0), m = (0, 0, 0.1), lr 0.1, wd 0.5, betas (0.9, 0.99):
   // p *= 0.95; c = (0.05, -0.05, 0.09): p = (0.85, 1.05, 0.85);
   // m = (0.005, -0.005, 0.099).
-  LionState st{{1, 1, 1}, {0, 0, 0.1f}, {}};
+  OneState st{{1, 1, 1}, {0, 0, 0.1f}, {}};
   const Grads g({0.5f, -0.5f, 0.0f});
-  CHECK(kernels::reference::step<Lion>(lion_buffers(st, g, DType::f32, 0),
+  CHECK(kernels::reference::step<Lion>(one_state_buffers<LionBuffers>(st, g, DType::f32, 0),
                                        kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1)));
   CHECK(st.p[0] == Approx(0.85f).epsilon(1e-6));
   CHECK(st.p[1] == Approx(1.05f).epsilon(1e-6));
   CHECK(st.p[2] == Approx(0.85f).epsilon(1e-6));
-  CHECK(st.m[0] == Approx(0.005f).epsilon(1e-5));
-  CHECK(st.m[1] == Approx(-0.005f).epsilon(1e-5));
-  CHECK(st.m[2] == Approx(0.099f).epsilon(1e-6));
+  CHECK(st.state[0] == Approx(0.005f).epsilon(1e-5));
+  CHECK(st.state[1] == Approx(-0.005f).epsilon(1e-5));
+  CHECK(st.state[2] == Approx(0.099f).epsilon(1e-6));
   // A zero interpolation leaves p to the decay alone.
-  LionState z{{2}, {0}, {}};
-  kernels::reference::step<Lion>(lion_buffers(z, Grads({0.0f}), DType::f32, 0),
+  OneState z{{2}, {0}, {}};
+  kernels::reference::step<Lion>(one_state_buffers<LionBuffers>(z, Grads({0.0f}), DType::f32, 0),
                                  kernels::make_lion_scalars(0.1, 0.9, 0.99, 0.5, false, 1));
   CHECK(z.p[0] == 1.9f);
 }
@@ -55,11 +40,11 @@ TEST_CASE("Lion reference kernel follows the float64 formulas over 30 steps", "[
   for (int mode = 0; mode < 4; ++mode) {
     const double lr = 0.01, b1 = 0.9, b2 = 0.99, wd = (mode & 1) ? 0.1 : 0.0;
     const bool maximize = mode & 2;
-    LionState st{uniform(n, 3, -1, 1), std::vector<float>(n), {}};
+    OneState st{uniform(n, 3, -1, 1), std::vector<float>(n), {}};
     std::vector<double> p(st.p.begin(), st.p.end()), m(n);
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
-      kernels::reference::step<Lion>(lion_buffers(st, g, DType::f32, 0),
+      kernels::reference::step<Lion>(one_state_buffers<LionBuffers>(st, g, DType::f32, 0),
                                      kernels::make_lion_scalars(lr, b1, b2, wd, maximize, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
         const double d = maximize ? -double(g.f32[i]) : double(g.f32[i]);
@@ -81,15 +66,16 @@ TEST_CASE("Lion CPU kernel equals the reference bitwise, every type", "[optim][l
       for (int out = 0; out < 3; ++out) {
         const LionScalars s =
             kernels::make_lion_scalars(1e-3, 0.9, 0.99, out == 1 ? 0.0 : 0.1, out == 2, 0.5);
-        LionState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
-                    std::vector<std::uint16_t>(n)};
-        LionState c = a;
-        const bool fa = kernels::reference::step<Lion>(lion_buffers(a, g, gt, out), s);
-        const bool fc = kernels::cpu::step<Lion>(lion_buffers(c, g, gt, out), s);
+        OneState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
+                   std::vector<std::uint16_t>(n)};
+        OneState c = a;
+        const bool fa =
+            kernels::reference::step<Lion>(one_state_buffers<LionBuffers>(a, g, gt, out), s);
+        const bool fc = kernels::cpu::step<Lion>(one_state_buffers<LionBuffers>(c, g, gt, out), s);
         INFO("n " << n << " grad " << dtype_name(gt) << " out " << out);
         CHECK(fa == fc);
         CHECK(count_diff(a.p, c.p) == 0);
-        CHECK(count_diff(a.m, c.m) == 0);
+        CHECK(count_diff(a.state, c.state) == 0);
         CHECK(a.out == c.out);
       }
     }

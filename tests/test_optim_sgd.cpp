@@ -14,21 +14,6 @@ using namespace shardopt::test;
 using kernels::SgdBuffers;
 using kernels::SgdScalars;
 
-namespace {
-
-struct SgdState {
-  std::vector<float> p, buf;
-  std::vector<std::uint16_t> out;
-};
-
-SgdBuffers sgd_buffers(SgdState& st, const Grads& g, DType gt, bool momentum, int out) {
-  auto b = kernel_buffers<SgdBuffers>(st.p, g, gt, out, &st.out);
-  b.momentum_buffer = momentum ? st.buf.data() : nullptr;
-  return b;
-}
-
-}  // namespace
-
 TEST_CASE("SGD reference kernel: steps computed by hand", "[optim][sgd]") {
   // p = 1, g = 0.5, lr = 0.1, momentum 0.5, dampening 0.5:
   // step 1: buf = g = 0.5 (no dampening), p = 1 - 0.1 * 0.5 = 0.95
@@ -63,12 +48,12 @@ TEST_CASE("SGD reference kernel follows the float64 formulas over 30 steps", "[o
     const bool nesterov = (mode & 8) && momentum > 0;
     const bool maximize = mode % 3 == 0;
     const double lr = 0.01;
-    SgdState st{uniform(n, 3, -1, 1), std::vector<float>(n), {}};
+    OneState st{uniform(n, 3, -1, 1), std::vector<float>(n), {}};
     std::vector<double> p(st.p.begin(), st.p.end()), buf(n);
     for (int step = 1; step <= 30; ++step) {
       const Grads g(uniform(n, 100 + step, -1, 1));
       kernels::reference::step<SGD>(
-          sgd_buffers(st, g, DType::f32, momentum != 0, 0),
+          one_state_buffers<SgdBuffers>(st, g, DType::f32, 0, momentum != 0),
           kernels::make_sgd_scalars(lr, momentum, dampening, wd, nesterov, maximize, step, 1.0));
       for (std::size_t i = 0; i < n; ++i) {
         double d = maximize ? -double(g.f32[i]) : double(g.f32[i]);
@@ -101,16 +86,18 @@ TEST_CASE("SGD CPU kernel equals the reference bitwise, every type and mode", "[
             const SgdScalars s = kernels::make_sgd_scalars(
                 0.01, momentum ? 0.9 : 0.0, dampening, wd ? 0.1 : 0.0, nesterov,
                 (mode + out) % 2 == 1, step, out == 2 ? 0.5 : 1.0);
-            SgdState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
+            OneState a{uniform(n, 2 * n, -1, 1), uniform(n, 3 * n, -0.1f, 0.1f),
                        std::vector<std::uint16_t>(n)};
-            SgdState c = a;
-            const bool fa = kernels::reference::step<SGD>(sgd_buffers(a, g, gt, momentum, out), s);
-            const bool fc = kernels::cpu::step<SGD>(sgd_buffers(c, g, gt, momentum, out), s);
+            OneState c = a;
+            const bool fa = kernels::reference::step<SGD>(
+                one_state_buffers<SgdBuffers>(a, g, gt, out, momentum), s);
+            const bool fc =
+                kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(c, g, gt, out, momentum), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " step " << step);
             CHECK(fa == fc);
             CHECK(count_diff(a.p, c.p) == 0);
-            CHECK(count_diff(a.buf, c.buf) == 0);
+            CHECK(count_diff(a.state, c.state) == 0);
             CHECK(a.out == c.out);
           }
         }
@@ -123,18 +110,20 @@ TEST_CASE("SGD kernels flag non-finite gradients after grad_mul", "[optim][sgd]"
   std::vector<float> gv = uniform(100, 5, -1, 1);
   gv[63] = NAN;
   const Grads g(gv);
-  SgdState st{uniform(100, 6, -1, 1), std::vector<float>(100), {}};
-  SgdState c = st;
+  OneState st{uniform(100, 6, -1, 1), std::vector<float>(100), {}};
+  OneState c = st;
   const SgdScalars s = kernels::make_sgd_scalars(0.01, 0.9, 0, 0, false, false, 1, 1.0);
-  CHECK_FALSE(kernels::reference::step<SGD>(sgd_buffers(st, g, DType::f32, true, 0), s));
-  CHECK_FALSE(kernels::cpu::step<SGD>(sgd_buffers(c, g, DType::f32, true, 0), s));
+  CHECK_FALSE(
+      kernels::reference::step<SGD>(one_state_buffers<SgdBuffers>(st, g, DType::f32, 0, true), s));
+  CHECK_FALSE(kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(c, g, DType::f32, 0, true), s));
   std::vector<float> big = uniform(100, 7, -1, 1);
   big[10] = 3e38f;  // finite, but not after multiplying by 1e3
   const Grads gb(big);
   const SgdScalars s2 = kernels::make_sgd_scalars(0.01, 0, 0, 0, false, false, 1, 1e3);
-  CHECK_FALSE(kernels::cpu::step<SGD>(sgd_buffers(st, gb, DType::f32, false, 0), s2));
+  CHECK_FALSE(
+      kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(st, gb, DType::f32, 0, false), s2));
   const Grads fine(uniform(100, 8, -1, 1));
-  CHECK(kernels::cpu::step<SGD>(sgd_buffers(st, fine, DType::f32, false, 0), s2));
+  CHECK(kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(st, fine, DType::f32, 0, false), s2));
 }
 
 TEST_CASE("functional sgd: bad hyper-parameters and buffers are clear errors", "[optim][sgd]") {

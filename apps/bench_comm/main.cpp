@@ -139,7 +139,8 @@ int with_element_type(DType t, F&& f) {
 
 // Everything that needs MPI; run_with_mpi's Environment outlives it.
 int bench_main(int argc, char** argv) {
-  const auto [rank, nranks] = bench_mpi::world();
+  const bench_mpi::World world = bench_mpi::world();
+  const int rank = world.rank, nranks = world.ranks;
   Options opt;
   const auto stop = bench_mpi::parse_or_stop(
       kProgram, rank, opt, [&] { return parse_options(argc, argv, nranks); }, kUsage);

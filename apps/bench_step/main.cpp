@@ -41,7 +41,8 @@ namespace {
 using cli::human_count;
 
 int bench_main(int argc, char** argv) {
-  const auto [rank, nranks] = bench_mpi::world();
+  const bench_mpi::World world = bench_mpi::world();
+  const int rank = world.rank, nranks = world.ranks;
   Options opt;
   const auto stop = bench_mpi::parse_or_stop(
       kProgram, rank, opt, [&] { return parse_options(argc, argv); }, usage());

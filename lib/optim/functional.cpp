@@ -7,18 +7,30 @@ namespace shardopt::functional {
 
 using StateList = std::span<const std::span<float>>;
 
+namespace {
+
+// Adam's and AdamW's three states, single tensor or list (T: std::span<float>
+// or StateList), in slot order; list steps take params_out.
+template <class P, class G, class T, class O, class... Out>
+StepResult adam_family(P params, G grads, T exp_avg, T exp_avg_sq, T max_exp_avg_sq,
+                       std::int64_t step, const O& options, const StepOptions& extra,
+                       Out... params_out) {
+  const T states[] = {exp_avg, exp_avg_sq, max_exp_avg_sq};
+  return functional::step(params, grads, states, step, options, extra, params_out...);
+}
+
+}  // namespace
+
 StepResult adam(ParamView params, GradView grads, std::span<float> exp_avg,
                 std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                 const Adam& options, const StepOptions& extra) {
-  const std::span<float> states[] = {exp_avg, exp_avg_sq, max_exp_avg_sq};
-  return functional::step(params, grads, states, step, options, extra);
+  return adam_family(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options, extra);
 }
 
 StepResult adamw(ParamView params, GradView grads, std::span<float> exp_avg,
                  std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq, std::int64_t step,
                  const AdamW& options, const StepOptions& extra) {
-  const std::span<float> states[] = {exp_avg, exp_avg_sq, max_exp_avg_sq};
-  return functional::step(params, grads, states, step, options, extra);
+  return adam_family(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options, extra);
 }
 
 StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffer,
@@ -50,16 +62,16 @@ StepResult adam(std::span<const ParamView> params, std::span<const GradView> gra
                 StateList exp_avgs, StateList exp_avg_sqs, StateList max_exp_avg_sqs,
                 std::int64_t step, const Adam& options, const StepOptions& extra,
                 std::span<void* const> params_out) {
-  const StateList states[] = {exp_avgs, exp_avg_sqs, max_exp_avg_sqs};
-  return functional::step(params, grads, states, step, options, extra, params_out);
+  return adam_family(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, options, extra,
+                     params_out);
 }
 
 StepResult adamw(std::span<const ParamView> params, std::span<const GradView> grads,
                  StateList exp_avgs, StateList exp_avg_sqs, StateList max_exp_avg_sqs,
                  std::int64_t step, const AdamW& options, const StepOptions& extra,
                  std::span<void* const> params_out) {
-  const StateList states[] = {exp_avgs, exp_avg_sqs, max_exp_avg_sqs};
-  return functional::step(params, grads, states, step, options, extra, params_out);
+  return adam_family(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, options, extra,
+                     params_out);
 }
 
 StepResult sgd(std::span<const ParamView> params, std::span<const GradView> grads,
