@@ -169,16 +169,17 @@ std::vector<Case> cases() {
   // order.
   const auto add_generic = [&](std::string name, auto o) {
     constexpr std::size_t k = slot_count<decltype(o)>();
-    all.push_back(
-        {name, k, 0.0f,
-         [o](ParamView p, GradView g, auto& s, std::int64_t t, const StepOptions& e) {
-           return functional::step(p, g, std::span<const std::span<float>>(s).first(k), t, o, e);
-         },
-         [o](auto ps, auto gs, Lists& l, std::int64_t t, const StepOptions& e,
-             std::span<void* const> outs) {
-           const std::vector<std::span<const std::span<float>>> lists(l.begin(), l.begin() + k);
-           return functional::step(ps, gs, lists, t, o, e, outs);
-         }});
+    all.push_back({name, k, 0.0f,
+                   [o](ParamView p, GradView g, auto& s, std::int64_t t, const StepOptions& e) {
+                     return functional::step(p, g, std::span<const std::span<float>>(s).first(k), t,
+                                             o, e);
+                   },
+                   [o](auto ps, auto gs, Lists& l, std::int64_t t, const StepOptions& e,
+                       std::span<void* const> outs) {
+                     const std::vector<std::span<const std::span<float>>> lists(
+                         l.begin(), l.begin() + slot_count<decltype(o)>());
+                     return functional::step(ps, gs, lists, t, o, e, outs);
+                   }});
   };
   add_generic("NAdam", NAdam{.lr = 0.01, .weight_decay = 0.01});
   add_generic("RAdam decoupled",
