@@ -537,7 +537,7 @@ std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send
 // The sizes of a collective between a block of `count` elements per rank
 // (the full buffer, `full`) and one block: the full buffer's elements
 // (checked against overflow, naming op) and bytes, a block's bytes, and
-// where this rank's block of the full buffer starts.
+// where this rank's block of the full buffer starts (null for a null one).
 struct Blocks {
   std::size_t total, full_bytes, block_bytes;
   const char* own;
@@ -547,8 +547,12 @@ Blocks blocks_of(const Backend& b, const char* op, const void* full, std::size_t
   const std::size_t total =
       detail::checked_mul(count, static_cast<std::size_t>(b.size()), op, "count x ranks");
   const std::size_t es = dtype_size(dtype);
-  return {total, detail::checked_mul(total, es, op, "count"), count * es,
-          static_cast<const char*>(full) + static_cast<std::size_t>(b.rank()) * count * es};
+  const std::size_t full_bytes = detail::checked_mul(total, es, op, "count");
+  // No offset from a null buffer (undefined): check_buffer rejects it next.
+  const char* own = full == nullptr ? nullptr
+                                    : static_cast<const char*>(full) +
+                                          static_cast<std::size_t>(b.rank()) * count * es;
+  return {total, full_bytes, count * es, own};
 }
 
 std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send, void* recv,
