@@ -219,8 +219,13 @@ Communicator& verdicts() {
 }  // namespace shardopt::test
 
 int main(int argc, char** argv) {
+  // MPI_THREAD_FUNNELED, as most applications; SHARDOPT_TEST_MPI_THREADS=multiple
+  // for the programs that need more (the staged backend's progress thread).
+  const char* threads = std::getenv("SHARDOPT_TEST_MPI_THREADS");
+  const int level = threads != nullptr && std::string(threads) == "multiple" ? MPI_THREAD_MULTIPLE
+                                                                             : MPI_THREAD_FUNNELED;
   int provided = MPI_THREAD_SINGLE;
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(&argc, &argv, level, &provided) != MPI_SUCCESS) {
     std::fprintf(stderr, "MPI_Init_thread failed\n");
     return 1;
   }

@@ -20,8 +20,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -303,6 +305,9 @@ class Guarded {
   }
   T* data() { return v_.data() + kGuard; }
   const T* data() const { return v_.data() + kGuard; }
+  // The elements with their guards, as bytes.
+  std::byte* whole() { return reinterpret_cast<std::byte*>(v_.data()); }
+  std::size_t whole_bytes() const { return v_.size() * sizeof(T); }
   std::size_t size() const { return n_; }
   bool allocated() const { return !v_.empty(); }
   bool guards_intact() const {
@@ -352,9 +357,17 @@ inline std::uint64_t spec_key(const Spec& s) {
   return data_key(a, s.count, (s.salt << 16) ^ static_cast<std::uint64_t>(s.root));
 }
 
+// Where an operation's buffers are for the library: a Trial's own host
+// buffers, or their copies elsewhere (device memory), at the same offsets.
+using PointerMap = std::function<void*(const void*)>;
+
 class Trial {
  public:
   virtual ~Trial() = default;
+  // The trial's buffers, guards included (empty ones left out).
+  virtual std::vector<std::pair<std::byte*, std::size_t>> regions() = 0;
+  // From now on, run() and start() pass map(p) for each buffer p.
+  virtual void map_buffers(PointerMap map) = 0;
   // Runs the operation, blocking.
   virtual void run(Communicator& comm) = 0;
   // Starts the operation; the buffers stay owned by the Trial.
@@ -427,8 +440,18 @@ class TypedTrial final : public Trial {
     }
   }
 
+  std::vector<std::pair<std::byte*, std::size_t>> regions() override {
+    std::vector<std::pair<std::byte*, std::size_t>> r;
+    for (Guarded<T>* g : {&a_, &b_})
+      if (g->allocated()) r.emplace_back(g->whole(), g->whole_bytes());
+    return r;
+  }
+  void map_buffers(PointerMap map) override { map_ = std::move(map); }
+
   void run(Communicator& comm) override {
     const DType t = dtype_of<T>();
+    const void* send_ = mapped(this->send_);
+    void* recv_ = mapped(this->recv_);
     switch (s_.coll) {
       case Coll::allreduce:
         comm.allreduce(send_, recv_, s_.count, t, s_.op);
@@ -447,6 +470,8 @@ class TypedTrial final : public Trial {
 
   Request start(Communicator& comm) override {
     const DType t = dtype_of<T>();
+    const void* send_ = mapped(this->send_);
+    void* recv_ = mapped(this->recv_);
     switch (s_.coll) {
       case Coll::allreduce:
         return comm.iallreduce(send_, recv_, s_.count, t, s_.op);
@@ -503,6 +528,7 @@ class TypedTrial final : public Trial {
     recv_ = p;
     result_ = p;
   }
+  void* mapped(const void* p) const { return map_ ? map_(p) : const_cast<void*>(p); }
 
   void fill_input(T* p, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) p[i] = input_value<T>(key_, rank_, i, s_.fill);
@@ -543,6 +569,7 @@ class TypedTrial final : public Trial {
   void* recv_ = nullptr;
   const T* result_ = nullptr;
   std::size_t result_n_ = 0;
+  PointerMap map_;
 };
 
 inline std::unique_ptr<Trial> make_trial(const Spec& s, int rank, int size) {

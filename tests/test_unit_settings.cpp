@@ -56,6 +56,9 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK_FALSE(parse({{"SHARDOPT_HUGE_PAGES", "off"}}).huge_pages);
   CHECK(parse({{"SHARDOPT_HUGE_PAGES", "yes"}}).huge_pages);
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "1"}}).comm_max_chunk == 1u);
+  CHECK(parse({}).staged_chunk_kb == 4096u);
+  CHECK(parse({{"SHARDOPT_STAGED_CHUNK_KB", "4"}}).staged_chunk_kb == 4u);
+  CHECK(parse({{"SHARDOPT_STAGED_CHUNK_KB", "1048576"}}).staged_chunk_kb == 1048576u);
   CHECK(parse({{"SHARDOPT_CHECK_ARGS", "1"}}).check_args);
   CHECK_FALSE(parse({{"SHARDOPT_CHECK_ARGS", "off"}}).check_args);
   CHECK(parse({{"SHARDOPT_COMM_MAX_CHUNK", "2147483647"}}).comm_max_chunk == 2147483647u);
@@ -94,6 +97,8 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
     CHECK(rejects("SHARDOPT_CHECK_SYNC", bad, "0 to 2147483647"));
   for (const char* bad : {"-1", "10s", "nan", "inf", "1e9"})
     CHECK(rejects("SHARDOPT_TIMEOUT", bad, "a number of seconds >= 0"));
+  for (const char* bad : {"0", "3", "1048577", "4k", "-4"})
+    CHECK(rejects("SHARDOPT_STAGED_CHUNK_KB", bad, "4 to 1048576"));
 }
 
 TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {

@@ -19,6 +19,15 @@
 //   allgather:      send == recv + rank*count (this rank's block is read from
 //                   its place in the output).
 //   broadcast:      always in place.
+// Device buffers (CUDA device memory; all buffers of one call on one device,
+// the one the stream belongs to) are moved through pinned host memory by the
+// staged backend, with any MPI; it needs MPI_THREAD_MULTIPLE. They are
+// ordered on the communicator's stream (CommOptions::stream): an operation
+// starts after the work enqueued there before the call. A blocking call on
+// device buffers returns when the result is in them (the host waits); a
+// non-blocking one returns at once, and its Request's wait() makes the
+// stream wait for the result without the host waiting (test() asks without
+// waiting). docs/gpu.md has the details.
 // Counts are element counts of type std::size_t; counts past INT_MAX are sent
 // in chunks of at most CommOptions::max_chunk_elements elements.
 #pragma once
@@ -77,6 +86,9 @@ struct CommOptions {
   // Unset takes SHARDOPT_CHECK_ARGS (default off: it costs a collective per
   // call, so turn it on while debugging).
   std::optional<bool> check_arguments = std::nullopt;
+  // The CUDA stream (a cudaStream_t) operations on device buffers are
+  // ordered on; null: the device's default stream. Unused for host buffers.
+  void* stream = nullptr;
 };
 
 class SHARDOPT_API Communicator {
@@ -107,6 +119,9 @@ class SHARDOPT_API Communicator {
   std::size_t max_chunk_elements() const;
   // Whether arguments are agreed across ranks before each operation.
   bool checks_arguments() const noexcept { return check_args_; }
+  // The stream operations on device buffers are ordered on (CommOptions).
+  void* stream() const noexcept { return stream_; }
+  void set_stream(void* stream) noexcept { stream_ = stream; }
 
   // recv[i] = op over ranks of send[i], i < count, on every rank.
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
@@ -163,6 +178,7 @@ class SHARDOPT_API Communicator {
 
   std::unique_ptr<detail::Backend> backend_;
   bool check_args_ = false;
+  void* stream_ = nullptr;
 };
 
 }  // namespace shardopt

@@ -31,6 +31,7 @@ struct Settings {
   double timeout = 0.0;                     // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
   bool desync_check = false;                // SHARDOPT_DESYNC_CHECK
   int stats_every = 100;                    // SHARDOPT_STATS_EVERY (0: never)
+  std::size_t staged_chunk_kb = 4096;       // SHARDOPT_STAGED_CHUNK_KB
 };
 
 // The settings of this process, read from the environment at the first call.

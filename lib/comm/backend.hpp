@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "common/device.hpp"
+#include "common/device_runtime.hpp"
 #include "common/watchdog.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/types.hpp"
@@ -57,18 +58,23 @@ class Backend {
   virtual bool freed() const noexcept = 0;
 
   // With blocking == true the operation is complete on return and nullptr is
-  // returned; otherwise the returned op completes it.
+  // returned; otherwise the returned op completes it. `stream` orders the
+  // operations on device buffers (backends of host buffers ignore it): the
+  // operation starts after the work enqueued on it so far, and a returned
+  // op's wait() makes the stream wait for it.
   virtual std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count,
-                                               DType dtype, ReduceOp op, bool blocking) = 0;
+                                               DType dtype, ReduceOp op, bool blocking,
+                                               StreamHandle stream) = 0;
   virtual std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv, std::size_t count,
                                                     DType dtype, ReduceOp op, ScatterPlace place,
-                                                    bool blocking) = 0;
+                                                    bool blocking, StreamHandle stream) = 0;
   // in_place: send == recv + rank*count.
   virtual std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count,
-                                               DType dtype, bool in_place, bool blocking) = 0;
+                                               DType dtype, bool in_place, bool blocking,
+                                               StreamHandle stream) = 0;
   virtual std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
-                                               bool blocking) = 0;
-  virtual std::unique_ptr<PendingOp> barrier(bool blocking) = 0;
+                                               bool blocking, StreamHandle stream) = 0;
+  virtual std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle stream) = 0;
 
   // Operations issued with argument agreement on, numbered from 1: the
   // sequence number each one carries (SHARDOPT_DESYNC_CHECK).
@@ -80,5 +86,11 @@ class Backend {
 
 // Duplicates `comm` (collective) and uses it with MPI on host buffers.
 std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_chunk);
+
+// Host buffers through `host`; device buffers of `runtime`'s devices staged
+// through pinned host memory and moved by MPI on a duplicate of `comm`
+// (collective), driven by a progress thread (lib/comm/staged/).
+std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
+                                             DeviceRuntime& runtime);
 
 }  // namespace shardopt::detail

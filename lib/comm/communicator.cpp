@@ -14,6 +14,7 @@
 
 #include "comm/backend.hpp"
 #include "common/check.hpp"
+#include "common/device_runtime.hpp"
 #include "common/log.hpp"
 #include "common/mpi_lifetime.hpp"
 #include "common/watchdog.hpp"
@@ -145,6 +146,11 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
+  // With a device in the process, device buffers are staged through host
+  // memory (the backend takes a second duplicate for that).
+  if (detail::DeviceRuntime* rt = detail::device_runtime())
+    backend_ = detail::make_staged_backend(std::move(backend_), comm, *rt);
+  stream_ = options.stream;
   // From here on, the finalize check on every call is one atomic load.
   detail::at_mpi_finalize(nullptr);
 }
@@ -156,6 +162,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     release();
     backend_ = std::move(other.backend_);
     check_args_ = other.check_args_;
+    stream_ = other.stream_;
   }
   return *this;
 }
@@ -297,8 +304,12 @@ SHARDOPT_COLD void throw_overlap(const char* message, const char* hint) {
       ErrorCode::wrong_device,
       std::string(op) + ": " + which + " buffer is in " + detail::location_name(where) +
           ", which the " + b.name() + " backend cannot use",
-      "pass host buffers to a host Communicator, or copy the data to host memory first", __FILE__,
-      __LINE__);
+      where.kind == detail::MemoryKind::managed
+          ? "pass host memory or device memory (cudaMalloc): managed memory is not taken, since "
+            "the device may still be writing it when MPI reads it (docs/gpu.md)"
+          : "pass host buffers (this process sees no device), or copy the data to host memory "
+            "first",
+      __FILE__, __LINE__);
 }
 
 SHARDOPT_COLD void throw_bad_root(int root, int size) {
@@ -330,7 +341,7 @@ inline void check_buffer(const Backend& b, const char* op, const char* which, co
   if (count == 0) return;
   if (p == nullptr) [[unlikely]]
     throw_null_buffer(op, which, count);
-  static const bool any_device = detail::cuda_device_count() > 0;
+  static const bool any_device = detail::device_runtime() != nullptr;
   if (any_device) check_location(b, op, which, p);
 }
 
@@ -516,8 +527,8 @@ void run_blocking(Backend& b, const char* what, std::size_t count, DType dtype, 
 namespace {
 
 std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send, void* recv,
-                                        std::size_t count, DType dtype, ReduceOp op,
-                                        bool blocking) {
+                                        std::size_t count, DType dtype, ReduceOp op, bool blocking,
+                                        void* stream) {
   const auto sig = signature(OpKind::allreduce, count, dtype, static_cast<int>(op));
   check_arguments(b, agree, sig, [&] {
     check_reduction("allreduce", dtype, op);
@@ -531,7 +542,7 @@ std::unique_ptr<PendingOp> do_allreduce(Backend& b, bool agree, const void* send
     }
   });
   trace("allreduce", count, dtype);
-  return b.allreduce(send, recv, count, dtype, op, blocking);
+  return b.allreduce(send, recv, count, dtype, op, blocking, stream);
 }
 
 // The sizes of a collective between a block of `count` elements per rank
@@ -557,7 +568,7 @@ Blocks blocks_of(const Backend& b, const char* op, const void* full, std::size_t
 
 std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void* send, void* recv,
                                              std::size_t count, DType dtype, ReduceOp op,
-                                             bool blocking) {
+                                             bool blocking, void* stream) {
   detail::ScatterPlace place = detail::ScatterPlace::separate;
   const auto sig = signature(OpKind::reduce_scatter, count, dtype, static_cast<int>(op));
   check_arguments(b, agree, sig, [&] {
@@ -577,11 +588,12 @@ std::unique_ptr<PendingOp> do_reduce_scatter(Backend& b, bool agree, const void*
     }
   });
   trace("reduce_scatter", count, dtype);
-  return b.reduce_scatter(send, recv, count, dtype, op, place, blocking);
+  return b.reduce_scatter(send, recv, count, dtype, op, place, blocking, stream);
 }
 
 std::unique_ptr<PendingOp> do_allgather(Backend& b, bool agree, const void* send, void* recv,
-                                        std::size_t count, DType dtype, bool blocking) {
+                                        std::size_t count, DType dtype, bool blocking,
+                                        void* stream) {
   bool in_place = false;
   check_arguments(b, agree, signature(OpKind::allgather, count, dtype), [&] {
     check_dtype("allgather", dtype);
@@ -596,11 +608,11 @@ std::unique_ptr<PendingOp> do_allgather(Backend& b, bool agree, const void* send
     }
   });
   trace("allgather", count, dtype);
-  return b.allgather(send, recv, count, dtype, in_place, blocking);
+  return b.allgather(send, recv, count, dtype, in_place, blocking, stream);
 }
 
 std::unique_ptr<PendingOp> do_broadcast(Backend& b, bool agree, void* buf, std::size_t count,
-                                        DType dtype, int root, bool blocking) {
+                                        DType dtype, int root, bool blocking, void* stream) {
   check_arguments(b, agree, signature(OpKind::broadcast, count, dtype, -1, root), [&] {
     check_dtype("broadcast", dtype);
     detail::checked_mul(count, dtype_size(dtype), "broadcast", "count");
@@ -609,14 +621,14 @@ std::unique_ptr<PendingOp> do_broadcast(Backend& b, bool agree, void* buf, std::
     check_buffer(b, "broadcast", "buf", buf, count);
   });
   trace("broadcast", count, dtype);
-  return b.broadcast(buf, count, dtype, root, blocking);
+  return b.broadcast(buf, count, dtype, root, blocking, stream);
 }
 
 std::unique_ptr<PendingOp> do_barrier(Backend& b, bool agree, bool blocking) {
   Signature sig;
   sig.kind = static_cast<std::int32_t>(OpKind::barrier);
   check_arguments(b, agree, sig, [] {});
-  return b.barrier(blocking);
+  return b.barrier(blocking, nullptr);
 }
 
 }  // namespace
@@ -625,26 +637,27 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, DT
                              ReduceOp op) {
   require_usable("allreduce");
   run_blocking(*backend_, "allreduce", count, dtype, [&](bool blocking) {
-    return do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, blocking);
+    return do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, blocking, stream_);
   });
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) {
   require_usable("reduce_scatter");
   run_blocking(*backend_, "reduce_scatter", count, dtype, [&](bool blocking) {
-    return do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, blocking);
+    return do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, blocking,
+                             stream_);
   });
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("allgather");
   run_blocking(*backend_, "allgather", count, dtype, [&](bool blocking) {
-    return do_allgather(*backend_, check_args_, send, recv, count, dtype, blocking);
+    return do_allgather(*backend_, check_args_, send, recv, count, dtype, blocking, stream_);
   });
 }
 void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("broadcast");
   run_blocking(*backend_, "broadcast", count, dtype, [&](bool blocking) {
-    return do_broadcast(*backend_, check_args_, buf, count, dtype, root, blocking);
+    return do_broadcast(*backend_, check_args_, buf, count, dtype, root, blocking, stream_);
   });
 }
 void Communicator::barrier() {
@@ -656,24 +669,28 @@ void Communicator::barrier() {
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
   require_usable("iallreduce");
-  return wrap(*backend_, do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false),
+  return wrap(*backend_,
+              do_allreduce(*backend_, check_args_, send, recv, count, dtype, op, false, stream_),
               "wait for iallreduce", count, dtype);
 }
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                       ReduceOp op) {
   require_usable("ireduce_scatter");
-  return wrap(*backend_,
-              do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false),
-              "wait for ireduce_scatter", count, dtype);
+  return wrap(
+      *backend_,
+      do_reduce_scatter(*backend_, check_args_, send, recv, count, dtype, op, false, stream_),
+      "wait for ireduce_scatter", count, dtype);
 }
 Request Communicator::iallgather(const void* send, void* recv, std::size_t count, DType dtype) {
   require_usable("iallgather");
-  return wrap(*backend_, do_allgather(*backend_, check_args_, send, recv, count, dtype, false),
+  return wrap(*backend_,
+              do_allgather(*backend_, check_args_, send, recv, count, dtype, false, stream_),
               "wait for iallgather", count, dtype);
 }
 Request Communicator::ibroadcast(void* buf, std::size_t count, DType dtype, int root) {
   require_usable("ibroadcast");
-  return wrap(*backend_, do_broadcast(*backend_, check_args_, buf, count, dtype, root, false),
+  return wrap(*backend_,
+              do_broadcast(*backend_, check_args_, buf, count, dtype, root, false, stream_),
               "wait for ibroadcast", count, dtype);
 }
 Request Communicator::ibarrier() {

@@ -1,6 +1,7 @@
 #include "common/device.hpp"
 
 #include "build_config.hpp"
+#include "common/device_runtime.hpp"
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -27,26 +28,22 @@ int cuda_device_count() noexcept {
 #endif
 }
 
+namespace {
+DeviceRuntime* installed_runtime = nullptr;
+}  // namespace
+
+void install_device_runtime(DeviceRuntime* runtime) noexcept { installed_runtime = runtime; }
+
+DeviceRuntime* device_runtime() noexcept {
+  if (installed_runtime != nullptr) return installed_runtime;
+  static DeviceRuntime* const cuda = cuda_device_count() > 0 ? cuda_device_runtime() : nullptr;
+  return cuda;
+}
+
 MemoryLocation locate(const void* p) noexcept {
-#if SHARDOPT_HAVE_CUDA
-  if (p == nullptr || cuda_device_count() == 0) return {};
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();
-    return {};
-  }
-  switch (attr.type) {
-    case cudaMemoryTypeDevice:
-      return {MemoryKind::device, attr.device};
-    case cudaMemoryTypeManaged:
-      return {MemoryKind::managed, attr.device};
-    default:
-      return {};  // pageable or pinned host memory
-  }
-#else
-  (void)p;
-  return {};
-#endif
+  if (p == nullptr) return {};
+  const DeviceRuntime* rt = device_runtime();
+  return rt == nullptr ? MemoryLocation{} : rt->locate(p);
 }
 
 const char* memory_kind_name(MemoryKind kind) noexcept {

@@ -16,8 +16,8 @@ struct MemoryLocation {
 // without a usable driver. Cached after the first call.
 int cuda_device_count() noexcept;
 
-// Where `p` points. Host for null, for host memory, and always in a build or
-// on a machine without CUDA devices.
+// Where `p` points, as the process's device runtime (device_runtime.hpp)
+// sees it. Host for null, for host memory, and always without a device.
 MemoryLocation locate(const void* p) noexcept;
 
 // "host memory", "CUDA device memory", "CUDA managed memory".

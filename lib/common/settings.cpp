@@ -178,6 +178,17 @@ const VarSpec kVars[] = {
      "phase of its last N steps (reduce, update, gather, exposed communication), the bytes "
      "moved and the achieved bus bandwidths. 0: never.",
      apply_period<&Settings::stats_every>},
+    {"SHARDOPT_STAGED_CHUNK_KB", "4096", "an integer from 4 to 1048576",
+     "The staged backend's pipeline step for device buffers over an MPI that is not "
+     "CUDA-aware: each collective moves through pinned host memory in chunks of this many KiB "
+     "(per rank's block for reduce-scatter and allgather), the copy of one chunk overlapping "
+     "MPI on the one before. Smaller chunks start MPI sooner; larger ones cost fewer calls.",
+     [](Settings& s, const std::string& v) {
+       const auto n = parse_count(v, 1048576);
+       if (!n || *n < 4) return false;
+       s.staged_chunk_kb = static_cast<std::size_t>(*n);
+       return true;
+     }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "

@@ -184,7 +184,7 @@ class MpiHostBackend final : public Backend {
   bool freed() const noexcept override { return comm_ == MPI_COMM_NULL; }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                       ReduceOp op, bool blocking) override {
+                                       ReduceOp op, bool blocking, StreamHandle) override {
     const MPI_Datatype t = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
     const bool in_place = send == recv;
@@ -205,7 +205,7 @@ class MpiHostBackend final : public Backend {
 
   std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv, std::size_t count,
                                             DType dtype, ReduceOp op, ScatterPlace place,
-                                            bool blocking) override {
+                                            bool blocking, StreamHandle) override {
     const MPI_Datatype t = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
     if (blocking && place != ScatterPlace::at_own_block &&
@@ -268,7 +268,7 @@ class MpiHostBackend final : public Backend {
   }
 
   std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count, DType dtype,
-                                       bool in_place, bool blocking) override {
+                                       bool in_place, bool blocking, StreamHandle) override {
     const MPI_Datatype t = mpi_datatype(dtype);
     if (blocking && count * static_cast<std::size_t>(size_) <= max_chunk_) {
       SHARDOPT_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), t,
@@ -295,7 +295,7 @@ class MpiHostBackend final : public Backend {
   }
 
   std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
-                                       bool blocking) override {
+                                       bool blocking, StreamHandle) override {
     const MPI_Datatype t = mpi_datatype(dtype);
     if (blocking && count <= max_chunk_) {
       SHARDOPT_CHECK_MPI(MPI_Bcast(buf, static_cast<int>(count), t, root, comm_), "broadcast");
@@ -309,7 +309,7 @@ class MpiHostBackend final : public Backend {
     return issue.done();
   }
 
-  std::unique_ptr<PendingOp> barrier(bool blocking) override {
+  std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle) override {
     Issuer issue("barrier", comm_, blocking);
     issue.barrier();
     return issue.done();

@@ -1,0 +1,95 @@
+// shardopt internal: the device runtime, the one seam between shardopt's
+// device orchestration (the staged backend, the engine's device path) and
+// the device that runs it. Two implementations:
+//   - CUDA (lib/common/cuda_runtime.cpp, wait_flag.cu), used when the build
+//     has CUDA and the process sees a device;
+//   - the simulated device (tests/simdevice/), a device with CUDA's
+//     semantics on the CPU that only test programs link: memory the host
+//     cannot touch, streams run by worker threads, events. A program linked
+//     with it runs every device path of shardopt without a GPU.
+// Everything above this interface is the same code for both.
+//
+// Streams and events are opaque handles (cudaStream_t, cudaEvent_t for
+// CUDA); a null stream is the device's default stream. Every operation that
+// takes a stream is enqueued on it and returns without waiting, like its
+// CUDA counterpart; errors of the enqueue throw Error(cuda).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/device.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::detail {
+
+using StreamHandle = void*;
+using EventHandle = void*;
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // "CUDA", "simulated device".
+  virtual const char* name() const noexcept = 0;
+  virtual int device_count() const noexcept = 0;
+  // Where p points: device (or managed) memory of this runtime, else host.
+  virtual MemoryLocation locate(const void* p) const noexcept = 0;
+  // The device the calling thread works on.
+  virtual int current_device() const = 0;
+
+  // Device memory of the current device (not initialized), and pinned host
+  // memory. Throw Error(out_of_memory) naming `what` when there is none.
+  virtual void* allocate(std::size_t bytes, const char* what) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void* allocate_pinned(std::size_t bytes, const char* what) = 0;
+  virtual void release_pinned(void* p) noexcept = 0;
+
+  // A stream that does not synchronize with the default stream.
+  virtual StreamHandle create_stream() = 0;
+  virtual void destroy_stream(StreamHandle s) noexcept = 0;
+  // The device a stream belongs to (the current one for the null stream).
+  virtual int stream_device(StreamHandle s) const = 0;
+  // Host waits until everything enqueued on s so far has run.
+  virtual void synchronize(StreamHandle s) = 0;
+
+  virtual EventHandle create_event() = 0;
+  virtual void destroy_event(EventHandle e) noexcept = 0;
+  // e completes when the work enqueued on s so far has run.
+  virtual void record(EventHandle e, StreamHandle s) = 0;
+  // s waits (the host does not) for e's latest record.
+  virtual void wait_event(StreamHandle s, EventHandle e) = 0;
+  // Whether e's latest record has completed; host waits until it has.
+  virtual bool query(EventHandle e) = 0;
+  virtual void synchronize_event(EventHandle e) = 0;
+
+  // Copies between any two of device memory, pinned and pageable host
+  // memory, in stream order.
+  virtual void copy(void* dst, const void* src, std::size_t bytes, StreamHandle s) = 0;
+  virtual void zero(void* dst, std::size_t bytes, StreamHandle s) = 0;
+
+  // Host flags the device waits on: a word of pinned memory, mapped for the
+  // device, that a host thread raises (set_flag) and a stream waits on
+  // (wait_flag) without a host thread blocking on the stream's behalf.
+  virtual std::uint32_t* allocate_flags(std::size_t count) = 0;
+  virtual void release_flags(std::uint32_t* flags) noexcept = 0;
+  // The stream waits until *flag >= value (unsigned, wrapping counters are
+  // the caller's concern).
+  virtual void wait_flag(StreamHandle s, const std::uint32_t* flag, std::uint32_t value) = 0;
+  // From any host thread: *flag = value, visible to waiting streams.
+  virtual void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept = 0;
+};
+
+// The process's device runtime: the simulated device when the program links
+// it, else CUDA when the build has it and a device is visible, else null
+// (no device: every buffer is host memory).
+DeviceRuntime* device_runtime() noexcept;
+
+// Makes `runtime` the process's device runtime (the simulated device does
+// this from a static initializer). Must be called before any shardopt
+// object exists; null restores the default.
+void install_device_runtime(DeviceRuntime* runtime) noexcept;
+
+// The CUDA runtime, or null in a build without CUDA (cuda_runtime.cpp).
+DeviceRuntime* cuda_device_runtime() noexcept;
+
+}  // namespace shardopt::detail

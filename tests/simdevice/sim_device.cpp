@@ -1,0 +1,454 @@
+// shardopt tests: the simulated device (sim_device.hpp).
+#include "simdevice/sim_device.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/check.hpp"
+
+namespace shardopt::sim {
+
+namespace {
+
+using detail::EventHandle;
+using detail::MemoryKind;
+using detail::MemoryLocation;
+using detail::StreamHandle;
+
+constexpr std::size_t kDeviceSpan = std::size_t(16) << 30;  // address space per device
+constexpr std::size_t kAlign = 256;
+
+std::size_t env_size(const char* name, std::size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
+}
+
+thread_local int current = 0;
+
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // records made
+  std::uint64_t completed = 0;  // the highest record that has run
+};
+
+class Stream {
+ public:
+  Stream(int device, unsigned max_delay_us, std::uint64_t seed)
+      : device_(device), max_delay_(max_delay_us), rng_(seed) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  int device() const noexcept { return device_; }
+
+  void enqueue(std::function<void()> op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(op));
+      ++enqueued_;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t ticket = enqueued_;
+    done_cv_.wait(lock, [&] { return done_ >= ticket; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (max_delay_ > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % (max_delay_ + 1)));
+      op();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++done_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  int device_;
+  unsigned max_delay_;
+  std::mt19937_64 rng_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> queue_;
+  std::uint64_t enqueued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class SimDevice final : public detail::DeviceRuntime {
+ public:
+  SimDevice() {
+    devices_ = static_cast<int>(std::clamp<std::size_t>(env_size("SHARDOPT_SIM_DEVICES", 1), 1, 8));
+    max_delay_ = static_cast<unsigned>(env_size("SHARDOPT_SIM_DELAY_US", 0));
+    if (max_delay_ > 0) {
+      seed_ = env_size("SHARDOPT_SIM_SEED", 0);
+      if (seed_ == 0) seed_ = std::random_device{}() | 1u;
+      std::fprintf(stderr,
+                   "simulated device: random delays of up to %u us per operation, seed %llu "
+                   "(SHARDOPT_SIM_SEED=%llu repeats them)\n",
+                   max_delay_, static_cast<unsigned long long>(seed_),
+                   static_cast<unsigned long long>(seed_));
+    }
+    const std::size_t span = kDeviceSpan * std::size_t(devices_);
+    // The device addresses: reserved, never accessible. The worker's view:
+    // the same span, readable and writable, at a fixed offset.
+    void* dev =
+        ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* alias = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (dev == MAP_FAILED || alias == MAP_FAILED) {
+      std::fprintf(stderr, "simulated device: cannot reserve %zu bytes of address space\n", span);
+      std::abort();
+    }
+    base_ = static_cast<char*>(dev);
+    alias_ = static_cast<char*>(alias);
+    free_.resize(std::size_t(devices_));
+    for (int d = 0; d < devices_; ++d) free_[std::size_t(d)][0] = kDeviceSpan;
+    for (int d = 0; d < devices_; ++d) default_.push_back(new_stream(d));
+  }
+
+  const char* name() const noexcept override { return "simulated device"; }
+  int device_count() const noexcept override { return devices_; }
+
+  MemoryLocation locate(const void* p) const noexcept override {
+    const auto* c = static_cast<const char*>(p);
+    if (c < base_ || c >= base_ + kDeviceSpan * std::size_t(devices_)) return {};
+    return {MemoryKind::device, static_cast<int>(std::size_t(c - base_) / kDeviceSpan)};
+  }
+  int current_device() const override { return current; }
+
+  void* allocate(std::size_t bytes, const char* what) override {
+    if (bytes == 0) return nullptr;
+    const std::size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+    const int d = current;
+    std::size_t off = 0;
+    {
+      std::lock_guard<std::mutex> lock(alloc_mu_);
+      auto& fl = free_[std::size_t(d)];
+      auto it = std::find_if(fl.begin(), fl.end(), [&](const auto& b) { return b.second >= size; });
+      if (it == fl.end())
+        detail::throw_error(ErrorCode::out_of_memory,
+                            "cannot allocate " + std::to_string(bytes) +
+                                " bytes of simulated device memory for " + what,
+                            "the simulated device has " + std::to_string(kDeviceSpan) +
+                                " bytes per device; free some",
+                            __FILE__, __LINE__);
+      off = it->first;
+      const std::size_t left = it->second - size;
+      fl.erase(it);
+      if (left > 0) fl[off + size] = left;
+      off += std::size_t(d) * kDeviceSpan;
+      used_[off] = size;
+    }
+    std::memset(alias_ + off, 0xFF, size);  // what cudaMalloc leaves: not zeros
+    return base_ + off;
+  }
+
+  void release(void* p) noexcept override {
+    if (p == nullptr) return;
+    synchronize_all();  // as cudaFree: the device is idle first
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    const std::size_t off = std::size_t(static_cast<char*>(p) - base_);
+    const auto it = used_.find(off);
+    if (it == used_.end()) {
+      std::fprintf(stderr, "simulated device: release of %p, which is not an allocation\n", p);
+      std::abort();
+    }
+    const std::size_t size = it->second;
+    used_.erase(it);
+    ::madvise(alias_ + off, size, MADV_DONTNEED);
+    const std::size_t d = off / kDeviceSpan;
+    auto& fl = free_[d];
+    std::size_t lo = off - d * kDeviceSpan, len = size;
+    auto next = fl.lower_bound(lo);
+    if (next != fl.end() && next->first == lo + len) {
+      len += next->second;
+      next = fl.erase(next);
+    }
+    if (next != fl.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == lo) {
+        lo = prev->first;
+        len += prev->second;
+        fl.erase(prev);
+      }
+    }
+    fl[lo] = len;
+  }
+
+  void* allocate_pinned(std::size_t bytes, const char* what) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p == nullptr)
+      detail::throw_error(
+          ErrorCode::out_of_memory,
+          "cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory for " + what,
+          "free host memory", __FILE__, __LINE__);
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    pinned_[static_cast<char*>(p)] = bytes;
+    return p;
+  }
+  void release_pinned(void* p) noexcept override {
+    if (p == nullptr) return;
+    synchronize_all();
+    {
+      std::lock_guard<std::mutex> lock(alloc_mu_);
+      pinned_.erase(static_cast<char*>(p));
+    }
+    std::free(p);
+  }
+
+  StreamHandle create_stream() override { return new_stream(current); }
+  void destroy_stream(StreamHandle s) noexcept override {
+    if (s == nullptr) return;
+    Stream* st = static_cast<Stream*>(s);
+    st->synchronize();
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::erase_if(streams_, [&](const std::unique_ptr<Stream>& x) { return x.get() == st; });
+  }
+  int stream_device(StreamHandle s) const override {
+    return s == nullptr ? current : static_cast<Stream*>(s)->device();
+  }
+  void synchronize(StreamHandle s) override { stream(s).synchronize(); }
+
+  // Events live on while queued operations use them, as CUDA's do after
+  // cudaEventDestroy.
+  EventHandle create_event() override {
+    auto ev = std::make_shared<Event>();
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_[ev.get()] = ev;
+    return ev.get();
+  }
+  void destroy_event(EventHandle e) noexcept override {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_.erase(static_cast<Event*>(e));
+  }
+  void record(EventHandle e, StreamHandle s) override {
+    std::shared_ptr<Event> ev = event(e);
+    std::uint64_t ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(ev->mu);
+      ticket = ++ev->recorded;
+    }
+    stream(s).enqueue([ev, ticket] {
+      {
+        std::lock_guard<std::mutex> lock(ev->mu);
+        ev->completed = std::max(ev->completed, ticket);
+      }
+      ev->cv.notify_all();
+    });
+  }
+  void wait_event(StreamHandle s, EventHandle e) override {
+    std::shared_ptr<Event> ev = event(e);
+    std::uint64_t ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(ev->mu);
+      ticket = ev->recorded;
+    }
+    if (ticket == 0) return;  // never recorded: nothing to wait for
+    stream(s).enqueue([ev, ticket] {
+      std::unique_lock<std::mutex> lock(ev->mu);
+      ev->cv.wait(lock, [&] { return ev->completed >= ticket; });
+    });
+  }
+  bool query(EventHandle e) override {
+    std::shared_ptr<Event> ev = event(e);
+    std::lock_guard<std::mutex> lock(ev->mu);
+    return ev->completed >= ev->recorded;
+  }
+  void synchronize_event(EventHandle e) override {
+    std::shared_ptr<Event> ev = event(e);
+    std::unique_lock<std::mutex> lock(ev->mu);
+    const std::uint64_t ticket = ev->recorded;
+    ev->cv.wait(lock, [&] { return ev->completed >= ticket; });
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
+    if (bytes == 0) return;
+    check_range(dst, bytes, "copy destination");
+    check_range(src, bytes, "copy source");
+    Stream& st = stream(s);
+    char* d = translate(dst);
+    if (is_pageable(src)) {
+      // CUDA takes a pageable source's bytes before the call returns.
+      auto snapshot = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                          static_cast<const char*>(src) + bytes);
+      st.enqueue([d, snapshot] { std::memcpy(d, snapshot->data(), snapshot->size()); });
+    } else {
+      const char* from = translate(src);
+      st.enqueue([d, from, bytes] { std::memcpy(d, from, bytes); });
+    }
+    // A pageable destination: the copy is complete on return.
+    if (is_pageable(dst)) st.synchronize();
+  }
+  void zero(void* dst, std::size_t bytes, StreamHandle s) override {
+    if (bytes == 0) return;
+    check_range(dst, bytes, "fill destination");
+    char* d = translate(dst);
+    stream(s).enqueue([d, bytes] { std::memset(d, 0, bytes); });
+  }
+
+  std::uint32_t* allocate_flags(std::size_t count) override {
+    auto* f = static_cast<std::uint32_t*>(allocate_pinned(count * sizeof(std::uint32_t), "flags"));
+    std::memset(f, 0, count * sizeof(std::uint32_t));
+    return f;
+  }
+  void release_flags(std::uint32_t* flags) noexcept override { release_pinned(flags); }
+  void wait_flag(StreamHandle s, const std::uint32_t* flag, std::uint32_t value) override {
+    auto* f = const_cast<std::uint32_t*>(flag);
+    stream(s).enqueue([f, value] {
+      std::atomic_ref<std::uint32_t> a(*f);
+      for (std::uint32_t v = a.load(std::memory_order_acquire); v < value;
+           v = a.load(std::memory_order_acquire))
+        a.wait(v, std::memory_order_acquire);
+    });
+  }
+  void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept override {
+    std::atomic_ref<std::uint32_t> a(*flag);
+    a.store(value, std::memory_order_release);
+    a.notify_all();
+  }
+
+  // The worker's view of p.
+  char* translate(const void* p) const noexcept {
+    const auto* c = static_cast<const char*>(p);
+    if (c >= base_ && c < base_ + kDeviceSpan * std::size_t(devices_)) return alias_ + (c - base_);
+    return const_cast<char*>(c);
+  }
+  Stream& stream(StreamHandle s) {
+    return s == nullptr ? *default_[std::size_t(current)] : *static_cast<Stream*>(s);
+  }
+  std::uint64_t seed() const noexcept { return max_delay_ > 0 ? seed_ : 0; }
+
+ private:
+  std::shared_ptr<Event> event(EventHandle e) {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    const auto it = events_.find(static_cast<Event*>(e));
+    if (it == events_.end()) {
+      std::fprintf(stderr, "simulated device: use of event %p, which does not exist\n", e);
+      std::abort();
+    }
+    return it->second;
+  }
+  Stream* new_stream(int device) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const std::uint64_t seed = seed_ + 0x9E3779B97F4A7C15ull * (++stream_count_);
+    streams_.push_back(std::make_unique<Stream>(device, max_delay_, seed));
+    return streams_.back().get();
+  }
+  void synchronize_all() {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (const auto& s : streams_) s->synchronize();
+  }
+  bool is_pageable(const void* p) {
+    if (locate(p).kind != MemoryKind::host) return false;
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    const auto* c = static_cast<const char*>(p);
+    auto it = pinned_.upper_bound(c);
+    if (it == pinned_.begin()) return true;
+    --it;
+    return c >= it->first + it->second;
+  }
+  // A device range must lie inside one allocation: a copy past its end is
+  // what cudaMemcpyAsync rejects with an invalid-value error.
+  void check_range(const void* p, std::size_t bytes, const char* which) {
+    if (locate(p).kind != MemoryKind::device) return;
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    const std::size_t off = std::size_t(static_cast<const char*>(p) - base_);
+    auto it = used_.upper_bound(off);
+    if (it != used_.begin()) {
+      --it;
+      if (off + bytes <= it->first + it->second) return;
+    }
+    detail::throw_error(ErrorCode::cuda,
+                        std::string("simulated device: ") + which + " [" + std::to_string(bytes) +
+                            " bytes] is outside any allocation",
+                        "pass device ranges inside the buffers allocated", __FILE__, __LINE__);
+  }
+
+  int devices_ = 1;
+  unsigned max_delay_ = 0;
+  std::uint64_t seed_ = 1;
+  char* base_ = nullptr;
+  char* alias_ = nullptr;
+  std::mutex alloc_mu_;
+  std::vector<std::map<std::size_t, std::size_t>> free_;  // per device: offset -> bytes
+  std::map<std::size_t, std::size_t> used_;               // offset -> bytes
+  std::map<const char*, std::size_t> pinned_;
+  std::mutex events_mu_;
+  std::map<Event*, std::shared_ptr<Event>> events_;
+  std::mutex streams_mu_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<Stream*> default_;
+  std::uint64_t stream_count_ = 0;
+};
+
+// Never destroyed: streams may be in use until the process ends.
+SimDevice& device() {
+  static SimDevice* d = new SimDevice;
+  return *d;
+}
+
+struct Installer {
+  Installer() { detail::install_device_runtime(&device()); }
+} installer;
+
+}  // namespace
+
+detail::DeviceRuntime& runtime() { return device(); }
+
+void set_device(int d) {
+  if (d < 0 || d >= device().device_count())
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "set_device(" + std::to_string(d) + "): the simulated device has " +
+                            std::to_string(device().device_count()) + " device(s)",
+                        "set SHARDOPT_SIM_DEVICES", __FILE__, __LINE__);
+  current = d;
+}
+
+void launch(StreamHandle s, std::function<void(const std::function<void*(const void*)>&)> f) {
+  SimDevice& d = device();
+  d.stream(s).enqueue(
+      [&d, f = std::move(f)] { f([&d](const void* p) -> void* { return d.translate(p); }); });
+}
+
+std::uint64_t delay_seed() { return device().seed(); }
+
+}  // namespace shardopt::sim

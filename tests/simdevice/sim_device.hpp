@@ -1,0 +1,42 @@
+// shardopt tests: the simulated device (sim_device.cpp), a DeviceRuntime
+// with CUDA's semantics on the CPU. A program linked with it (link_whole:
+// it installs itself from a static initializer) runs shardopt's device
+// paths without a GPU:
+//   - device memory lives at addresses the host cannot read or write (a
+//     PROT_NONE range): a host dereference of a device pointer crashes.
+//     Only the streams reach it, through a second mapping of the same
+//     memory at a fixed offset. Fresh allocations hold 0xFF bytes (NaN),
+//     as cudaMalloc leaves what was there;
+//   - every stream is a worker thread running its operations in order;
+//     events and stream waits are honoured; a copy from pageable host
+//     memory takes its bytes when enqueued, one to pageable host memory
+//     waits for its stream, as CUDA's do;
+//   - SHARDOPT_SIM_DELAY_US=N delays every operation by a random 0..N
+//     microseconds (seed SHARDOPT_SIM_SEED, printed at start), so that a
+//     missing wait shows up as a wrong result;
+//   - SHARDOPT_SIM_DEVICES=N (default 1) devices; the calling thread's one
+//     is set with set_device().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "common/device_runtime.hpp"
+
+namespace shardopt::sim {
+
+// The simulated device runtime (the one the program installed).
+detail::DeviceRuntime& runtime();
+// The calling thread's device (as cudaSetDevice).
+void set_device(int device);
+// Runs f on stream s's worker, in stream order, with the device addresses
+// it is given translated to the worker's view: the simulated device's
+// "kernel launch". f gets `translate`, which maps a device address to one it
+// may access (host addresses unchanged).
+void launch(detail::StreamHandle s,
+            std::function<void(const std::function<void*(const void*)>&)> f);
+// The seed of the random delays (0 when they are off).
+std::uint64_t delay_seed();
+
+}  // namespace shardopt::sim

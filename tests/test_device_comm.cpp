@@ -1,0 +1,245 @@
+// The Communicator on device buffers (the staged backend) on the simulated
+// device: every collective, dtype, op and in-place form, over counts that
+// span many pipeline chunks, checked against float64 references (the same
+// checks as the host tests, on the results copied back) with the memory
+// around each buffer untouched; blocking and stream-ordered non-blocking;
+// and the errors of bad device arguments on every rank.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/device_runtime.hpp"
+#include "mpi_test.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/error.hpp"
+#include "simdevice/sim_device.hpp"
+#include "test_comm_data.hpp"
+
+using namespace shardopt;
+using namespace shardopt::test;
+
+namespace {
+
+detail::DeviceRuntime& rt() { return sim::runtime(); }
+
+// A Trial's buffers copied to device memory, enqueued on `stream`; the
+// trial then passes the device copies to the library.
+class OnDevice {
+ public:
+  OnDevice(Trial& t, void* stream) : t_(t), stream_(stream) {
+    for (const auto& [host, bytes] : t.regions()) {
+      auto* dev = static_cast<std::byte*>(rt().allocate(bytes, "a test buffer"));
+      rt().copy(dev, host, bytes, stream);
+      regions_.push_back({host, dev, bytes});
+    }
+    t.map_buffers([this](const void* p) -> void* {
+      const auto* b = static_cast<const std::byte*>(p);
+      for (const Region& r : regions_)
+        if (b >= r.host && b < r.host + r.bytes) return r.dev + (b - r.host);
+      return const_cast<void*>(p);
+    });
+  }
+  ~OnDevice() {
+    for (const Region& r : regions_) rt().release(r.dev);
+  }
+  // The device copies back into the trial's buffers (after the stream's
+  // work so far; a copy to pageable memory is complete on return).
+  void download() {
+    for (const Region& r : regions_) rt().copy(r.host, r.dev, r.bytes, stream_);
+  }
+
+ private:
+  struct Region {
+    std::byte* host;
+    std::byte* dev;
+    std::size_t bytes;
+  };
+  Trial& t_;
+  void* stream_;
+  std::vector<Region> regions_;
+};
+
+std::string run_on_device(Communicator& comm, const Spec& s, bool blocking) {
+  auto trial = make_trial(s, comm.rank(), comm.size());
+  OnDevice dev(*trial, comm.stream());
+  std::string error;
+  if (!no_throw([&] {
+        if (blocking) {
+          trial->run(comm);
+        } else {
+          Request r = trial->start(comm);
+          r.wait();  // the stream waits; the copy back below is ordered after it
+        }
+      }))
+    return cat("rank ", comm.rank(), ": the operation threw");
+  dev.download();
+  return trial->verify();
+}
+
+std::vector<Spec> all_specs(std::size_t count, std::uint64_t salt) {
+  std::vector<Spec> specs;
+  for (Coll c : {Coll::allreduce, Coll::reduce_scatter, Coll::allgather, Coll::broadcast}) {
+    for (DType t : kAllDTypes) {
+      const std::vector<ReduceOp> ops = c == Coll::allreduce || c == Coll::reduce_scatter
+                                            ? ops_for(t)
+                                            : std::vector<ReduceOp>{ReduceOp::sum};
+      for (ReduceOp op : ops)
+        for (Form f : forms_for(c))
+          for (Fill fill : {Fill::exact, Fill::random})
+            specs.push_back(Spec{.coll = c,
+                                 .dtype = t,
+                                 .op = op,
+                                 .count = count,
+                                 .form = f,
+                                 .fill = fill,
+                                 .root = world_size() - 1,
+                                 .salt = salt});
+    }
+  }
+  return specs;
+}
+
+}  // namespace
+
+TEST_CASE("device buffers: every collective through the staged backend", "[device][comm]") {
+  INFO("simulated device, delay seed " << sim::delay_seed());
+  Communicator comm(MPI_COMM_WORLD);
+  // Counts around the pipeline's chunk (SHARDOPT_STAGED_CHUNK_KB=4 in this
+  // test's environment: 1024 f32 elements, fewer per block for
+  // reduce-scatter and allgather) and past the slot ring.
+  for (std::size_t count : {std::size_t(1), std::size_t(333), std::size_t(4099)}) {
+    for (const Spec& s : all_specs(count, 1)) {
+      for (bool blocking : {true, false}) {
+        const std::string error = run_on_device(comm, s, blocking);
+        INFO(describe(s) << (blocking ? ", blocking" : ", non-blocking") << ", " << comm.size()
+                         << " ranks");
+        INFO(error);
+        CHECK(all_ranks_true(error.empty()));
+      }
+    }
+  }
+}
+
+TEST_CASE("device buffers: a count of 0 and the results equal the host path's", "[device][comm]") {
+  Communicator comm(MPI_COMM_WORLD);
+  // A count of 0 moves nothing and touches nothing.
+  for (const Spec& s : all_specs(0, 2)) {
+    const std::string error = run_on_device(comm, s, true);
+    INFO(describe(s) << ": " << error);
+    CHECK(all_ranks_true(error.empty()));
+  }
+  // Bitwise the host path's result for exact data: the same sums, staged.
+  const std::size_t n = 2500;
+  std::vector<float> in(n * std::size_t(comm.size())), host(n), dev_out(n);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = input_value<float>(77, comm.rank(), i, Fill::exact);
+  comm.reduce_scatter(in.data(), host.data(), n, DType::f32, ReduceOp::sum);
+  auto* d_in = static_cast<float*>(rt().allocate(in.size() * 4, "input"));
+  auto* d_out = static_cast<float*>(rt().allocate(n * 4, "output"));
+  rt().copy(d_in, in.data(), in.size() * 4, nullptr);
+  comm.reduce_scatter(d_in, d_out, n, DType::f32, ReduceOp::sum);
+  rt().copy(dev_out.data(), d_out, n * 4, nullptr);
+  CHECK(all_ranks_true(std::memcmp(host.data(), dev_out.data(), n * 4) == 0));
+  rt().release(d_in);
+  rt().release(d_out);
+}
+
+TEST_CASE("device buffers: non-blocking operations in flight together, on a stream of its own",
+          "[device][comm]") {
+  void* stream = rt().create_stream();
+  Communicator comm(MPI_COMM_WORLD, CommOptions{.stream = stream});
+  CHECK(comm.stream() == stream);
+  std::vector<std::unique_ptr<Trial>> trials;
+  std::vector<std::unique_ptr<OnDevice>> devs;
+  std::vector<Request> requests;
+  std::uint64_t salt = 10;
+  for (Coll c : {Coll::allreduce, Coll::reduce_scatter, Coll::allgather, Coll::broadcast}) {
+    for (DType t : {DType::f32, DType::bf16, DType::i64}) {
+      const Spec s{.coll = c,
+                   .dtype = t,
+                   .op = is_floating(t) ? ReduceOp::avg : ReduceOp::sum,
+                   .count = 1500,
+                   .form = forms_for(c).back(),
+                   .fill = Fill::exact,
+                   .root = 0,
+                   .salt = ++salt};
+      trials.push_back(make_trial(s, comm.rank(), comm.size()));
+      // The inputs are copied in on the stream, not yet there when the
+      // operation is started: it must wait for them.
+      devs.push_back(std::make_unique<OnDevice>(*trials.back(), stream));
+      requests.push_back(trials.back()->start(comm));
+    }
+  }
+  // Completed in reverse order; the stream then waits for all of them.
+  for (std::size_t k = requests.size(); k-- > 0;) requests[k].wait();
+  for (auto& d : devs) d->download();
+  std::string error;
+  for (const auto& t : trials) {
+    const std::string e = t->verify();
+    if (!e.empty() && error.empty()) error = describe(t->spec()) + ": " + e;
+  }
+  INFO(error);
+  CHECK(all_ranks_true(error.empty()));
+  devs.clear();
+  comm.free();
+  rt().destroy_stream(stream);
+}
+
+TEST_CASE("device buffers: bad arguments fail on every rank and leave the communicator usable",
+          "[device][comm]") {
+  Communicator comm(MPI_COMM_WORLD);
+  const std::size_t n = 64;
+  std::vector<float> host(n * std::size_t(comm.size()), 1.0f);
+  auto* dev = static_cast<float*>(rt().allocate(host.size() * 4, "a test buffer"));
+  rt().copy(dev, host.data(), host.size() * 4, nullptr);
+
+  SECTION("one buffer on the host, one on the device") {
+    CHECK(all_ranks_true(throws_error<DeviceError>(
+        [&] { comm.allreduce(host.data(), dev, n, DType::f32, ReduceOp::sum); },
+        ErrorCode::wrong_device,
+        "one buffer is in host memory and another in CUDA device memory (device 0)")));
+  }
+  SECTION("a stream of another device than the buffers'") {
+    if (rt().device_count() < 2) {
+      SUCCEED("one simulated device (SHARDOPT_SIM_DEVICES=2 runs this section)");
+    } else {
+      sim::set_device(1);
+      void* other = rt().create_stream();
+      sim::set_device(0);
+      comm.set_stream(other);
+      CHECK(all_ranks_true(throws_error<DeviceError>(
+          [&] { comm.allgather(dev + std::size_t(comm.rank()) * n, dev, n, DType::f32); },
+          ErrorCode::wrong_device,
+          "the buffers are on device 0 but the stream (CommOptions::stream) belongs to device "
+          "1")));
+      comm.set_stream(nullptr);
+      rt().destroy_stream(other);
+    }
+  }
+  // Usable afterwards, on device buffers.
+  comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+  std::vector<float> back(n);
+  rt().copy(back.data(), dev, n * 4, nullptr);
+  bool ok = true;
+  for (float v : back) ok = ok && v == static_cast<float>(comm.size());
+  CHECK(all_ranks_true(ok));
+  rt().release(dev);
+}
+
+TEST_CASE("device buffers need MPI_THREAD_MULTIPLE", "[.thread-level]") {
+  // Run with SHARDOPT_TEST_MPI_THREADS unset (MPI_THREAD_FUNNELED).
+  int level = 0;
+  MPI_Query_thread(&level);
+  REQUIRE(level < MPI_THREAD_MULTIPLE);
+  Communicator comm(MPI_COMM_WORLD);
+  auto* dev = static_cast<float*>(rt().allocate(64, "a test buffer"));
+  CHECK(all_ranks_true(throws_error<UnsupportedError>(
+      [&] { comm.allreduce(dev, dev, 16, DType::f32, ReduceOp::sum); }, ErrorCode::unsupported,
+      "which needs MPI_THREAD_MULTIPLE")));
+  // Host buffers still work.
+  CHECK(still_works(comm));
+  rt().release(dev);
+}
