@@ -293,7 +293,9 @@ TEST_CASE("ZeRO: the gradient buffers after a step", "[zero][grads]") {
             run.after_step = [=](ZeroRedundancyOptimizer& opt, const StepInfo&, const Grads& summed,
                                  int s) {
               for (std::size_t i = 0; i < layout.size() && problem->empty(); ++i) {
-                const void* g = opt.grad(i);
+                std::vector<std::byte> host(layout.sizes[i] * dtype_size(t));
+                Model::download(host.data(), opt.grad(i), host.size());
+                const void* g = host.data();
                 for (std::size_t j = 0; j < layout.sizes[i]; ++j) {
                   const float got = load(t, g, j);
                   const float want = untouched ? stored_grad(t, GradKind::exact, 111, s, rank, i, j)
@@ -314,7 +316,7 @@ TEST_CASE("ZeRO: the gradient buffers after a step", "[zero][grads]") {
           }
 }
 
-TEST_CASE("ZeRO: accessors, zero_grad, owned gradient buffers", "[zero][basics]") {
+TEST_CASE("ZeRO: accessors, zero_grad, owned gradient buffers", "[zero][basics][host-memory]") {
   const Layout layout = make_layout({7, 300, 0, 64}, {0, 1, 0, 1});
   for (int stage = 0; stage <= 2; ++stage)
     for (bool owned : {false, true}) {
@@ -377,7 +379,8 @@ TEST_CASE("ZeRO: accessors, zero_grad, owned gradient buffers", "[zero][basics]"
 // zero_grad() forgets what was marked ready and, in stage 2, what was
 // reduced into the shard since the last step: a step after it equals a
 // step on the gradients written after it alone.
-TEST_CASE("ZeRO: zero_grad() forgets marked and accumulated gradients", "[zero][basics]") {
+TEST_CASE("ZeRO: zero_grad() forgets marked and accumulated gradients",
+          "[zero][basics][host-memory]") {
   const Layout layout = make_layout({7, 300, 1, 64});
   const int n = world_size();
   const int rank = world_rank();
@@ -547,7 +550,7 @@ TEST_CASE("ZeRO: DistributedOptimizer is stage 0", "[zero][distributed]") {
   }
 }
 
-TEST_CASE("ZeRO: a moved optimizer steps on", "[zero][basics]") {
+TEST_CASE("ZeRO: a moved optimizer steps on", "[zero][basics][host-memory]") {
   const Layout layout = make_layout({7, 300, 1, 64});
   const int n = world_size();
   const int rank = world_rank();

@@ -342,6 +342,15 @@ inline Outcome run_and_compare(const Run& run) {
     fail("the test asks for a scratch buffer with local accumulation, which it cannot add to");
   }
   std::vector<std::byte> scratch(run.layout.largest() * dtype_size(dtype));
+  // A device run passes its gradients from a device copy of the scratch.
+  void* dev_scratch = nullptr;
+#if SHARDOPT_TEST_DEVICE
+  dev_scratch = sim::runtime().allocate(scratch.size() + 1, "the scratch gradient");
+  struct Release {
+    void* p;
+    ~Release() { sim::runtime().release(p); }
+  } release_scratch{dev_scratch};
+#endif
   const Tolerance tol = run.tolerance;
 
   for (int s = 0; s < run.steps; ++s) {
@@ -373,11 +382,21 @@ inline Outcome run_and_compare(const Run& run) {
             // Garbage first, so a late copy from the scratch would show.
             std::memset(scratch.data(), 0x7f, scratch.size());
             fill_grad(scratch.data(), dtype, numel, run.kind, run.key, batch, rank, i, false);
-            opt->grad_ready(i, scratch.data());
+            if (Model::on_device) {
+              Model::upload(dev_scratch, scratch.data(), numel * dtype_size(dtype));
+              opt->grad_ready(i, dev_scratch);
+            } else {
+              opt->grad_ready(i, scratch.data());
+            }
             continue;
           }
           void* g = owned ? opt->grad(i) : model.grad_data(i);
-          if (numel > 0) fill_grad(g, dtype, numel, run.kind, run.key, batch, rank, i, add);
+          if (numel > 0) {
+            // A device run writes the host mirror and copies it over.
+            void* h = Model::on_device ? model.grad_host(i) : g;
+            fill_grad(h, dtype, numel, run.kind, run.key, batch, rank, i, add);
+            if (Model::on_device) Model::upload(g, h, numel * dtype_size(dtype));
+          }
           if (mark && run.ready != Ready::none) opt->grad_ready(i);
         }
         if (!local && (!last || run.reduce_last)) opt->reduce_gradients();
@@ -396,6 +415,7 @@ inline Outcome run_and_compare(const Run& run) {
            ", steps() " + std::to_string(opt->steps()));
     }
     if (!run.compare_reference) continue;
+    model.pull();
     for (std::size_t i = 0; i < run.layout.size() && failure.empty(); ++i) {
       std::string d;
       if (tol.bitwise() && !run.bounds) {
@@ -449,6 +469,7 @@ inline Outcome run_and_compare(const Run& run) {
     fail("state_names():" + got);
   }
   if (all_ranks_true(names_ok)) {
+    model.pull();
     for (std::size_t i = 0; i < run.layout.size(); ++i)
       out.last.params.push_back(model.all_bits(i));
     const bool gathered = no_throw([&] {

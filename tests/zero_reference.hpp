@@ -32,6 +32,9 @@
 #include <vector>
 
 #include "mpi_test.hpp"
+#if SHARDOPT_TEST_DEVICE
+#include "simdevice/sim_device.hpp"
+#endif
 #include "shardopt/half.hpp"
 #include "shardopt/optim.hpp"
 #include "shardopt/types.hpp"
@@ -278,9 +281,64 @@ class Model {
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < layout.sizes[i]; ++j)
         store(dtype, pptr_[i], j, initial_param(dtype, key, i, j));
+#if SHARDOPT_TEST_DEVICE
+    // The optimizer gets device copies (one allocation each, or one for all
+    // when contiguous); the host buffers mirror them for the test.
+    dptr_.resize(n, nullptr);
+    dgrad_.resize(n, nullptr);
+    const auto alloc = [&](std::size_t bytes) {
+      void* d = shardopt::sim::runtime().allocate(bytes == 0 ? 1 : bytes, "a test buffer");
+      dbuf_.push_back(d);
+      return static_cast<std::byte*>(d);
+    };
+    if (contiguous) {
+      std::byte* p = alloc(layout.total() * es);
+      std::byte* g = alloc(layout.total() * es);
+      for (std::size_t i = 0; i < n; ++i) {
+        dptr_[i] = p + (pptr_[i] - pptr_[0]);
+        dgrad_[i] = g + (gptr_[i] - gptr_[0]);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        dptr_[i] = alloc(layout.sizes[i] * es);
+        dgrad_[i] = alloc(layout.sizes[i] * es);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) upload(dptr_[i], pptr_[i], layout.sizes[i] * es);
+#endif
   }
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
+#if SHARDOPT_TEST_DEVICE
+  ~Model() {
+    for (void* d : dbuf_) shardopt::sim::runtime().release(d);
+  }
+  static constexpr bool on_device = true;
+  // Host -> device, in order on the default stream (the optimizer's).
+  static void upload(void* dst, const void* src, std::size_t bytes) {
+    shardopt::sim::runtime().copy(dst, src, bytes, nullptr);
+  }
+  // Any memory -> host memory, complete on return.
+  static void download(void* dst, const void* src, std::size_t bytes) {
+    shardopt::sim::runtime().copy(dst, src, bytes, nullptr);
+  }
+  // The device parameters into the host mirror.
+  void pull() {
+    const std::size_t es = dtype_size(dtype_);
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      shardopt::sim::runtime().copy(pptr_[i], dptr_[i], layout_.sizes[i] * es, nullptr);
+  }
+  // The host mirror of gradient i (the test writes it, then uploads).
+  void* grad_host(std::size_t i) { return gptr_[i]; }
+#else
+  static constexpr bool on_device = false;
+  static void upload(void*, const void*, std::size_t) {}
+  static void download(void* dst, const void* src, std::size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void pull() {}
+  void* grad_host(std::size_t i) { return gptr_[i]; }
+#endif
 
   const Layout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
@@ -290,17 +348,18 @@ class Model {
     std::vector<Param> p;
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       p.push_back(Param{.name = layout_.names[i],
-                        .data = pptr_[i],
+                        .data = on_device ? dptr_[i] : pptr_[i],
                         .numel = layout_.sizes[i],
                         .dtype = dtype_,
-                        .grad = owned_ ? nullptr : gptr_[i],
+                        .grad = owned_ ? nullptr : (on_device ? dgrad_[i] : gptr_[i]),
                         .group = layout_.group(i)});
     }
     return p;
   }
   void* param_data(std::size_t i) { return pptr_[i]; }
-  // The registered gradient buffer; null when the optimizer owns it.
-  void* grad_data(std::size_t i) { return owned_ ? nullptr : gptr_[i]; }
+  // The registered gradient buffer (on the device in a device run); null
+  // when the optimizer owns it.
+  void* grad_data(std::size_t i) { return owned_ ? nullptr : (on_device ? dgrad_[i] : gptr_[i]); }
   float param(std::size_t i, std::size_t j) const { return load(dtype_, pptr_[i], j); }
   std::uint32_t param_bits(std::size_t i, std::size_t j) const {
     return load_bits(dtype_, pptr_[i], j);
@@ -317,6 +376,8 @@ class Model {
   bool owned_;
   std::vector<std::vector<std::byte>> pbuf_, gbuf_;
   std::vector<std::byte*> pptr_, gptr_;
+  std::vector<std::byte*> dptr_, dgrad_;  // device runs: the optimizer's buffers
+  std::vector<void*> dbuf_;
 };
 
 // ---------------------------------------------------- optimizer configs

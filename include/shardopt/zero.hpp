@@ -157,6 +157,10 @@ struct ZeroOptions {
   // Inf or NaN in a reduced gradient (NonFinite above). With a loss scaler
   // only automatic, skip and error are accepted: the scaler needs the check.
   NonFinite non_finite = NonFinite::automatic;
+  // Parameters in device memory: the CUDA stream (a cudaStream_t) the
+  // engine orders its work on, the one the gradients are computed on; null:
+  // the device's default stream. docs/gpu.md says when the host waits.
+  void* stream = nullptr;
 };
 
 // What step() did.

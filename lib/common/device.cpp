@@ -34,6 +34,12 @@ DeviceRuntime* installed_runtime = nullptr;
 
 void install_device_runtime(DeviceRuntime* runtime) noexcept { installed_runtime = runtime; }
 
+void DeviceRuntime::emulate(StreamHandle, std::function<void(const Translate&)>) {
+  throw_error(ErrorCode::internal, std::string(name()) + " runs no emulated kernels",
+              "report this: a kernel meant for an emulated device reached a real one", __FILE__,
+              __LINE__);
+}
+
 DeviceRuntime* device_runtime() noexcept {
   if (installed_runtime != nullptr) return installed_runtime;
   static DeviceRuntime* const cuda = cuda_device_count() > 0 ? cuda_device_runtime() : nullptr;

@@ -17,7 +17,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+#include <type_traits>
 
+#include "build_config.hpp"
+#include "common/check.hpp"
 #include "common/device.hpp"
 #include "shardopt/types.hpp"
 
@@ -25,6 +31,8 @@ namespace shardopt::detail {
 
 using StreamHandle = void*;
 using EventHandle = void*;
+// On an emulated device: a device address -> the address its kernels use.
+using Translate = std::function<void*(const void*)>;
 
 class DeviceRuntime {
  public:
@@ -77,6 +85,13 @@ class DeviceRuntime {
   virtual void wait_flag(StreamHandle s, const std::uint32_t* flag, std::uint32_t value) = 0;
   // From any host thread: *flag = value, visible to waiting streams.
   virtual void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept = 0;
+
+  // Whether kernels run as host code on the streams (the simulated device)
+  // rather than as CUDA kernels.
+  virtual bool emulated() const noexcept { return false; }
+  // Emulated devices: enqueues f on s, f getting the translation of device
+  // addresses. f must not throw.
+  virtual void emulate(StreamHandle s, std::function<void(const Translate&)> f);
 };
 
 // The process's device runtime: the simulated device when the program links
@@ -91,5 +106,62 @@ void install_device_runtime(DeviceRuntime* runtime) noexcept;
 
 // The CUDA runtime, or null in a build without CUDA (cuda_runtime.cpp).
 DeviceRuntime* cuda_device_runtime() noexcept;
+
+// p as a kernel of an emulated device reaches it.
+template <class T>
+T* translated(T* p, const Translate& tr) {
+  return static_cast<T*>(tr(p));
+}
+
+// A kernel's buffers struct (one with each_buffer(f), kernels/) as a kernel
+// of an emulated device reaches them.
+template <class B>
+B translated_buffers(B b, const Translate& tr) {
+  b.each_buffer([&](auto& p, std::size_t, auto) {
+    if (p != nullptr) p = translated(p, tr);
+  });
+  return b;
+}
+
+// Runs one kernel on device buffers, in stream order, the host waiting for
+// its result: cuda() on a CUDA device (the synchronous kernels of
+// kernels/cuda/), emulated(translate) as host code on an emulated one. What
+// emulated() throws is thrown here. In a build without CUDA a device that
+// is not emulated is a NotCompiled error naming `what`.
+template <class Cuda, class Emulated>
+auto device_kernel([[maybe_unused]] const char* what, StreamHandle stream,
+                   [[maybe_unused]] Cuda&& cuda, Emulated&& emulated) -> decltype(cuda()) {
+  using R = decltype(cuda());
+  DeviceRuntime* rt = device_runtime();
+  if (rt != nullptr && rt->emulated()) {
+    std::exception_ptr error;
+    std::conditional_t<std::is_void_v<R>, int, R> result{};
+    rt->emulate(stream, [&](const Translate& tr) {
+      try {
+        if constexpr (std::is_void_v<R>)
+          emulated(tr);
+        else
+          result = emulated(tr);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    rt->synchronize(stream);
+    if (error) std::rethrow_exception(error);
+    if constexpr (!std::is_void_v<R>)
+      return result;
+    else
+      return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  return cuda();
+#else
+  throw_error(ErrorCode::not_compiled,
+              std::string(what) +
+                  ": the buffers are in CUDA memory but this shardopt was built without CUDA",
+              "rebuild shardopt with -Dcuda=enabled on a machine with the CUDA toolkit", __FILE__,
+              __LINE__);
+#endif
+}
 
 }  // namespace shardopt::detail

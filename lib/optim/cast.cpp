@@ -64,7 +64,14 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, std::size_
                               "cast with both buffers in the same memory");
   detail::run_at(
       kWhat, where, [&] { kernels::cpu::cast(src, src_type, dst, dst_type, n); },
-      [&] { kernels::cuda::cast(src, src_type, dst, dst_type, n, stream); });
+      [&] {
+        detail::device_kernel(
+            kWhat, stream, [&] { kernels::cuda::cast(src, src_type, dst, dst_type, n, stream); },
+            [&](const detail::Translate& tr) {
+              kernels::cpu::cast(detail::translated(src, tr), src_type, detail::translated(dst, tr),
+                                 dst_type, n);
+            });
+      });
 }
 
 namespace detail {

@@ -58,9 +58,20 @@ StepResult lamb(ParamView params, GradView grads, std::span<float> exp_avg,
         return norms.grads_finite;
       },
       [&] {
-        const kernels::LambNorms norms = kernels::cuda::lamb_direction(b, s, extra.stream);
-        kernels::cuda::lamb_apply(a, kernels::lamb_neg_step(norms, o.lr), extra.stream);
-        return norms.grads_finite;
+        return detail::device_kernel(
+            opt, extra.stream,
+            [&] {
+              const kernels::LambNorms norms = kernels::cuda::lamb_direction(b, s, extra.stream);
+              kernels::cuda::lamb_apply(a, kernels::lamb_neg_step(norms, o.lr), extra.stream);
+              return norms.grads_finite;
+            },
+            [&](const detail::Translate& tr) {
+              const kernels::LambNorms norms =
+                  kernels::cpu::lamb_direction(detail::translated_buffers(b, tr), s);
+              kernels::cpu::lamb_apply(detail::translated_buffers(a, tr),
+                                       kernels::lamb_neg_step(norms, o.lr));
+              return norms.grads_finite;
+            });
       });
 }
 
@@ -124,15 +135,30 @@ StepResult lamb(std::span<const ParamView> params, std::span<const GradView> gra
         return finite;
       },
       [&] {
-        std::vector<kernels::LambNorms> norms(list.size());
-        const bool finite = kernels::cuda::lamb_direction(
-            std::span<const kernels::LambBuffers>(directions), s, norms, extra.stream);
-        std::vector<float> neg_steps(list.size());
-        for (std::size_t i = 0; i < list.size(); ++i)
-          neg_steps[i] = kernels::lamb_neg_step(norms[i], o.lr);
-        kernels::cuda::lamb_apply(std::span<const kernels::LambApplyBuffers>(applies), neg_steps,
-                                  extra.stream);
-        return finite;
+        return detail::device_kernel(
+            opt, extra.stream,
+            [&] {
+              std::vector<kernels::LambNorms> norms(list.size());
+              const bool finite = kernels::cuda::lamb_direction(
+                  std::span<const kernels::LambBuffers>(directions), s, norms, extra.stream);
+              std::vector<float> neg_steps(list.size());
+              for (std::size_t i = 0; i < list.size(); ++i)
+                neg_steps[i] = kernels::lamb_neg_step(norms[i], o.lr);
+              kernels::cuda::lamb_apply(std::span<const kernels::LambApplyBuffers>(applies),
+                                        neg_steps, extra.stream);
+              return finite;
+            },
+            [&](const detail::Translate& tr) {
+              bool finite = true;
+              for (std::size_t i = 0; i < list.size(); ++i) {
+                const kernels::LambNorms norms =
+                    kernels::cpu::lamb_direction(detail::translated_buffers(directions[i], tr), s);
+                kernels::cpu::lamb_apply(detail::translated_buffers(applies[i], tr),
+                                         kernels::lamb_neg_step(norms, o.lr));
+                finite = norms.grads_finite && finite;
+              }
+              return finite;
+            });
       });
 }
 

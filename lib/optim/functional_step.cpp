@@ -101,7 +101,13 @@ requires is_elementwise<O> StepResult step(ParamView params, GradView grads,
   const detail::MemoryLocation where = detail::common_location(opt, named);
   return detail::run_step(
       opt, where, grads, extra, [&] { return kernels::cpu::step<Family>(b, s); },
-      [&] { return kernels::cuda::step<Family>(b, s, extra.stream); });
+      [&] {
+        return detail::device_kernel(
+            opt, extra.stream, [&] { return kernels::cuda::step<Family>(b, s, extra.stream); },
+            [&](const detail::Translate& tr) {
+              return kernels::cpu::step<Family>(detail::translated_buffers(b, tr), s);
+            });
+      });
 }
 
 template <class O>
@@ -146,7 +152,18 @@ step(std::span<const ParamView> params, std::span<const GradView> grads,
         return finite;
       },
       [&] {
-        return kernels::cuda::step<Family>(std::span<const Buffers<O>>(buffers), s, extra.stream);
+        return detail::device_kernel(
+            opt, extra.stream,
+            [&] {
+              return kernels::cuda::step<Family>(std::span<const Buffers<O>>(buffers), s,
+                                                 extra.stream);
+            },
+            [&](const detail::Translate& tr) {
+              bool finite = true;
+              for (const auto& b : buffers)
+                finite = kernels::cpu::step<Family>(detail::translated_buffers(b, tr), s) && finite;
+              return finite;
+            });
       });
 }
 

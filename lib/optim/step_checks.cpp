@@ -132,7 +132,17 @@ bool grads_finite_at(const char* opt, const MemoryLocation& where,
   return run_at(
       opt, where,
       [&] { return kernels::cpu::all_finite(grads.data, grads.dtype, grads.size, mul); },
-      [&] { return kernels::cuda::all_finite(grads.data, grads.dtype, grads.size, mul, stream); });
+      [&] {
+        return device_kernel(
+            opt, stream,
+            [&] {
+              return kernels::cuda::all_finite(grads.data, grads.dtype, grads.size, mul, stream);
+            },
+            [&](const Translate& tr) {
+              return kernels::cpu::all_finite(translated(grads.data, tr), grads.dtype, grads.size,
+                                              mul);
+            });
+      });
 }
 
 void check_step_buffers(const char* opt, const functional::ParamView& params,

@@ -16,6 +16,7 @@
 #include "build_config.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
+#include "common/device_runtime.hpp"
 #include "shardopt/optim.hpp"
 
 namespace shardopt::detail {
@@ -110,27 +111,22 @@ inline MemoryLocation common_location(const char* opt, std::initializer_list<Nam
 
 // Runs host() for host memory or device() for device memory and returns its
 // result; a std::runtime_error from device() (a failed CUDA call) becomes a
-// CUDA error naming `what`, and a device location in a build without CUDA is
-// a NotCompiled error.
+// CUDA error naming `what`.
 template <class Host, class Device>
-auto run_at(const char* what, const MemoryLocation& where, Host&& host,
-            [[maybe_unused]] Device&& device) -> decltype(host()) {
+auto run_at(const char* what, const MemoryLocation& where, Host&& host, Device&& device)
+    -> decltype(host()) {
   if (where.kind == MemoryKind::host) return host();
-#if SHARDOPT_HAVE_CUDA
+  // device() runs through device_kernel (common/device_runtime.hpp), which
+  // raises NotCompiled in a build without CUDA.
   try {
     return device();
+  } catch (const Error&) {
+    throw;
   } catch (const std::runtime_error& e) {
     throw_error(ErrorCode::cuda, std::string(what) + ": " + e.what(),
                 "check the GPU's health (nvidia-smi) and that the buffers are valid", __FILE__,
                 __LINE__);
   }
-#else
-  throw_error(ErrorCode::not_compiled,
-              std::string(what) +
-                  ": the buffers are in CUDA memory but this shardopt was built without CUDA",
-              "rebuild shardopt with -Dcuda=enabled on a machine with the CUDA toolkit", __FILE__,
-              __LINE__);
-#endif
 }
 
 // A gradient multiplier (`name`: StepOptions::grad_mul, or grads_finite()'s

@@ -131,7 +131,7 @@ void ZeroEngine::add_pieces(std::size_t first, std::size_t bytes,
 // This rank's fp32 master values of segment s: the master buffer, the fp32
 // parameters, or (remainders) decoded into `decoded`.
 std::function<const void*(const Segment&)> ZeroEngine::master_source(
-    std::vector<float>& decoded) const {
+    std::vector<float>& decoded, std::deque<std::vector<std::byte>>& store) const {
   if (remainders_) {
     std::size_t n = 0;
     for (const Segment& s : layout_.segments)
@@ -146,14 +146,27 @@ std::function<const void*(const Segment&)> ZeroEngine::master_source(
   }
   // Segments are visited in the same order by add_pieces.
   auto cursor = std::make_shared<std::size_t>(0);
-  return [this, &decoded, cursor](const Segment& s) -> const void* {
-    if (master_) return shard().master_buffer().as<float>() + s.storage;
-    if (remainders_) {
+  if (remainders_)
+    return [&decoded, cursor](const Segment& s) -> const void* {
       const float* p = decoded.data() + *cursor;
       *cursor += s.count;
       return p;
-    }
-    return shard().user_param(s);
+    };
+  return on_host(
+      [this](const Segment& s) -> const void* {
+        if (master_) return shard().master_buffer().as<float>() + s.storage;
+        return shard().user_param(s);
+      },
+      4, store);
+}
+
+ZeroEngine::Source ZeroEngine::on_host(Source source, std::size_t bytes,
+                                       std::deque<std::vector<std::byte>>& store) const {
+  if (!space_.on_device()) return source;
+  return [this, source = std::move(source), bytes, &store](const Segment& s) -> const void* {
+    store.emplace_back(s.count * bytes);
+    space_.download(store.back().data(), source(s), s.count * bytes);
+    return store.back().data();
   };
 }
 
@@ -179,10 +192,14 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
 
   std::vector<ckpt::Piece> pieces;
   std::vector<float> decoded;
-  add_pieces(0, 4, master_source(decoded), pieces);
+  std::deque<std::vector<std::byte>> store;  // device data staged in host memory
+  add_pieces(0, 4, master_source(decoded, store), pieces);
   for (std::size_t k = 0; k < shard().slots().size(); ++k)
     add_pieces((k + 1) * np, 4,
-               [&](const Segment& s) { return shard().state(k).as<float>() + s.storage; }, pieces);
+               on_host([&, k](const Segment& s)
+                           -> const void* { return shard().state(k).as<float>() + s.storage; },
+                       4, store),
+               pieces);
   const double scaler[3] = {scale_, static_cast<double>(good_steps_),
                             static_cast<double>(hysteresis_left_)};
   if (opt_.loss_scaler)
@@ -217,11 +234,14 @@ void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) 
     tensors.push_back({p.name, fp32 ? "F32" : ckpt::dtype_name(dtype_), shape_of(p)});
   std::vector<ckpt::Piece> pieces;
   std::vector<float> decoded;
+  std::deque<std::vector<std::byte>> store;
   if (fp32)
-    add_pieces(0, 4, master_source(decoded), pieces);
+    add_pieces(0, 4, master_source(decoded, store), pieces);
   else
-    add_pieces(
-        0, elem_, [this](const Segment& s) { return shard().user_param(s); }, pieces);
+    add_pieces(0, elem_,
+               on_host([this](const Segment& s) -> const void* { return shard().user_param(s); },
+                       elem_, store),
+               pieces);
   auto m = checkpoint_metadata("export");
   ckpt::write_file(ctl_, path, tensors, pieces, m, {});
 }

@@ -32,6 +32,7 @@
 #include "zero/reduction.hpp"
 #include "zero/shard_state.hpp"
 #include "zero/shards.hpp"
+#include "zero/space.hpp"
 
 namespace shardopt::detail {
 
@@ -73,6 +74,8 @@ class ZeroEngine {
  private:
   // Construction.
   void validate_locally(std::string& error, ErrorCode& code) const;
+  // Where the parameters live, agreed across ranks: space_.
+  void agree_on_space();
   void agree_on_layout();
   void build_layout();
   void allocate();
@@ -106,7 +109,12 @@ class ZeroEngine {
   void add_pieces(std::size_t first, std::size_t bytes,
                   const std::function<const void*(const Segment&)>& data,
                   std::vector<ckpt::Piece>& pieces) const;
-  std::function<const void*(const Segment&)> master_source(std::vector<float>& decoded) const;
+  // On a device: source's segments (of `bytes` per element) downloaded to
+  // host memory kept in `store`, for the file layer. On the host: source.
+  using Source = std::function<const void*(const Segment&)>;
+  Source master_source(std::vector<float>& decoded,
+                       std::deque<std::vector<std::byte>>& store) const;
+  Source on_host(Source source, std::size_t bytes, std::deque<std::vector<std::byte>>& store) const;
 
   Communicator& comm_;
   mutable Communicator ctl_;  // a duplicate for agreements, never busy with data
@@ -121,7 +129,9 @@ class ZeroEngine {
   bool master_ = false;             // a separate fp32 master copy
   bool remainders_ = false;
   ShardLayout layout_;
-  std::size_t bucket_elems_ = 0;  // B asked for (agreed), before the layout caps it
+  std::size_t bucket_elems_ = 0;
+  Space space_;  // the host, or the parameters' device  // B asked for (agreed), before the layout
+                 // caps it
 
   // Step state.
   // The parts made once the layout is known.

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
+#include "common/device_runtime.hpp"
 #include "common/settings.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/engine.hpp"
@@ -48,6 +50,7 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
   agree_or_throw(ctl_, error, code,
                  "fix the argument on the rank(s) named; every rank must pass valid, "
                  "identical parameter lists and options");
+  agree_on_space();
   agree_on_layout();
   build_layout();
   allocate();
@@ -121,6 +124,8 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
     const char* what;
   };
   std::vector<Range> ranges;
+  std::optional<MemoryLocation> first_where;
+  std::string first_who;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     const std::string who = "parameter " + std::to_string(i) + " ('" + p.name + "')";
@@ -152,15 +157,26 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
                       " elements but numel " + std::to_string(p.numel) +
                       "; give a shape whose product is numel, or none");
     }
-    // The engine works on host memory, as does its communicator's backend.
+    // Every buffer in the memory of the first one: the host, or one device.
     for (const auto& [what, ptr] : {std::pair{"data", p.data}, std::pair{"gradient", p.grad}}) {
+      if (ptr == nullptr || p.numel == 0) continue;
       const MemoryLocation where = locate(ptr);
-      if (where.kind != MemoryKind::host)
+      if (!first_where) {
+        first_where = where;
+        first_who = who + "'s " + what + " buffer";
+      }
+      if (where.kind == MemoryKind::managed)
         fail(ErrorCode::wrong_device,
              who + ": its " + what + " buffer is in " + location_name(where) +
-                 ", but the optimizer and its communicator (" + comm_.backend_name() +
-                 " backend) work on host memory; pass host buffers (copy the tensor to the host, "
-                 "or allocate it with malloc/new/cudaMallocHost)");
+                 ", which the optimizer does not take (the device may be writing it while the "
+                 "host reads it); allocate parameters and gradients with cudaMalloc, or in host "
+                 "memory");
+      else if (where.kind != first_where->kind || where.device != first_where->device)
+        fail(ErrorCode::wrong_device,
+             who + ": its " + what + " buffer is in " + location_name(where) + " but " + first_who +
+                 " is in " + location_name(*first_where) +
+                 "; every parameter and gradient of an optimizer must be in the same memory "
+                 "(copy them to one device, or all to the host)");
     }
     const std::size_t bytes = p.numel * dtype_size(p.dtype);
     if (p.numel > 0 && p.data != nullptr) {
@@ -244,6 +260,50 @@ std::string describe_param(const Param& p) {
 
 }  // namespace
 
+// The memory of the first buffer (validate_locally checked that the others
+// are in it), the same kind on every rank; on a device, the stream's device.
+void ZeroEngine::agree_on_space() {
+  MemoryLocation where{};
+  for (const Param& p : params_) {
+    const void* ptr = p.data != nullptr ? p.data : p.grad;
+    if (p.numel > 0 && ptr != nullptr) {
+      where = locate(ptr);
+      break;
+    }
+  }
+  DeviceRuntime* rt = device_runtime();
+  std::string error;
+  if (where.kind == MemoryKind::device && opt_.stream != nullptr &&
+      rt->stream_device(opt_.stream) != where.device)
+    error = "ZeroOptions::stream belongs to device " +
+            std::to_string(rt->stream_device(opt_.stream)) + " but the parameters are in " +
+            location_name(where) +
+            "; pass a stream of the parameters' device (or none: its "
+            "default stream)";
+  if (where.kind == MemoryKind::device && kind_ == kCustomKind)
+    error = "a CustomOptimizer runs on the host, but the parameters are in " +
+            location_name(where) +
+            "; use a built-in optimizer for device parameters, or keep "
+            "them in host memory";
+  agree_or_throw(ctl_, error, ErrorCode::wrong_device,
+                 "fix the memory of the parameters on the rank(s) named");
+  // Every rank in the same kind of memory: host on all, or a device on all.
+  std::int32_t mine = where.kind == MemoryKind::device ? 1 : 0;
+  std::vector<std::int32_t> all(static_cast<std::size_t>(nranks_));
+  ctl_.allgather(&mine, all.data(), 1, DType::i32);
+  std::vector<int> on_device, on_host;
+  for (int r = 0; r < nranks_; ++r) (all[std::size_t(r)] ? on_device : on_host).push_back(r);
+  if (!on_device.empty() && !on_host.empty())
+    throw_error(ErrorCode::wrong_device,
+                "the parameters are in device memory on " + ranks_list(on_device) +
+                    " but in host memory on " + ranks_list(on_host),
+                "every rank must put its parameters in the same kind of memory: one device per "
+                "rank (a rank without a device cannot join ranks that have one), or the host on "
+                "all",
+                __FILE__, __LINE__);
+  if (where.kind == MemoryKind::device) space_ = Space(*rt, opt_.stream, where.device);
+}
+
 void ZeroEngine::agree_on_layout() {
   const double bucket_mb = opt_.bucket_mb > 0.0 ? opt_.bucket_mb : settings().bucket_mb;
   // Agreed like every option: a check that runs on some ranks only would
@@ -307,12 +367,12 @@ void ZeroEngine::build_layout() {
 
 void ZeroEngine::allocate() {
   reducer_ = std::make_unique<GradReducer>(
-      comm_, ctl_, params_, layout_, opt_, dtype_, reduce_type_,
+      comm_, ctl_, space_, params_, layout_, opt_, dtype_, reduce_type_,
       [this](const char* what, std::size_t bucket, bool after_update) {
         watch(what, bucket, after_update);
       });
-  shard_ = std::make_unique<ShardState>(comm_, params_, groups_, layout_, opt_.stage, dtype_,
-                                        remainders_);
+  shard_ = std::make_unique<ShardState>(comm_, space_, params_, groups_, layout_, opt_.stage,
+                                        dtype_, remainders_);
   if (opt_.loss_scaler) {
     scale_ = opt_.loss_scaler->init_scale;
     hysteresis_left_ = opt_.loss_scaler->hysteresis;

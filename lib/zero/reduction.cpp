@@ -11,16 +11,17 @@
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/device.hpp"
 #include "common/log.hpp"
-#include "zero/convert.hpp"
 
 namespace shardopt::detail {
 
-GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const std::vector<Param>& params,
-                         const ShardLayout& layout, const ZeroOptions& options, DType dtype,
-                         DType reduce_type, Watch watch)
+GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
+                         const std::vector<Param>& params, const ShardLayout& layout,
+                         const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch)
     : comm_(comm),
       ctl_(ctl),
+      space_(space),
       params_(params),
       layout_(layout),
       opt_(options),
@@ -50,8 +51,9 @@ GradReducer::~GradReducer() {
 void GradReducer::allocate() {
   const std::size_t n = static_cast<std::size_t>(nranks_);
   const std::size_t full = layout_.shard * n;  // the padded flat size
-  if (opt_.stage == 2) grad_shard_ = HostBuffer(layout_.shard * 4);
-  if (opt_.stage < 2 && reduce_type_ != dtype_) reduced_ = HostBuffer(full * 4);
+  if (opt_.stage == 2) grad_shard_ = space_.allocate(layout_.shard * 4, "the gradient shard");
+  if (opt_.stage < 2 && reduce_type_ != dtype_)
+    reduced_ = space_.allocate(full * 4, "the fp32 reduced gradients");
   // Null gradients: the optimizer owns them, or, with stream_grads (stage
   // 2), they exist only in their buckets, copied in by grad_ready(i, grad).
   bool owned = false;
@@ -63,7 +65,7 @@ void GradReducer::allocate() {
     else
       owned = true;
   }
-  if (owned) owned_grads_ = HostBuffer(full * elem_);
+  if (owned) owned_grads_ = space_.allocate(full * elem_, "the gradients");
   grad_ptr_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     grad_ptr_[i] = params_[i].grad != nullptr
@@ -109,7 +111,7 @@ void GradReducer::allocate() {
   }
   pool_bytes_ = pool_bytes;
   if (pool_bytes > 0) {
-    for (int k = 0; k < 2; ++k) pool_.emplace_back(pool_bytes);
+    for (int k = 0; k < 2; ++k) pool_.push_back(space_.allocate(pool_bytes, "the bucket buffers"));
     pool_busy_.assign(pool_.size(), false);
   }
 }
@@ -138,7 +140,7 @@ void GradReducer::add_memory(MemoryReport& m) const {
   m.grad_shard = grad_shard_.size();
   m.reduced_grads = reduced_.size();
   m.owned_grads = owned_grads_.size();
-  for (const HostBuffer& b : pool_) m.buckets += b.size();
+  for (const SpaceBuffer& b : pool_) m.buckets += b.size();
 }
 
 void GradReducer::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, const UserPtr& user,
@@ -146,7 +148,7 @@ void GradReducer::to_bucket(const Bucket& b, std::size_t lo, std::size_t hi, con
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
-      std::memcpy(buf + (s - b.begin) * elem_, user(p) + (s - layout_.flat[p]) * elem_,
+      space_.copy(buf + (s - b.begin) * elem_, user(p) + (s - layout_.flat[p]) * elem_,
                   (e - s) * elem_);
   }
 }
@@ -156,7 +158,7 @@ void GradReducer::from_bucket(const Bucket& b, std::size_t lo, std::size_t hi, c
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, lo, hi);
     if (s < e)
-      std::memcpy(user(p) + (s - layout_.flat[p]) * elem_, buf + (s - b.begin) * elem_,
+      space_.copy(user(p) + (s - layout_.flat[p]) * elem_, buf + (s - b.begin) * elem_,
                   (e - s) * elem_);
   }
 }
@@ -190,7 +192,7 @@ void GradReducer::discard() {
 void GradReducer::zero_grad_buffers() {
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (grad_ptr_[i] != nullptr && params_[i].numel > 0)
-      std::memset(grad_ptr_[i], 0, params_[i].numel * elem_);
+      space_.zero(grad_ptr_[i], params_[i].numel * elem_);
 }
 
 void GradReducer::grad_ready(std::size_t i, const void* grad) {
@@ -217,8 +219,16 @@ void GradReducer::grad_ready(std::size_t i, const void* grad) {
                     "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
                 "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
                 __LINE__);
+  if (grad != nullptr && p.numel > 0 &&
+      space_.on_device() != (locate(grad).kind != MemoryKind::host))
+    throw_error(ErrorCode::wrong_device,
+                "grad_ready(" + std::to_string(i) + ") ('" + p.name + "'): the gradient is in " +
+                    location_name(locate(grad)) + " but the optimizer's parameters are in " +
+                    space_.name(),
+                "pass a gradient in the memory the optimizer was built on (copy it there first)",
+                __FILE__, __LINE__);
   if (streamed_[i] == 0 && grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
-    std::memcpy(grad_ptr_[i], grad, p.numel * elem_);
+    space_.copy(grad_ptr_[i], grad, p.numel * elem_);
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
@@ -254,7 +264,7 @@ int GradReducer::acquire_pool() {
   }
   // Every buffer holds a bucket still being filled (gradients streamed out
   // of bucket order): one more, kept for later steps.
-  pool_.emplace_back(pool_bytes_);
+  pool_.push_back(space_.allocate(pool_bytes_, "the bucket buffers"));
   pool_busy_.push_back(true);
   SHARDOPT_LOG(info, "ZeRO engine: " << pool_.size()
                                      << " bucket buffers in use: gradients arrive out of bucket "
@@ -269,12 +279,12 @@ void GradReducer::stream_grad(std::size_t bi, std::size_t p, const std::byte* gr
   if (b.staging < 0) {
     b.staging = acquire_pool();
     std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
-    std::memset(buf + b.len * rsize, 0, (b.padded - b.len) * rsize);
+    space_.zero(buf + b.len * rsize, (b.padded - b.len) * rsize);
   }
   std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
   const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
-  convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize, reduce_type_,
-          e - s, static_cast<float>(1.0 / opt_.predivide_factor));
+  space_.convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize,
+                 reduce_type_, e - s, static_cast<float>(1.0 / opt_.predivide_factor));
 }
 
 void GradReducer::pack_grads(std::size_t bi, void* dst) const {
@@ -285,10 +295,10 @@ void GradReducer::pack_grads(std::size_t bi, void* dst) const {
   for (std::size_t p = b.first_param; p < b.end_param; ++p) {
     const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
     if (s >= e || streamed_[p] != 0) continue;  // streamed ones are in place already
-    convert(grad_ptr_[p] + (s - layout_.flat[p]) * elem_, dtype_, out + (s - b.begin) * rsize,
-            reduce_type_, e - s, mul);
+    space_.convert(grad_ptr_[p] + (s - layout_.flat[p]) * elem_, dtype_,
+                   out + (s - b.begin) * rsize, reduce_type_, e - s, mul);
   }
-  std::memset(out + b.len * rsize, 0, (b.padded - b.len) * rsize);
+  space_.zero(out + b.len * rsize, (b.padded - b.len) * rsize);
 }
 
 void GradReducer::launch(std::size_t bi) {
@@ -312,8 +322,10 @@ void GradReducer::launch(std::size_t bi) {
       base = pool_[std::size_t(f.pool)].as<std::byte>();
       pack_grads(bi, base);
     }
-    f.request = comm_.ireduce_scatter(base, base + std::size_t(rank_) * pc * rsize, pc,
-                                      reduce_type_, ReduceOp::sum);
+    f.request = on_stream([&] {
+      return comm_.ireduce_scatter(base, base + std::size_t(rank_) * pc * rsize, pc, reduce_type_,
+                                   ReduceOp::sum);
+    });
   } else {
     const std::byte* send = b.grad_base;
     std::byte* scratch = nullptr;
@@ -338,7 +350,8 @@ void GradReducer::launch(std::size_t bi) {
     void* recv = direct_recv ? static_cast<void*>(grad_shard_.as<float>() + b.shard_offset)
                              : static_cast<void*>(scratch);
     f.scratch = direct_recv ? nullptr : scratch;
-    f.request = comm_.ireduce_scatter(send, recv, pc, reduce_type_, ReduceOp::sum);
+    f.request = on_stream(
+        [&] { return comm_.ireduce_scatter(send, recv, pc, reduce_type_, ReduceOp::sum); });
   }
   flights_.push_back(std::move(f));
 }
@@ -360,11 +373,10 @@ void GradReducer::complete(Flight& f) {
   if (opt_.stage == 2 && f.scratch != nullptr) {
     float* acc = grad_shard_.as<float>() + b.shard_offset;
     if (micro_batches_ == 0) {
-      convert(static_cast<const std::byte*>(f.scratch), reduce_type_,
-              reinterpret_cast<std::byte*>(acc), DType::f32, pc, 1.0f);
+      space_.convert(f.scratch, reduce_type_, acc, DType::f32, pc, 1.0f);
     } else {
       // Accumulate in fp32, in the order the micro-batches came.
-      accumulate(static_cast<const std::byte*>(f.scratch), reduce_type_, acc, pc);
+      space_.accumulate(f.scratch, reduce_type_, acc, pc);
     }
   }
   if (f.pool >= 0) pool_busy_[std::size_t(f.pool)] = false;
@@ -483,7 +495,8 @@ void GradReducer::allgather_buckets(DType type, std::uint64_t& bytes, const User
       to_bucket(b, lo, std::min(lo + pc, b.begin + b.len), user, base);
     }
     bytes += pc * std::size_t(nranks_) * size;
-    g.request = comm_.iallgather(base + std::size_t(rank_) * pc * size, base, pc, type);
+    g.request = on_stream(
+        [&] { return comm_.iallgather(base + std::size_t(rank_) * pc * size, base, pc, type); });
     open.push_back(std::move(g));
   }
   while (!open.empty()) {

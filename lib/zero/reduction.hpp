@@ -25,6 +25,7 @@
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
 #include "zero/shards.hpp"
+#include "zero/space.hpp"
 
 namespace shardopt::detail {
 
@@ -54,9 +55,9 @@ class GradReducer {
   // Allocates the buffers. params, layout and options must outlive the
   // reducer (the engine's own); dtype is the parameters' and gradients',
   // reduce_type the communicated one.
-  GradReducer(Communicator& comm, Communicator& ctl, const std::vector<Param>& params,
-              const ShardLayout& layout, const ZeroOptions& options, DType dtype, DType reduce_type,
-              Watch watch);
+  GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
+              const std::vector<Param>& params, const ShardLayout& layout,
+              const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch);
   ~GradReducer();  // waits for the reductions in flight
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -139,8 +140,20 @@ class GradReducer {
   void allgather_buckets(DType type, std::uint64_t& bytes, const UserPtr& user,
                          const std::function<std::byte*(const Bucket&)>& direct);
 
+  // Starts a collective on comm_ with the engine's stream (device buffers
+  // are ordered on it), leaving the communicator's own stream as it was.
+  template <class F>
+  Request on_stream(F&& start) {
+    void* saved = comm_.stream();
+    comm_.set_stream(space_.stream());
+    Request r = start();
+    comm_.set_stream(saved);
+    return r;
+  }
+
   Communicator& comm_;
   Communicator& ctl_;
+  const Space& space_;
   const std::vector<Param>& params_;
   const ShardLayout& layout_;
   const ZeroOptions& opt_;
@@ -151,10 +164,10 @@ class GradReducer {
   std::vector<Bucket> buckets_;
 
   // Buffers, allocated once.
-  HostBuffer grad_shard_;         // stage 2: fp32 accumulator, S
-  HostBuffer reduced_;            // stages 0/1 with fp32 reduction of 16-bit grads: N * S fp32
-  HostBuffer owned_grads_;        // Param::grad null: N * S of dtype
-  std::vector<HostBuffer> pool_;  // bucket-sized scratch for packing
+  SpaceBuffer grad_shard_;         // stage 2: fp32 accumulator, S
+  SpaceBuffer reduced_;            // stages 0/1 with fp32 reduction of 16-bit grads: N * S fp32
+  SpaceBuffer owned_grads_;        // Param::grad null: N * S of dtype
+  std::vector<SpaceBuffer> pool_;  // bucket-sized scratch for packing
   std::vector<bool> pool_busy_;
   std::size_t pool_bytes_ = 0;
   std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready

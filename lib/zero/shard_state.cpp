@@ -14,10 +14,11 @@
 
 namespace shardopt::detail {
 
-ShardState::ShardState(Communicator& comm, const std::vector<Param>& params,
+ShardState::ShardState(Communicator& comm, const Space& space, const std::vector<Param>& params,
                        const std::vector<OptimizerConfig>& groups, const ShardLayout& layout,
                        int stage, DType dtype, bool remainders)
     : comm_(comm),
+      space_(space),
       params_(params),
       groups_(groups),
       layout_(layout),
@@ -37,14 +38,16 @@ ShardState::ShardState(Communicator& comm, const std::vector<Param>& params,
       if (slots[k].used) slots_[k] = slots[k].name;
   }
   std::erase(slots_, std::string());
-  if (master_) master_buf_ = HostBuffer(layout_.storage * 4);
-  if (remainders_) master_buf_ = HostBuffer(layout_.storage * 2);
-  for (std::size_t k = 0; k < slots_.size(); ++k) states_.emplace_back(layout_.storage * 4);
-  if (kind_ == kind_of<Lamb>()) lamb_update_ = HostBuffer(layout_.storage * 4);
+  if (master_) master_buf_ = space_.allocate(layout_.storage * 4, "the fp32 master parameters");
+  if (remainders_) master_buf_ = space_.allocate(layout_.storage * 2, "the parameter remainders");
+  for (std::size_t k = 0; k < slots_.size(); ++k)
+    states_.push_back(space_.allocate(layout_.storage * 4, "the optimizer state"));
+  if (kind_ == kind_of<Lamb>())
+    lamb_update_ = space_.allocate(layout_.storage * 4, "LAMB's update direction");
   if (kind_ == kCustomKind) {
     std::size_t longest = 0;
     for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);
-    custom_scratch_ = HostBuffer(longest * 4);
+    custom_scratch_ = space_.allocate(longest * 4, "the custom optimizer's gradients");
   }
   init();
 }
@@ -60,10 +63,11 @@ void ShardState::init() {
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     if (master_)
-      cast(user_param(s), dtype_, master_buf_.as<float>() + s.storage, DType::f32, s.count);
+      space_.convert(user_param(s), dtype_, master_buf_.as<float>() + s.storage, DType::f32,
+                     s.count, 1.0f);
     // States that do not start at 0 (Adagrad's sum).
     for (const auto& [state, value] : initial[std::size_t(params_[s.param].group)])
-      std::fill_n(states_[state].as<float>() + s.storage, s.count, value);
+      space_.fill(states_[state].as<float>() + s.storage, s.count, value);
   }
 }
 
@@ -73,14 +77,20 @@ std::byte* ShardState::user_param(const Segment& s) const {
 
 void ShardState::read_master(const Segment& s, float* out) const {
   if (master_) {
-    std::memcpy(out, master_buf_.as<float>() + s.storage, s.count * 4);
+    space_.download(out, master_buf_.as<float>() + s.storage, s.count * 4);
   } else if (remainders_) {
-    functional::decode_param_remainders({reinterpret_cast<const bfloat16*>(user_param(s)), s.count},
-                                        {master_buf_.as<std::uint16_t>() + s.storage, s.count},
-                                        {out, s.count});
+    std::vector<bfloat16> p(s.count);
+    std::vector<std::uint16_t> r(s.count);
+    space_.download(p.data(), user_param(s), s.count * 2);
+    space_.download(r.data(), master_buf_.as<std::uint16_t>() + s.storage, s.count * 2);
+    functional::decode_param_remainders({p.data(), s.count}, {r.data(), s.count}, {out, s.count});
   } else {
-    std::memcpy(out, user_param(s), s.count * 4);
+    space_.download(out, user_param(s), s.count * 4);
   }
+}
+
+void ShardState::read_state(std::size_t k, const Segment& s, float* out) const {
+  space_.download(out, states_[k].as<float>() + s.storage, s.count * 4);
 }
 
 void ShardState::update(const GradReducer& grads, double mul, std::int64_t step) {
@@ -90,6 +100,8 @@ void ShardState::update(const GradReducer& grads, double mul, std::int64_t step)
     update_lamb(mul);
   else if (kind_ == kCustomKind)
     update_custom(mul);
+  else if (space_.on_device())
+    update_elementwise_device(mul);
   else
     update_elementwise(mul);
 }
@@ -99,35 +111,44 @@ void ShardState::load(std::vector<HostBuffer>& staging,
   const auto whole = [&](std::size_t k) {
     return std::all_of(loaded[k].begin(), loaded[k].end(), [](char c) { return c != 0; });
   };
-  if (master_ && whole(0)) master_buf_ = std::move(staging[0]);
-  for (std::size_t k = 1; k <= slots_.size(); ++k)
-    if (whole(k)) states_[k - 1] = std::move(staging[k]);
+  // On the host a slot loaded whole becomes the state buffer itself.
+  if (!space_.on_device()) {
+    if (master_ && whole(0)) master_buf_ = SpaceBuffer(std::move(staging[0]));
+    for (std::size_t k = 1; k <= slots_.size(); ++k)
+      if (whole(k)) states_[k - 1] = SpaceBuffer(std::move(staging[k]));
+  }
+  std::vector<bfloat16> params;
+  std::vector<std::uint16_t> rems;
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     if (loaded[0][s.param]) {
+      const float* values = staging[0].as<float>() + s.storage;  // null when moved
       if (master_) {
         float* m = master_buf_.as<float>() + s.storage;
-        if (staging[0].data() != nullptr)
-          std::memcpy(m, staging[0].as<float>() + s.storage, s.count * 4);
-        cast(m, DType::f32, user_param(s), dtype_, s.count);
+        if (staging[0].data() != nullptr) space_.upload(m, values, s.count * 4);
+        space_.convert(m, DType::f32, user_param(s), dtype_, s.count, 1.0f);
       } else if (remainders_) {
-        functional::encode_param_remainders({staging[0].as<float>() + s.storage, s.count},
-                                            {reinterpret_cast<bfloat16*>(user_param(s)), s.count},
-                                            {master_buf_.as<std::uint16_t>() + s.storage, s.count});
+        params.resize(s.count);
+        rems.resize(s.count);
+        functional::encode_param_remainders({values, s.count}, {params.data(), s.count},
+                                            {rems.data(), s.count});
+        space_.upload(user_param(s), params.data(), s.count * 2);
+        space_.upload(master_buf_.as<std::uint16_t>() + s.storage, rems.data(), s.count * 2);
       } else {
-        std::memcpy(user_param(s), staging[0].as<float>() + s.storage, s.count * 4);
+        space_.upload(user_param(s), values, s.count * 4);
       }
     }
     for (std::size_t k = 1; k <= slots_.size(); ++k)
       if (loaded[k][s.param] && staging[k].data() != nullptr)
-        std::memcpy(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
-                    s.count * 4);
+        space_.upload(states_[k - 1].as<float>() + s.storage, staging[k].as<float>() + s.storage,
+                      s.count * 4);
   }
+  space_.synchronize();
 }
 
 void ShardState::add_memory(MemoryReport& m) const {
   m.master_params = master_buf_.size();
-  for (const HostBuffer& s : states_) m.optimizer_state += s.size();
+  for (const SpaceBuffer& s : states_) m.optimizer_state += s.size();
   m.optimizer_state += lamb_update_.size();
   m.buckets += custom_scratch_.size();
 }
@@ -199,6 +220,56 @@ void ShardState::update_elementwise(double mul) {
   });
 }
 
+// On a device: each group's runs as one list step (the multi-tensor kernel,
+// one launch per group of tensors of the same types), on the engine's
+// stream.
+void ShardState::update_elementwise_device(double mul) {
+  using namespace functional;
+  std::vector<std::vector<Run>> by_group(groups_.size());
+  for_each_run([&](const Run& r) { by_group[std::size_t(r.group)].push_back(r); });
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::vector<Run>& runs = by_group[g];
+    if (runs.empty()) continue;
+    std::vector<ParamView> pv;
+    std::vector<GradView> gv;
+    std::vector<void*> outs;
+    for (const Run& r : runs) {
+      pv.push_back(
+          remainders_
+              ? ParamView(
+                    std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
+                    std::span<std::uint16_t>(master_buf_.as<std::uint16_t>() + r.storage, r.count))
+              : ParamView(reinterpret_cast<float*>(r.param), r.count));
+      gv.emplace_back(r.grad, r.count, r.grad_type);
+      outs.push_back(r.out);
+    }
+    StepOptions so;
+    so.grad_mul = mul;
+    so.param_out_dtype = dtype_;
+    so.stream = space_.stream();
+    std::visit(
+        [&](const auto& o) {
+          if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
+            // states[slot][run], empty lists for the slots this group does not use.
+            std::vector<std::vector<std::span<float>>> per_slot;
+            o.slots([&](const Slot& slot) {
+              std::vector<std::span<float>> list;
+              for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
+                if (slots_[k] == slot.name)
+                  for (const Run& r : runs)
+                    list.emplace_back(states_[k].as<float>() + r.storage, r.count);
+              per_slot.push_back(std::move(list));
+            });
+            std::vector<std::span<const std::span<float>>> states(per_slot.begin(), per_slot.end());
+            functional::step(std::span<const ParamView>(pv), std::span<const GradView>(gv),
+                             std::span<const std::span<const std::span<float>>>(states), step_, o,
+                             so, master_ ? std::span<void* const>(outs) : std::span<void* const>());
+          }
+        },
+        groups_[g]);
+  }
+}
+
 void ShardState::update_lamb(double mul) {
   const std::size_t np = params_.size();
   // partial[(q * np + p) * 2 + {0, 1}]: rank q's sums of squares of
@@ -221,7 +292,15 @@ void ShardState::update_lamb(double mul) {
     b.n = s.count;
     const kernels::LambScalars sc = kernels::make_lamb_scalars(
         o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step_, mul);
-    const kernels::LambNorms n = kernels::cpu::lamb_direction(b, sc);
+    const kernels::LambNorms n =
+        !space_.on_device()
+            ? kernels::cpu::lamb_direction(b, sc)
+            : device_kernel(
+                  "LAMB", space_.stream(),
+                  [&] { return kernels::cuda::lamb_direction(b, sc, space_.stream()); },
+                  [&](const Translate& tr) {
+                    return kernels::cpu::lamb_direction(translated_buffers(b, tr), sc);
+                  });
     double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
     d[0] += n.param_sq;
     d[1] += n.update_sq;
@@ -259,7 +338,16 @@ void ShardState::update_lamb(double mul) {
     }
     a.update = lamb_update_.as<float>() + s.storage;
     a.n = s.count;
-    kernels::cpu::lamb_apply(a, neg_step[s.param]);
+    if (!space_.on_device()) {
+      kernels::cpu::lamb_apply(a, neg_step[s.param]);
+    } else {
+      device_kernel(
+          "LAMB", space_.stream(),
+          [&] { kernels::cuda::lamb_apply(a, neg_step[s.param], space_.stream()); },
+          [&](const Translate& tr) {
+            kernels::cpu::lamb_apply(translated_buffers(a, tr), neg_step[s.param]);
+          });
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include "zero/optimizer_config.hpp"
 #include "zero/reduction.hpp"
 #include "zero/shards.hpp"
+#include "zero/space.hpp"
 
 namespace shardopt::detail {
 
@@ -28,7 +29,7 @@ class ShardState {
   // Allocates the buffers and fills them from the parameters (the master
   // copy) and the optimizers' initial values. params, groups and layout
   // must outlive it (the engine's own); comm carries LAMB's norms.
-  ShardState(Communicator& comm, const std::vector<Param>& params,
+  ShardState(Communicator& comm, const Space& space, const std::vector<Param>& params,
              const std::vector<OptimizerConfig>& groups, const ShardLayout& layout, int stage,
              DType dtype, bool remainders);
 
@@ -43,14 +44,14 @@ class ShardState {
   bool remainders() const noexcept { return remainders_; }
   // The master copy (or remainders), and slot k's buffer: indexed by
   // Segment::storage. A checkpoint's load replaces them whole.
-  HostBuffer& master_buffer() noexcept { return master_buf_; }
-  const HostBuffer& master_buffer() const noexcept { return master_buf_; }
-  HostBuffer& state(std::size_t k) noexcept { return states_[k]; }
-  const HostBuffer& state(std::size_t k) const noexcept { return states_[k]; }
+  const SpaceBuffer& master_buffer() const noexcept { return master_buf_; }
+  const SpaceBuffer& state(std::size_t k) const noexcept { return states_[k]; }
+  // Slot k's values of segment s into out[0, s.count) (host memory).
+  void read_state(std::size_t k, const Segment& s, float* out) const;
   // The user's parameters of segment s.
   std::byte* user_param(const Segment& s) const;
-  // Segment s's fp32 master values into out[0, s.count): the master copy,
-  // the remainders decoded, or the fp32 parameters.
+  // Segment s's fp32 master values into out[0, s.count) (host memory): the
+  // master copy, the remainders decoded, or the fp32 parameters.
   void read_master(const Segment& s, float* out) const;
   // Takes the values a checkpoint loaded: staging[k] (slot k - 1; 0 the
   // master values, fp32), laid out like the state, holds the parameters p
@@ -76,10 +77,12 @@ class ShardState {
   Run run_of(const Segment& s);
   void for_each_run(const std::function<void(const Run&)>& f);
   void update_elementwise(double mul);
+  void update_elementwise_device(double mul);
   void update_lamb(double mul);
   void update_custom(double mul);
 
   Communicator& comm_;
+  const Space& space_;
   const std::vector<Param>& params_;
   const std::vector<OptimizerConfig>& groups_;
   const ShardLayout& layout_;
@@ -91,10 +94,10 @@ class ShardState {
   int rank_, nranks_;
   std::vector<std::string> slots_;
 
-  HostBuffer master_buf_;           // fp32 master, or 16-bit remainders
-  std::vector<HostBuffer> states_;  // one per slot
-  HostBuffer lamb_update_;          // LAMB's direction
-  HostBuffer custom_scratch_;       // custom optimizer: fp32 gradients of one segment
+  SpaceBuffer master_buf_;           // fp32 master, or 16-bit remainders
+  std::vector<SpaceBuffer> states_;  // one per slot
+  SpaceBuffer lamb_update_;          // LAMB's direction
+  SpaceBuffer custom_scratch_;       // custom optimizer: fp32 gradients of one segment
 
   // The step under way (update()).
   const GradReducer* grads_ = nullptr;

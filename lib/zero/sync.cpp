@@ -51,9 +51,17 @@ SyncReport ZeroEngine::check_sync() {
   require_comm("check_sync()");
   const int nranks = ctl_.size();
   std::vector<std::int64_t> sums(params_.size());
+  // On a device, each parameter is read through host memory.
+  std::vector<std::byte> host;
+  const auto host_view = [&](const Param& p) -> const std::byte* {
+    if (!space_.on_device()) return static_cast<const std::byte*>(p.data);
+    host.resize(p.numel * dtype_size(p.dtype));
+    space_.download(host.data(), p.data, host.size());
+    return host.data();
+  };
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
-    sums[i] = static_cast<std::int64_t>(XXH3_64bits(p.data, p.numel * dtype_size(p.dtype)));
+    sums[i] = static_cast<std::int64_t>(XXH3_64bits(host_view(p), p.numel * dtype_size(p.dtype)));
   }
   SyncReport r;
   const std::int64_t first = first_unequal(ctl_, sums);
@@ -69,11 +77,11 @@ SyncReport ZeroEngine::check_sync() {
   ctl_.allgather(&sums[i], all_sums.data(), 1, DType::i64);
 
   // The first element that differs from rank 0's copy, over all ranks.
+  const std::byte* data = host_view(p);
   std::vector<std::byte> ref(p.numel * size);
-  if (ctl_.rank() == 0 && !ref.empty()) std::memcpy(ref.data(), p.data, ref.size());
+  if (ctl_.rank() == 0 && !ref.empty()) std::memcpy(ref.data(), data, ref.size());
   ctl_.broadcast(ref.data(), p.numel, p.dtype, 0);
   std::int64_t mine = static_cast<std::int64_t>(p.numel);
-  const auto* data = static_cast<const std::byte*>(p.data);
   for (std::size_t e = 0; e < p.numel; ++e)
     if (std::memcmp(data + e * size, ref.data() + e * size, size) != 0) {
       mine = static_cast<std::int64_t>(e);

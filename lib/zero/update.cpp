@@ -57,7 +57,7 @@ double ZeroEngine::local_sum_squares(int q) const {
     if (s.rank != q) continue;
     DType t;
     const void* g = reducer().reduced_grad(s, t);
-    sum += kernels::cpu::sum_squares(g, t, s.count);
+    sum += space_.sum_squares(g, t, s.count);
   }
   return sum;
 }
@@ -67,7 +67,8 @@ bool ZeroEngine::local_grads_finite(double mul) const {
     const Segment& s = layout_.segments[si];
     DType t;
     const void* g = reducer().reduced_grad(s, t);
-    if (!functional::grads_finite(functional::GradView(g, s.count, t), mul)) return false;
+    // Rounded to float as the steps' scalars round it.
+    if (!space_.all_finite(g, t, s.count, static_cast<float>(mul))) return false;
   }
   return true;
 }
@@ -275,13 +276,16 @@ void ZeroEngine::throw_non_finite(double mul) {
   std::int64_t where[2] = {kNone, kNone};  // parameter, element
   int kind = 0;                            // 1 nan, 2 +inf, 3 -inf
   std::vector<float> g;
+  std::vector<std::byte> raw;
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     if (static_cast<std::int64_t>(s.param) > where[0]) continue;
     DType t;
     const void* src = reducer().reduced_grad(s, t);
+    raw.resize(s.count * dtype_size(t));
+    space_.download(raw.data(), src, raw.size());
     g.resize(s.count);
-    cast(src, t, g.data(), DType::f32, s.count);
+    cast(raw.data(), t, g.data(), DType::f32, s.count);
     for (std::size_t j = 0; j < s.count; ++j) {
       const float v = static_cast<float>(g[j] * mul);
       if (std::isfinite(v)) continue;
@@ -362,7 +366,7 @@ std::vector<float> ZeroEngine::gather_state(std::string_view name, std::size_t i
     if (s.param != i) continue;
     std::vector<float> v(s.count);
     if (slot >= 0)
-      std::memcpy(v.data(), shard().state(std::size_t(slot)).as<float>() + s.storage, s.count * 4);
+      shard().read_state(std::size_t(slot), s, v.data());
     else
       shard().read_master(s, v.data());
     for (std::size_t k = 0; k < s.count; ++k) {

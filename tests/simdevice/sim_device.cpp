@@ -346,6 +346,12 @@ class SimDevice final : public detail::DeviceRuntime {
     a.notify_all();
   }
 
+  bool emulated() const noexcept override { return true; }
+  void emulate(StreamHandle s, std::function<void(const detail::Translate&)> f) override {
+    stream(s).enqueue(
+        [this, f = std::move(f)] { f([this](const void* p) -> void* { return translate(p); }); });
+  }
+
   // The worker's view of p.
   char* translate(const void* p) const noexcept {
     const auto* c = static_cast<const char*>(p);

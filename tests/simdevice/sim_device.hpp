@@ -30,12 +30,6 @@ namespace shardopt::sim {
 detail::DeviceRuntime& runtime();
 // The calling thread's device (as cudaSetDevice).
 void set_device(int device);
-// Runs f on stream s's worker, in stream order, with the device addresses
-// it is given translated to the worker's view: the simulated device's
-// "kernel launch". f gets `translate`, which maps a device address to one it
-// may access (host addresses unchanged).
-void launch(detail::StreamHandle s,
-            std::function<void(const std::function<void*(const void*)>&)> f);
 // The seed of the random delays (0 when they are off).
 std::uint64_t delay_seed();
 

@@ -1,0 +1,178 @@
+// shardopt: the ZeRO engine's memory space (lib/zero/space.hpp).
+#include "zero/space.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "build_config.hpp"
+#include "kernels/finite.hpp"
+#include "kernels/norm.hpp"
+#include "zero/convert.hpp"
+
+namespace shardopt::detail {
+
+// lib/zero/space_cuda.cu; never called (so never needed) without CUDA.
+namespace cuda_space {
+void fill(float* dst, std::size_t n, float value, void* stream);
+void convert(const void* src, DType st, void* dst, DType dt, std::size_t n, float mul,
+             void* stream);
+void accumulate(const void* src, DType st, float* acc, std::size_t n, void* stream);
+}  // namespace cuda_space
+
+namespace {
+
+// Enqueues an element operation on a device: op() on CUDA, emulated(tr)
+// as host code on an emulated device. Neither waits.
+template <class Cuda, class Emulated>
+void enqueue(DeviceRuntime& rt, StreamHandle stream, [[maybe_unused]] Cuda&& cuda,
+             Emulated&& emulated) {
+  if (rt.emulated()) {
+    rt.emulate(stream, std::forward<Emulated>(emulated));
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  cuda();
+#else
+  throw_error(ErrorCode::not_compiled,
+              "the ZeRO engine's buffers are in CUDA memory but this shardopt was built without "
+              "CUDA",
+              "rebuild shardopt with -Dcuda=enabled", __FILE__, __LINE__);
+#endif
+}
+
+}  // namespace
+
+SpaceBuffer& SpaceBuffer::operator=(SpaceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    host_ = std::move(o.host_);
+    rt_ = std::exchange(o.rt_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void SpaceBuffer::release() noexcept {
+  if (rt_ != nullptr && data_ != nullptr) rt_->release(data_);
+  host_ = HostBuffer();
+  rt_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+SpaceBuffer Space::allocate(std::size_t bytes, const char* what) const {
+  SpaceBuffer b;
+  if (bytes == 0) return b;
+  if (!on_device()) {
+    b.host_ = HostBuffer(bytes);
+    b.data_ = b.host_.data();
+  } else {
+    b.data_ = rt_->allocate(bytes, what);
+    b.rt_ = rt_;
+    rt_->zero(b.data_, bytes, stream_);
+  }
+  b.bytes_ = bytes;
+  return b;
+}
+
+void Space::copy(void* dst, const void* src, std::size_t bytes) const {
+  if (bytes == 0 || dst == src) return;
+  if (!on_device())
+    std::memcpy(dst, src, bytes);
+  else
+    rt_->copy(dst, src, bytes, stream_);
+}
+
+void Space::zero(void* dst, std::size_t bytes) const {
+  if (bytes == 0) return;
+  if (!on_device())
+    std::memset(dst, 0, bytes);
+  else
+    rt_->zero(dst, bytes, stream_);
+}
+
+void Space::fill(float* dst, std::size_t n, float value) const {
+  if (n == 0) return;
+  if (!on_device()) {
+    std::fill_n(dst, n, value);
+    return;
+  }
+  enqueue(
+      *rt_, stream_, [&] { cuda_space::fill(dst, n, value, stream_); },
+      [=](const Translate& tr) { std::fill_n(translated(dst, tr), n, value); });
+}
+
+void Space::convert(const void* src, DType st, void* dst, DType dt, std::size_t n,
+                    float mul) const {
+  if (n == 0) return;
+  if (!on_device()) {
+    detail::convert(static_cast<const std::byte*>(src), st, static_cast<std::byte*>(dst), dt, n,
+                    mul);
+    return;
+  }
+  if (st == dt && mul == 1.0f) return copy(dst, src, n * dtype_size(st));
+  enqueue(
+      *rt_, stream_, [&] { cuda_space::convert(src, st, dst, dt, n, mul, stream_); },
+      [=](const Translate& tr) {
+        detail::convert(static_cast<const std::byte*>(tr(src)), st,
+                        static_cast<std::byte*>(tr(dst)), dt, n, mul);
+      });
+}
+
+void Space::accumulate(const void* src, DType st, float* acc, std::size_t n) const {
+  if (n == 0) return;
+  if (!on_device()) {
+    detail::accumulate(static_cast<const std::byte*>(src), st, acc, n);
+    return;
+  }
+  enqueue(
+      *rt_, stream_, [&] { cuda_space::accumulate(src, st, acc, n, stream_); },
+      [=](const Translate& tr) {
+        detail::accumulate(static_cast<const std::byte*>(tr(src)), st, translated(acc, tr), n);
+      });
+}
+
+double Space::sum_squares(const void* x, DType type, std::size_t n) const {
+  if (n == 0) return 0.0;
+  if (!on_device()) return kernels::cpu::sum_squares(x, type, n);
+  return device_kernel(
+      "the gradient norm", stream_, [&] { return kernels::cuda::sum_squares(x, type, n, stream_); },
+      [&](const Translate& tr) { return kernels::cpu::sum_squares(tr(x), type, n); });
+}
+
+bool Space::all_finite(const void* x, DType type, std::size_t n, float mul) const {
+  if (n == 0) return true;
+  if (!on_device()) return kernels::cpu::all_finite(x, type, n, mul);
+  return device_kernel(
+      "the check for non-finite gradients", stream_,
+      [&] { return kernels::cuda::all_finite(x, type, n, mul, stream_); },
+      [&](const Translate& tr) { return kernels::cpu::all_finite(tr(x), type, n, mul); });
+}
+
+void Space::download(void* host, const void* src, std::size_t bytes) const {
+  if (bytes == 0) return;
+  if (!on_device()) {
+    std::memcpy(host, src, bytes);
+    return;
+  }
+  rt_->copy(host, src, bytes, stream_);
+  rt_->synchronize(stream_);
+}
+
+void Space::upload(void* dst, const void* host, std::size_t bytes) const {
+  if (bytes == 0) return;
+  if (!on_device()) {
+    std::memcpy(dst, host, bytes);
+    return;
+  }
+  rt_->copy(dst, host, bytes, stream_);
+  rt_->synchronize(stream_);
+}
+
+void Space::synchronize() const {
+  if (on_device()) rt_->synchronize(stream_);
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,96 @@
+// shardopt: the ZeRO engine's memory space (internal): where the parameters,
+// the gradients and the engine's own buffers live (host memory, or one
+// device per rank) and the operations on them, so that the engine's
+// orchestration is written once for both. On the host every operation runs
+// at the call; on a device it is enqueued on the engine's stream, in order,
+// and the host waits only where an operation returns a host value (the
+// norm, the finiteness check) or moves data to or from host memory
+// (download, upload: checkpoints, check_sync, gather_state).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "common/device.hpp"
+#include "common/device_runtime.hpp"
+#include "shardopt/memory.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::detail {
+
+class Space;
+
+// A buffer the engine owns, in its space: a HostBuffer (pre-touched, huge
+// pages) on the host, device memory on a device. Move-only.
+class SpaceBuffer {
+ public:
+  SpaceBuffer() noexcept = default;
+  // A host buffer becomes a host space's buffer.
+  explicit SpaceBuffer(HostBuffer&& h) noexcept
+      : host_(std::move(h)), data_(host_.data()), bytes_(host_.size()) {}
+  SpaceBuffer(SpaceBuffer&& o) noexcept { *this = std::move(o); }
+  SpaceBuffer& operator=(SpaceBuffer&& o) noexcept;
+  SpaceBuffer(const SpaceBuffer&) = delete;
+  SpaceBuffer& operator=(const SpaceBuffer&) = delete;
+  ~SpaceBuffer() { release(); }
+
+  void* data() const noexcept { return data_; }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  friend class Space;
+  void release() noexcept;
+  HostBuffer host_;
+  DeviceRuntime* rt_ = nullptr;  // device memory when set
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class Space {
+ public:
+  // The host.
+  Space() noexcept = default;
+  // Device `device` of `rt`, work ordered on `stream`.
+  Space(DeviceRuntime& rt, StreamHandle stream, int device) noexcept
+      : rt_(&rt), stream_(stream), device_(device) {}
+
+  bool on_device() const noexcept { return rt_ != nullptr; }
+  StreamHandle stream() const noexcept { return stream_; }
+  MemoryLocation location() const noexcept {
+    return on_device() ? MemoryLocation{MemoryKind::device, device_} : MemoryLocation{};
+  }
+  std::string name() const { return location_name(location()); }
+
+  // Zero-filled. `what` names the buffer in an out-of-memory error.
+  SpaceBuffer allocate(std::size_t bytes, const char* what) const;
+
+  // Enqueued on a device, done at the call on the host.
+  void copy(void* dst, const void* src, std::size_t bytes) const;
+  void zero(void* dst, std::size_t bytes) const;
+  void fill(float* dst, std::size_t n, float value) const;
+  // dst[k] = src[k] * mul, between f32, bf16 and f16.
+  void convert(const void* src, DType st, void* dst, DType dt, std::size_t n, float mul) const;
+  // acc[k] += src[k] in fp32.
+  void accumulate(const void* src, DType st, float* acc, std::size_t n) const;
+
+  // Host values: the host waits for the device.
+  double sum_squares(const void* x, DType type, std::size_t n) const;
+  bool all_finite(const void* x, DType type, std::size_t n, float mul) const;
+  // Between the space and host memory; complete on return.
+  void download(void* host, const void* src, std::size_t bytes) const;
+  void upload(void* dst, const void* host, std::size_t bytes) const;
+  // The host waits for everything enqueued so far.
+  void synchronize() const;
+
+ private:
+  DeviceRuntime* rt_ = nullptr;
+  StreamHandle stream_ = nullptr;
+  int device_ = -1;
+};
+
+}  // namespace shardopt::detail

@@ -1,0 +1,197 @@
+// The ZeRO optimizer on device buffers (the simulated device), beyond the
+// suites test_zero_device reruns: checkpoints saved from device parameters
+// loaded into host ones and back, at this rank count; and the errors of
+// device arguments, on every rank, with the optimizer still usable where
+// the cause can be fixed.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/device_runtime.hpp"
+#include "mpi_test.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/zero.hpp"
+#include "simdevice/sim_device.hpp"
+
+using namespace shardopt;
+using namespace shardopt::test;
+
+namespace {
+
+detail::DeviceRuntime& rt() { return sim::runtime(); }
+
+// Two parameters of sizes 37 and 300, f32 or bf16, on the host or the
+// device, with exact gradients (small integers times powers of two).
+struct Net {
+  static constexpr std::size_t kSizes[2] = {37, 300};
+  DType dtype;
+  bool device;
+  std::vector<std::vector<std::byte>> host_p, host_g;
+  std::vector<void*> p, g;
+
+  Net(DType t, bool on_device) : dtype(t), device(on_device) {
+    const std::size_t es = dtype_size(t);
+    for (std::size_t i = 0; i < 2; ++i) {
+      host_p.emplace_back(kSizes[i] * es);
+      host_g.emplace_back(kSizes[i] * es);
+      for (std::size_t j = 0; j < kSizes[i]; ++j) set(host_p[i], j, 0.25f * float(j % 7) - 0.5f);
+      if (device) {
+        p.push_back(rt().allocate(kSizes[i] * es, "a parameter"));
+        g.push_back(rt().allocate(kSizes[i] * es, "a gradient"));
+        rt().copy(p[i], host_p[i].data(), host_p[i].size(), nullptr);
+      } else {
+        p.push_back(host_p[i].data());
+        g.push_back(host_g[i].data());
+      }
+    }
+  }
+  ~Net() {
+    if (device)
+      for (std::size_t i = 0; i < 2; ++i) {
+        rt().release(p[i]);
+        rt().release(g[i]);
+      }
+  }
+  void set(std::vector<std::byte>& b, std::size_t j, float v) const {
+    if (dtype == DType::f32) {
+      std::memcpy(b.data() + j * 4, &v, 4);
+    } else {
+      const std::uint16_t h = bf16_from_float(v).bits;
+      std::memcpy(b.data() + j * 2, &h, 2);
+    }
+  }
+  std::vector<Param> params() {
+    return {Param{.name = "w", .data = p[0], .numel = kSizes[0], .dtype = dtype, .grad = g[0]},
+            Param{.name = "b", .data = p[1], .numel = kSizes[1], .dtype = dtype, .grad = g[1]}};
+  }
+  void write_grads(int step) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      for (std::size_t j = 0; j < kSizes[i]; ++j)
+        set(host_g[i], j, float(int((j * 7 + step * 3 + world_rank()) % 9) - 4) * 0.125f);
+      if (device) rt().copy(g[i], host_g[i].data(), host_g[i].size(), nullptr);
+    }
+  }
+  std::vector<std::byte> param_bytes() {
+    std::vector<std::byte> all;
+    for (std::size_t i = 0; i < 2; ++i) {
+      std::vector<std::byte> h(host_p[i].size());
+      if (device)
+        rt().copy(h.data(), p[i], h.size(), nullptr);
+      else
+        std::memcpy(h.data(), p[i], h.size());
+      all.insert(all.end(), h.begin(), h.end());
+    }
+    return all;
+  }
+};
+
+void train(ZeroRedundancyOptimizer& opt, Net& net, int first, int steps) {
+  for (int s = first; s < first + steps; ++s) {
+    opt.zero_grad();
+    net.write_grads(s);
+    opt.step();
+  }
+}
+
+std::string temp_path(const char* what) {
+  return "test-device-" + std::string(what) + "-" + std::to_string(world_size()) + ".safetensors";
+}
+
+}  // namespace
+
+TEST_CASE("device ZeRO: a checkpoint saved on the device loads on the host and back",
+          "[device][zero][ckpt]") {
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int stage : {1, 2}) {
+      INFO(dtype_name(t) << ", stage " << stage << ", " << world_size() << " ranks");
+      ZeroOptions zo{.stage = stage};
+      // The same run on the host and on the device: 3 steps, a save, 2 more.
+      Net host(t, false), dev(t, true);
+      ZeroRedundancyOptimizer oh(world(), host.params(), Adam{.lr = 0.01}, zo);
+      ZeroRedundancyOptimizer od(world(), dev.params(), Adam{.lr = 0.01}, zo);
+      train(oh, host, 0, 3);
+      train(od, dev, 0, 3);
+      CHECK(all_ranks_true(host.param_bytes() == dev.param_bytes()));
+      const std::string path = temp_path("ckpt");
+      od.save(path);
+      // Loaded into fresh host parameters, 2 more steps: the host run's.
+      Net host2(t, false);
+      ZeroRedundancyOptimizer oh2(world(), host2.params(), Adam{.lr = 0.01}, zo);
+      oh2.load(path);
+      train(oh2, host2, 3, 2);
+      train(oh, host, 3, 2);
+      CHECK(all_ranks_true(host2.param_bytes() == host.param_bytes()));
+      // And a host checkpoint into fresh device parameters.
+      oh.save(path);
+      Net dev2(t, true);
+      ZeroRedundancyOptimizer od2(world(), dev2.params(), Adam{.lr = 0.01}, zo);
+      od2.load(path);
+      CHECK(all_ranks_true(dev2.param_bytes() == host.param_bytes()));
+      for (const std::string& name : oh.state_names())
+        CHECK(all_ranks_true(od2.gather_state(name, 1) == oh.gather_state(name, 1)));
+      CHECK(all_ranks_true(od2.check_sync().in_sync));
+      if (world_rank() == 0) std::remove(path.c_str());
+    }
+  }
+}
+
+TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero][errors]") {
+  Net dev(DType::f32, true), host(DType::f32, false);
+
+  SECTION("a parameter on the host among device ones") {
+    std::vector<Param> params = dev.params();
+    params[1].data = host.p[1];
+    CHECK(all_ranks_true(throws_error<DeviceError>(
+        [&] { ZeroRedundancyOptimizer opt(world(), params, Adam{}, {}); }, ErrorCode::wrong_device,
+        "parameter 1 ('b'): its data buffer is in host memory but parameter 0 ('w')'s data "
+        "buffer is in CUDA device memory (device 0)")));
+  }
+  SECTION("device memory on some ranks, host memory on the others") {
+    if (world_size() < 2) {
+      SUCCEED("one rank");
+    } else {
+      Net& mine = world_rank() == 0 ? host : dev;
+      CHECK(all_ranks_true(throws_error<DeviceError>(
+          [&] { ZeroRedundancyOptimizer opt(world(), mine.params(), Adam{}, {}); },
+          ErrorCode::wrong_device, "but in host memory on rank 0")));
+    }
+  }
+  SECTION("a stream of another device") {
+    if (rt().device_count() < 2) {
+      SUCCEED("one simulated device");
+    } else {
+      sim::set_device(1);
+      void* other = rt().create_stream();
+      sim::set_device(0);
+      ZeroOptions zo;
+      zo.stream = other;
+      CHECK(all_ranks_true(throws_error<DeviceError>(
+          [&] { ZeroRedundancyOptimizer opt(world(), dev.params(), Adam{}, zo); },
+          ErrorCode::wrong_device, "ZeroOptions::stream belongs to device 1")));
+      rt().destroy_stream(other);
+    }
+  }
+  SECTION("a custom optimizer with device parameters") {
+    CustomOptimizer c;
+    c.name = "mine";
+    c.update = [](const CustomStep&, double) {};
+    CHECK(all_ranks_true(throws_error<DeviceError>(
+        [&] { ZeroRedundancyOptimizer opt(world(), dev.params(), c, {}); }, ErrorCode::wrong_device,
+        "a CustomOptimizer runs on the host")));
+  }
+  SECTION("a host gradient passed to a device optimizer, then the right one") {
+    ZeroRedundancyOptimizer opt(world(), dev.params(), SGD{.lr = 0.5}, {.stage = 2});
+    dev.write_grads(0);
+    CHECK(all_ranks_true(throws_error<DeviceError>([&] { opt.grad_ready(0, host.g[0]); },
+                                                   ErrorCode::wrong_device,
+                                                   "the gradient is in host memory")));
+    // Nothing was marked: the step goes on with the device gradients.
+    const std::vector<std::byte> before = dev.param_bytes();
+    opt.grad_ready(0, dev.g[0]);
+    opt.grad_ready(1, dev.g[1]);
+    CHECK(all_ranks_true(opt.step().applied));
+    CHECK(all_ranks_true(dev.param_bytes() != before));
+  }
+}
