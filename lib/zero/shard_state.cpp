@@ -122,7 +122,9 @@ void ShardState::load(std::vector<HostBuffer>& staging,
   for (std::size_t si : layout_.mine) {
     const Segment& s = layout_.segments[si];
     if (loaded[0][s.param]) {
-      const float* values = staging[0].as<float>() + s.storage;  // null when moved
+      // Null when the buffer became the master itself (no offset from null).
+      const float* values =
+          staging[0].data() != nullptr ? staging[0].as<float>() + s.storage : nullptr;
       if (master_) {
         float* m = master_buf_.as<float>() + s.storage;
         if (staging[0].data() != nullptr) space_.upload(m, values, s.count * 4);
