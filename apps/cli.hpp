@@ -187,10 +187,11 @@ inline void print_error(const char* program, int rank, const std::string& what) 
 // program_main(argc, argv), which returns the exit code; the Environment
 // outlives it. MPI failing to start is "program: what", exit code 1.
 template <class Main>
-int run_with_mpi(const char* program, int argc, char** argv, Main&& program_main) {
+int run_with_mpi(const char* program, int argc, char** argv, Main&& program_main,
+                 shardopt::ThreadLevel level = shardopt::required_thread_level) {
   std::optional<shardopt::Environment> env;
   try {
-    env.emplace(&argc, &argv);
+    env.emplace(&argc, &argv, level);
   } catch (const shardopt::Error& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 1;

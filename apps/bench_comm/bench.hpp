@@ -31,20 +31,30 @@ struct Row {
   int iters;
   Stats so, mpi;
   long long wrong;  // -1: not checked
+  bool device;      // --memory device: copy holds the copies' time
+  Stats copy;       // the slower of the copy down and the copy back
 };
+
+// The time the operation chases: MPI's on host buffers, or with device
+// buffers the slower of that and the copies through host memory.
+inline double limit_us(const Row& r) {
+  return r.device ? std::max(r.mpi.median_us, r.copy.median_us) : r.mpi.median_us;
+}
 
 inline double algbw_gbps(const Row& r) {
   return r.so.median_us > 0 ? static_cast<double>(r.bytes) / (r.so.median_us * 1e-6) / 1e9 : 0.0;
 }
 inline double ratio_of(const Row& r) {
-  return r.so.median_us > 0 ? r.mpi.median_us / r.so.median_us : 0;
+  return r.so.median_us > 0 ? limit_us(r) / r.so.median_us : 0;
 }
 
 template <class T>
 class Bench {
  public:
+  // With --memory device, dsend and drecv are device buffers of the size of
+  // send and recv: shardopt runs on them, MPI on the host ones.
   Bench(const Options& opt, shardopt::Communicator& comm, MPI_Comm raw, MPI_Comm timing, void* send,
-        void* recv)
+        void* recv, void* dsend = nullptr, void* drecv = nullptr)
       : opt_(opt),
         comm_(comm),
         raw_(raw),
@@ -53,8 +63,11 @@ class Bench {
         nranks_(comm.size()),
         send_(static_cast<T*>(send)),
         recv_(static_cast<T*>(recv)),
+        dsend_(static_cast<T*>(dsend)),
+        drecv_(static_cast<T*>(drecv)),
         data_(comm.size(), exact_integer_limit<T>(), opt.redop) {
     fill_input(send_, max_elements(), rank_, 0);
+    upload(dsend_, send_, max_elements());
   }
 
   // One row of results for (op, nominal size, variant), or none if the count is 0.
@@ -69,6 +82,7 @@ class Bench {
     row.count = count;
     row.bytes = count * sizeof(T) * (blocked ? n : 1);
     row.inplace = inplace;
+    row.device = dsend_ != nullptr;
 
     // Restores the input of an in-place reduction before each iteration, so
     // every iteration reduces the same random data (repeated in-place sums
@@ -81,12 +95,15 @@ class Bench {
     if (op == Collective::allgather && inplace) {
       std::memcpy(recv_ + static_cast<std::size_t>(rank_) * count, send_, count * sizeof(T));
     }
+    upload(drecv_, recv_, row.bytes / sizeof(T));
     auto prepare = [&] {
       if (restore) std::memcpy(recv_, send_, restore);
+      if (restore) upload(drecv_, send_, restore / sizeof(T));
     };
     auto run_shardopt = [&] { call_shardopt(op, inplace, count); };
     auto run_mpi = [&] { call_mpi(op, inplace, count); };
     time_pair(prepare, run_shardopt, run_mpi, row);
+    if (row.device) row.copy = time_copies(row.bytes, row.iters);
     row.wrong = opt_.check ? check(op, inplace, count) : -1;
     return row;
   }
@@ -94,8 +111,37 @@ class Bench {
  private:
   std::size_t max_elements() const { return opt_.max_bytes / sizeof(T); }
 
+  // n elements from host to device (nothing without device buffers).
+  static void upload(T* dev, const T* host, std::size_t n) {
+    if (dev != nullptr) shardopt::device_copy(dev, host, n * sizeof(T));
+  }
+
+  // The copies a staged operation of `bytes` makes: its input down to host
+  // memory, its output back up, each timed alone like the operations; the
+  // slower of the two medians' series.
+  Stats time_copies(std::size_t bytes, int iters) {
+    std::vector<double> down(static_cast<std::size_t>(iters)), up(down.size());
+    for (int i = 0; i < iters; ++i) {
+      MPI_Barrier(timing_);
+      double t0 = MPI_Wtime();
+      shardopt::device_copy(recv_, dsend_, bytes);
+      down[std::size_t(i)] = MPI_Wtime() - t0;
+      MPI_Barrier(timing_);
+      t0 = MPI_Wtime();
+      shardopt::device_copy(drecv_, send_, bytes);
+      up[std::size_t(i)] = MPI_Wtime() - t0;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, down.data(), iters, MPI_DOUBLE, MPI_MAX, timing_);
+    MPI_Allreduce(MPI_IN_PLACE, up.data(), iters, MPI_DOUBLE, MPI_MAX, timing_);
+    const Stats d = stats_of(down), u = stats_of(up);
+    return d.median_us >= u.median_us ? d : u;
+  }
+
   void call_shardopt(Collective op, bool inplace, std::size_t count) {
     const DType t = opt_.dtype;
+    // With device buffers, shardopt runs on their copies.
+    T* send_ = dsend_ != nullptr ? dsend_ : this->send_;
+    T* recv_ = drecv_ != nullptr ? drecv_ : this->recv_;
     switch (op) {
       case Collective::allreduce:
         comm_.allreduce(inplace ? recv_ : send_, recv_, count, t, opt_.redop);
@@ -231,6 +277,16 @@ class Bench {
     const std::size_t n = static_cast<std::size_t>(nranks_);
     const std::size_t own = static_cast<std::size_t>(rank_) * count;
     long long wrong = 0;
+    // With device buffers: the inputs go up, shardopt runs, the output comes
+    // back, and it is checked on the host.
+    const std::size_t used =
+        op == Collective::allreduce || op == Collective::broadcast ? count : n * count;
+    const auto call_shardopt = [&](Collective o, bool in, std::size_t c) {
+      upload(dsend_, send_, used);
+      upload(drecv_, recv_, used);
+      this->call_shardopt(o, in, c);
+      if (drecv_ != nullptr) shardopt::device_copy(recv_, drecv_, used * sizeof(T));
+    };
     switch (op) {
       case Collective::allreduce:
         fill_input(send_, count, rank_, 0);
@@ -283,6 +339,8 @@ class Bench {
   int nranks_;
   T* send_;
   T* recv_;
+  T* dsend_;  // device copies (--memory device), else null
+  T* drecv_;
   InputData data_;
 };
 

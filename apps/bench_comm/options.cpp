@@ -39,6 +39,11 @@ const char* const kUsage =
     "                         comma-separated list (default all)\n"
     "  -r, --root R           root rank of broadcast (default 0)\n"
     "  -c, --check 0|1        check the results (default 1)\n"
+    "      --memory M         host or device (default host): where shardopt's buffers are;\n"
+    "                         device times the collectives on device buffers (the staged\n"
+    "                         backend) against the slower of the same MPI call on pinned\n"
+    "                         host buffers and the copies between device and pinned host\n"
+    "                         memory\n"
     "      --json             one JSON object per row on stdout instead of the table\n"
     "  -h, --help             this text\n"
     "\n"
@@ -66,12 +71,15 @@ const char* const kUsage =
     "multiples of the number of ranks), so every element must match exactly.\n"
     "\n"
     "After the table, one line per collective gives its smallest ratio over sizes >= 64 KiB\n"
-    "beside the goal (>= 0.98), and a last line the total #wrong (on stderr with --json).\n"
+    "beside the goal (>= 0.98; >= 0.8 with --memory device), and a last line the total\n"
+    "#wrong (on stderr with --json).\n"
     "\n"
     "Exit status: 0 all results right, 1 a wrong result or an error, 2 a bad option.\n"
     "With --json, rank 0 prints one object per row with the keys op, bytes, count, dtype,\n"
     "redop, ranks, inplace, iters, time_us, min_us, max_us, algbw_gbps, busbw_gbps,\n"
-    "mpi_time_us, mpi_min_us, mpi_max_us, ratio, wrong (null when -c 0).\n";
+    "mpi_time_us, mpi_min_us, mpi_max_us, ratio, wrong (null when -c 0), backend, memory;\n"
+    "with --memory device also copy_time_us (the slower of the copy down and the copy back)\n"
+    "and limit_us (the slower of mpi_time_us and copy_time_us); ratio is then limit / time.\n";
 
 namespace {
 
@@ -86,6 +94,7 @@ constexpr OptionSpec kOptionSpecs[] = {
     {'w', "warmup", true},   {'n', "iters", true},    {'d', "dtype", true},
     {'o', "redop", true},    {'t', "op", true},       {'r', "root", true},
     {'c', "check", true},    {0, "json", false},      {'h', "help", false},
+    {0, "memory", true},
 };
 
 void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
@@ -145,12 +154,25 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
     o.check = parse_int(label, v, 0, 1, "0 1") == 1;
   } else if (name == "json") {
     o.json = true;
+  } else if (name == "memory") {
+    if (v != "host" && v != "device") bad_value(label, v, "host device");
+    o.device = v == "device";
   } else if (name == "help") {
     o.help = true;
   }
 }
 
 }  // namespace
+
+bool wants_device(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--memory=device" ||
+        (a == "--memory" && i + 1 < argc && std::string_view(argv[i + 1]) == "device"))
+      return true;
+  }
+  return false;
+}
 
 Options parse_options(int argc, char** argv, int nranks) {
   Options o;

@@ -18,6 +18,8 @@ inline constexpr const char* kProgram = "shardopt-bench-comm";
 // The ratio goal applies to sizes of at least this many bytes.
 inline constexpr std::size_t kGoalBytes = 64 * 1024;
 inline constexpr double kGoalRatio = 0.98;
+// With device buffers: of the slower of MPI and the copies.
+inline constexpr double kDeviceGoalRatio = 0.8;
 // Small sizes run more iterations than -n: about this long per timed series,
 // up to kMaxScaledIters iterations.
 inline constexpr double kSeriesBudgetS = 0.1;
@@ -73,7 +75,14 @@ struct Options {
   bool check = true;
   bool json = false;
   bool help = false;
+  // --memory device: shardopt's buffers in device memory (the staged
+  // backend); the MPI reference and the copies run beside it.
+  bool device = false;
 };
+
+// Whether argv asks for device memory (read before MPI starts: device
+// buffers need MPI_THREAD_MULTIPLE).
+bool wants_device(int argc, char** argv);
 
 // The text of -h.
 extern const char* const kUsage;

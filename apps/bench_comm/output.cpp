@@ -9,19 +9,35 @@ namespace bench_comm {
 
 using bench_mpi::TableLine;
 
+namespace {
+// The transport of the benchmarked buffers.
+const char* backend_of(const Options& o, const shardopt::Communicator* comm) {
+  if (o.device) return "staged";
+  return comm != nullptr ? comm->backend_name() : "mpi-host";
+}
+}  // namespace
+
 void print_header(const Options& o, const shardopt::Communicator& comm, int iters_cap) {
   std::printf("# %s: shardopt collectives beside the same MPI calls\n", kProgram);
   std::printf("# %s\n", shardopt::build_info_string().c_str());
   std::printf("# ranks %d (backend %s), dtype %s, redop %s, root %d, sizes %zu..%zu B (x%zu)\n",
-              comm.size(), comm.backend_name(), shardopt::dtype_name(o.dtype),
+              comm.size(), backend_of(o, &comm), shardopt::dtype_name(o.dtype),
               shardopt::reduce_op_name(o.redop), o.root, o.min_bytes, o.max_bytes, o.factor);
+  std::printf("# memory %s%s%s\n", o.device ? "device (" : "host",
+              o.device ? shardopt::device_runtime_name() : "", o.device ? ")" : "");
   std::printf(
       "# warmup %d, iters %d (small sizes: more, about %.0f ms per series, up to %d), "
       "check %s\n",
       o.warmup, o.iters, kSeriesBudgetS * 1e3, iters_cap, o.check ? "on" : "off");
-  std::printf(
-      "# time: median of the slowest rank; mpi: the same MPI call, timed alternately on "
-      "the same buffers; ratio = mpi / time\n");
+  if (o.device)
+    std::printf(
+        "# time: median of the slowest rank on device buffers; limit: the slower of the same "
+        "MPI call on host buffers (timed alternately) and the copies of the data down to "
+        "host memory and back, each timed alone; ratio = limit / time\n");
+  else
+    std::printf(
+        "# time: median of the slowest rank; mpi: the same MPI call, timed alternately on "
+        "the same buffers; ratio = mpi / time\n");
   if (o.dtype == DType::bf16 || o.dtype == DType::f16) {
     std::printf("# mpi reference for %s: MPI_UINT16_T, integer arithmetic (MPI has no %s type)\n",
                 shardopt::dtype_name(o.dtype), shardopt::dtype_name(o.dtype));
@@ -39,7 +55,8 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   TableLine units;
   units.add("# %-14s %12s %11s %5s %5s ", "", "(B)", "(elements)", "", "");
   for (int v = 0; v < 2; ++v) {
-    names.add(" %10s %8s %8s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong", "mpi", "ratio");
+    names.add(" %10s %8s %8s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong",
+              o.device ? "limit" : "mpi", "ratio");
     units.add(" %10s %8s %8s %6s %10s %6s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "");
   }
   names.print();
@@ -61,7 +78,7 @@ void add_variant(TableLine& line, const Row* r, int nranks) {
     std::snprintf(wrong, sizeof wrong, "%lld", r->wrong);
   }
   line.add(" %10.2f %8.3f %8.3f %6s %10.2f %6.3f ", r->so.median_us, algbw,
-           algbw * busbw_factor(r->op, nranks), wrong, r->mpi.median_us, ratio_of(*r));
+           algbw * busbw_factor(r->op, nranks), wrong, limit_us(*r), ratio_of(*r));
 }
 
 }  // namespace
@@ -80,6 +97,10 @@ void print_line(const Options& o, const Row* out, const Row* in, int nranks) {
 
 void print_json(const Options& o, const Row& r, int nranks) {
   const double algbw = algbw_gbps(r);
+  char extra[96] = "";
+  if (r.device)
+    std::snprintf(extra, sizeof extra, ",\"copy_time_us\":%.3f,\"limit_us\":%.3f", r.copy.median_us,
+                  limit_us(r));
   char wrong[32];
   if (r.wrong < 0) {
     std::snprintf(wrong, sizeof wrong, "null");
@@ -90,12 +111,12 @@ void print_json(const Options& o, const Row& r, int nranks) {
       "{\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
       "\"inplace\":%s,\"iters\":%d,\"time_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,"
       "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"mpi_time_us\":%.3f,\"mpi_min_us\":%.3f,"
-      "\"mpi_max_us\":%.3f,\"ratio\":%.4f,\"wrong\":%s}\n",
+      "\"mpi_max_us\":%.3f,\"ratio\":%.4f,\"wrong\":%s,\"backend\":\"%s\",\"memory\":\"%s\"%s}\n",
       collective_name(r.op), r.bytes, r.count, shardopt::dtype_name(o.dtype),
       is_reduction(r.op) ? shardopt::reduce_op_name(o.redop) : "none", nranks,
       r.inplace ? "true" : "false", r.iters, r.so.median_us, r.so.min_us, r.so.max_us, algbw,
       algbw * busbw_factor(r.op, nranks), r.mpi.median_us, r.mpi.min_us, r.mpi.max_us, ratio_of(r),
-      wrong);
+      wrong, backend_of(o, nullptr), o.device ? "device" : "host", extra);
   std::fflush(stdout);
 }
 

@@ -7,6 +7,7 @@
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
+#include "shardopt/device.hpp"
 #include "shardopt/environment.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
