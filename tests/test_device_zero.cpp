@@ -195,3 +195,20 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     CHECK(all_ranks_true(dev.param_bytes() != before));
   }
 }
+
+TEST_CASE("device ZeRO: a rank without a device among ranks with one", "[.no-device]") {
+  // Run with SHARDOPT_SIM_DEVICES=0 on rank 0 only: its Communicator still
+  // duplicates with the others, host collectives work, and an optimizer on
+  // device buffers elsewhere fails on every rank.
+  const bool has_device = detail::device_runtime() != nullptr;
+  CHECK(all_ranks_true(has_device == (world_rank() != 0)));
+  Communicator comm(MPI_COMM_WORLD);
+  std::int64_t one = 1, sum = 0;
+  comm.allreduce(&one, &sum, 1, DType::i64, ReduceOp::sum);
+  CHECK(all_ranks_true(sum == world_size()));
+  Net net(DType::f32, has_device);
+  CHECK(all_ranks_true(throws_error<DeviceError>(
+      [&] { ZeroRedundancyOptimizer opt(comm, net.params(), Adam{}, {}); }, ErrorCode::wrong_device,
+      "but in host memory on rank 0")));
+  comm.free();
+}

@@ -89,8 +89,10 @@ std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_ch
 
 // Host buffers through `host`; device buffers of `runtime`'s devices staged
 // through pinned host memory and moved by MPI on a duplicate of `comm`
-// (collective), driven by a progress thread (lib/comm/staged/).
+// (collective), driven by a progress thread (lib/comm/staged/). A rank
+// without a device (runtime null) takes part in the duplicate and passes
+// every buffer to `host`.
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
-                                             DeviceRuntime& runtime);
+                                             DeviceRuntime* runtime);
 
 }  // namespace shardopt::detail

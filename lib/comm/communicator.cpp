@@ -146,10 +146,16 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
-  // With a device in the process, device buffers are staged through host
-  // memory (the backend takes a second duplicate for that).
-  if (detail::DeviceRuntime* rt = detail::device_runtime())
-    backend_ = detail::make_staged_backend(std::move(backend_), comm, *rt);
+  // With a device in some process, device buffers are staged through host
+  // memory (the backend takes a second duplicate for that, on every rank
+  // alike: the ranks agree first, so a rank without a device duplicates
+  // with the others).
+  detail::DeviceRuntime* rt = detail::device_runtime();
+  int any_device = rt != nullptr ? 1 : 0;
+  SHARDOPT_CHECK_MPI(
+      MPI_Allreduce(MPI_IN_PLACE, &any_device, 1, MPI_INT, MPI_MAX, backend_->mpi_comm()),
+      "Communicator: agreeing whether any rank has a device");
+  if (any_device != 0) backend_ = detail::make_staged_backend(std::move(backend_), comm, rt);
   stream_ = options.stream;
   // From here on, the finalize check on every call is one atomic load.
   detail::at_mpi_finalize(nullptr);

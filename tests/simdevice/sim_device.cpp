@@ -432,8 +432,11 @@ SimDevice& device() {
   return *d;
 }
 
+// SHARDOPT_SIM_DEVICES=0: this process has no device (a rank without one).
 struct Installer {
-  Installer() { detail::install_device_runtime(&device()); }
+  Installer() {
+    if (env_size("SHARDOPT_SIM_DEVICES", 1) > 0) detail::install_device_runtime(&device());
+  }
 } installer;
 
 }  // namespace

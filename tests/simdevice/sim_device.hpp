@@ -15,7 +15,8 @@
 //     microseconds (seed SHARDOPT_SIM_SEED, printed at start), so that a
 //     missing wait shows up as a wrong result;
 //   - SHARDOPT_SIM_DEVICES=N (default 1) devices; the calling thread's one
-//     is set with set_device().
+//     is set with set_device(). 0: the process has no device (it installs
+//     nothing), as a rank of a job whose node has no GPU.
 #pragma once
 
 #include <cstddef>

@@ -66,7 +66,7 @@ struct Chunk {
 // down has completed, in order.
 class Progress {
  public:
-  explicit Progress(DeviceRuntime& rt) : rt_(rt) {}
+  explicit Progress(DeviceRuntime* rt) : rt_(rt) {}
   ~Progress() { stop(); }
 
   struct Job {
@@ -110,13 +110,13 @@ class Progress {
         return e;
       }
     }
-    EventHandle e = rt_.create_event();
+    EventHandle e = rt_->create_event();
     std::lock_guard<std::mutex> lock(mu_);
     all_.push_back(e);
     return e;
   }
   void destroy_events() noexcept {
-    for (EventHandle e : all_) rt_.destroy_event(e);
+    for (EventHandle e : all_) rt_->destroy_event(e);
     all_.clear();
     spare_.clear();
   }
@@ -133,7 +133,7 @@ class Progress {
         jobs_.pop_front();
       }
       try {
-        rt_.synchronize_event(job.ready);
+        rt_->synchronize_event(job.ready);
         if (!error()) job.mpi();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -145,11 +145,11 @@ class Progress {
       }
       // Raised after an error too: the device must not wait forever; the
       // error reaches the host at the operation's completion.
-      rt_.set_flag(flag_, job.seq);
+      rt_->set_flag(flag_, job.seq);
     }
   }
 
-  DeviceRuntime& rt_;
+  DeviceRuntime* rt_;
   std::uint32_t* flag_ = nullptr;
   std::thread thread_;
   std::mutex mu_;
@@ -163,22 +163,22 @@ class Progress {
 // A device operation's completion: an event on the up stream.
 class StagedPending final : public PendingOp {
  public:
-  StagedPending(DeviceRuntime& rt, EventHandle done, StreamHandle caller,
+  StagedPending(DeviceRuntime* rt, EventHandle done, StreamHandle caller,
                 std::function<void()> check)
       : rt_(rt), done_(done), caller_(caller), check_(std::move(check)) {}
-  ~StagedPending() override { rt_.destroy_event(done_); }
+  ~StagedPending() override { rt_->destroy_event(done_); }
   void wait() override {
-    rt_.wait_event(caller_, done_);
+    rt_->wait_event(caller_, done_);
     check_();
   }
   bool test() override {
-    const bool done = rt_.query(done_);
+    const bool done = rt_->query(done_);
     if (done) check_();
     return done;
   }
 
  private:
-  DeviceRuntime& rt_;
+  DeviceRuntime* rt_;
   EventHandle done_;
   StreamHandle caller_;
   std::function<void()> check_;
@@ -190,7 +190,7 @@ char* at(const void* p, std::size_t elems, std::size_t es) {
 
 class StagedBackend final : public Backend {
  public:
-  StagedBackend(std::unique_ptr<Backend> host, MPI_Comm comm, DeviceRuntime& rt)
+  StagedBackend(std::unique_ptr<Backend> host, MPI_Comm comm, DeviceRuntime* rt)
       : host_(std::move(host)), rt_(rt), progress_(rt) {
     // The progress thread's own communicator: its collectives never meet
     // the application's or the host backend's.
@@ -206,7 +206,7 @@ class StagedBackend final : public Backend {
   MPI_Comm mpi_comm() const noexcept override { return host_->mpi_comm(); }
   std::size_t max_chunk() const noexcept override { return host_->max_chunk(); }
   bool accepts(const MemoryLocation& where) const noexcept override {
-    return where.kind == MemoryKind::host || where.kind == MemoryKind::device;
+    return where.kind == MemoryKind::host || (rt_ != nullptr && where.kind == MemoryKind::device);
   }
   void free() override {
     shutdown();
@@ -299,7 +299,7 @@ class StagedBackend final : public Backend {
   // than the buffers', are errors.
   bool on_device(const char* op, std::initializer_list<const void*> bufs, std::size_t count,
                  StreamHandle s) {
-    if (count == 0) return false;
+    if (count == 0 || rt_ == nullptr) return false;
     int device = -1;
     bool host = false;
     for (const void* p : bufs) {
@@ -323,7 +323,7 @@ class StagedBackend final : public Backend {
                   "pass both buffers in one memory: copy the host data to the device first (or "
                   "the device data to the host)",
                   __FILE__, __LINE__);
-    const int sd = rt_.stream_device(s);
+    const int sd = rt_->stream_device(s);
     if (sd != device)
       throw_error(ErrorCode::wrong_device,
                   std::string(op) + ": the buffers are on device " + std::to_string(device) +
@@ -357,21 +357,21 @@ class StagedBackend final : public Backend {
                   "initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (or "
                   "shardopt::Environment with ThreadLevel::multiple)",
                   __FILE__, __LINE__);
-    down_ = rt_.create_stream();
-    up_ = rt_.create_stream();
-    start_ = rt_.create_event();
+    down_ = rt_->create_stream();
+    up_ = rt_->create_stream();
+    start_ = rt_->create_event();
     const std::size_t slot = chunk_bytes_ * std::size_t(std::max(1, size()));
     slot_bytes_ = slot;
     for (int k = 0; k < kSlots; ++k) {
-      slots_[k] = static_cast<char*>(rt_.allocate_pinned(slot, "the staged backend's slots"));
-      slot_free_[k] = rt_.create_event();
+      slots_[k] = static_cast<char*>(rt_->allocate_pinned(slot, "the staged backend's slots"));
+      slot_free_[k] = rt_->create_event();
     }
-    flag_ = rt_.allocate_flags(1);
+    flag_ = rt_->allocate_flags(1);
     progress_.start(flag_);
     started_ = true;
     SHARDOPT_LOG(info, "Communicator: device buffers staged through "
                            << kSlots << " pinned slots of " << slot << " bytes over "
-                           << rt_.name());
+                           << rt_->name());
   }
 
   void rethrow(const char* op) {
@@ -394,30 +394,30 @@ class StagedBackend final : public Backend {
   template <class Plan>
   std::unique_ptr<PendingOp> run(const char* op, std::size_t count, std::size_t step, bool blocking,
                                  StreamHandle s, Plan plan) {
-    rt_.record(start_, s);
-    rt_.wait_event(down_, start_);
-    rt_.wait_event(up_, start_);
+    rt_->record(start_, s);
+    rt_->wait_event(down_, start_);
+    rt_->wait_event(up_, start_);
     for (std::size_t off = 0; off < count; off += step) {
       const std::size_t n = std::min(step, count - off);
       Chunk c;
       plan(off, n, c);
       const int k = static_cast<int>(chunks_ % kSlots);
       char* slot = slots_[k];
-      if (chunks_ >= kSlots) rt_.wait_event(down_, slot_free_[k]);
-      for (const Piece& p : c.down) rt_.copy(slot + p.slot_off, p.from, p.bytes, down_);
+      if (chunks_ >= kSlots) rt_->wait_event(down_, slot_free_[k]);
+      for (const Piece& p : c.down) rt_->copy(slot + p.slot_off, p.from, p.bytes, down_);
       EventHandle ready = progress_.event();
-      rt_.record(ready, down_);
+      rt_->record(ready, down_);
       const std::uint32_t seq = static_cast<std::uint32_t>(++chunks_);
       progress_.push({ready, [mpi = std::move(c.mpi), slot] { mpi(slot); }, seq});
-      rt_.wait_flag(up_, flag_, seq);
-      for (const Piece& p : c.up) rt_.copy(p.to, slot + p.slot_off, p.bytes, up_);
-      rt_.record(slot_free_[k], up_);
+      rt_->wait_flag(up_, flag_, seq);
+      for (const Piece& p : c.up) rt_->copy(p.to, slot + p.slot_off, p.bytes, up_);
+      rt_->record(slot_free_[k], up_);
     }
-    EventHandle done = rt_.create_event();
-    rt_.record(done, up_);
+    EventHandle done = rt_->create_event();
+    rt_->record(done, up_);
     auto pending = std::make_unique<StagedPending>(rt_, done, s, [this, op] { rethrow(op); });
     if (blocking) {
-      rt_.synchronize_event(done);
+      rt_->synchronize_event(done);
       rethrow(op);
       return nullptr;
     }
@@ -428,23 +428,23 @@ class StagedBackend final : public Backend {
     if (!started_) return;
     started_ = false;
     try {
-      rt_.synchronize(up_);
+      rt_->synchronize(up_);
     } catch (...) {  // a destructor never throws
     }
     progress_.stop();
     progress_.destroy_events();
     for (int k = 0; k < kSlots; ++k) {
-      rt_.release_pinned(slots_[k]);
-      rt_.destroy_event(slot_free_[k]);
+      rt_->release_pinned(slots_[k]);
+      rt_->destroy_event(slot_free_[k]);
     }
-    rt_.release_flags(flag_);
-    rt_.destroy_event(start_);
-    rt_.destroy_stream(down_);
-    rt_.destroy_stream(up_);
+    rt_->release_flags(flag_);
+    rt_->destroy_event(start_);
+    rt_->destroy_stream(down_);
+    rt_->destroy_stream(up_);
   }
 
   std::unique_ptr<Backend> host_, wire_;
-  DeviceRuntime& rt_;
+  DeviceRuntime* rt_;  // null on a rank without a device
   Progress progress_;
   std::size_t chunk_bytes_ = 0, slot_bytes_ = 0;
   bool started_ = false;
@@ -459,7 +459,7 @@ class StagedBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
-                                             DeviceRuntime& runtime) {
+                                             DeviceRuntime* runtime) {
   return std::make_unique<StagedBackend>(std::move(host), comm, runtime);
 }
 
