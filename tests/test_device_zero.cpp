@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -95,6 +97,11 @@ void train(ZeroRedundancyOptimizer& opt, Net& net, int first, int steps) {
   }
 }
 
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 std::string temp_path(const char* what) {
   return "test-device-" + std::string(what) + "-" + std::to_string(world_size()) + ".safetensors";
 }
@@ -132,7 +139,18 @@ TEST_CASE("device ZeRO: a checkpoint saved on the device loads on the host and b
       for (const std::string& name : oh.state_names())
         CHECK(all_ranks_true(od2.gather_state(name, 1) == oh.gather_state(name, 1)));
       CHECK(all_ranks_true(od2.check_sync().in_sync));
-      if (world_rank() == 0) std::remove(path.c_str());
+      // An export from the device equals the host's, byte for byte.
+      const std::string ex_dev = temp_path("export-dev"), ex_host = temp_path("export-host");
+      for (bool fp32 : {true, false}) {
+        od2.export_params(ex_dev, {.fp32 = fp32});
+        oh.export_params(ex_host, {.fp32 = fp32});
+        CHECK(all_ranks_true(read_all(ex_dev) == read_all(ex_host) && !read_all(ex_dev).empty()));
+      }
+      if (world_rank() == 0) {
+        std::remove(path.c_str());
+        std::remove(ex_dev.c_str());
+        std::remove(ex_host.c_str());
+      }
     }
   }
 }
