@@ -29,7 +29,7 @@ detail::DeviceRuntime& rt() { return sim::runtime(); }
 // trial then passes the device copies to the library.
 class OnDevice {
  public:
-  OnDevice(Trial& t, void* stream) : t_(t), stream_(stream) {
+  OnDevice(Trial& t, void* stream) : stream_(stream) {
     for (const auto& [host, bytes] : t.regions()) {
       auto* dev = static_cast<std::byte*>(rt().allocate(bytes, "a test buffer"));
       rt().copy(dev, host, bytes, stream);
@@ -57,7 +57,6 @@ class OnDevice {
     std::byte* dev;
     std::size_t bytes;
   };
-  Trial& t_;
   void* stream_;
   std::vector<Region> regions_;
 };

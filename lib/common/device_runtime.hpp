@@ -21,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "build_config.hpp"
 #include "common/check.hpp"
@@ -123,20 +124,47 @@ B translated_buffers(B b, const Translate& tr) {
   return b;
 }
 
+// A device that is neither emulated nor CUDA: a build without CUDA given
+// device buffers. NotCompiled, naming `what`.
+[[noreturn]] inline void no_cuda_build(const char* what) {
+  throw_error(ErrorCode::not_compiled,
+              std::string(what) +
+                  ": the buffers are in CUDA memory but this shardopt was built without CUDA",
+              "rebuild shardopt with -Dcuda=enabled on a machine with the CUDA toolkit", __FILE__,
+              __LINE__);
+}
+
+// Enqueues one kernel on device buffers, in stream order, without waiting:
+// cuda() on a CUDA device, emulated(translate) as host code on an emulated
+// one (which must not throw).
+template <class Cuda, class Emulated>
+void launch_kernel([[maybe_unused]] const char* what, StreamHandle stream,
+                   [[maybe_unused]] Cuda&& cuda, Emulated&& emulated) {
+  DeviceRuntime* rt = device_runtime();
+  if (rt != nullptr && rt->emulated()) {
+    rt->emulate(stream, std::forward<Emulated>(emulated));
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  cuda();
+#else
+  no_cuda_build(what);
+#endif
+}
+
 // Runs one kernel on device buffers, in stream order, the host waiting for
 // its result: cuda() on a CUDA device (the synchronous kernels of
 // kernels/cuda/), emulated(translate) as host code on an emulated one. What
-// emulated() throws is thrown here. In a build without CUDA a device that
-// is not emulated is a NotCompiled error naming `what`.
+// emulated() throws is thrown here.
 template <class Cuda, class Emulated>
-auto device_kernel([[maybe_unused]] const char* what, StreamHandle stream,
-                   [[maybe_unused]] Cuda&& cuda, Emulated&& emulated) -> decltype(cuda()) {
+auto device_kernel(const char* what, StreamHandle stream, Cuda&& cuda, Emulated&& emulated)
+    -> decltype(cuda()) {
   using R = decltype(cuda());
   DeviceRuntime* rt = device_runtime();
   if (rt != nullptr && rt->emulated()) {
     std::exception_ptr error;
     std::conditional_t<std::is_void_v<R>, int, R> result{};
-    rt->emulate(stream, [&](const Translate& tr) {
+    launch_kernel(what, stream, cuda, [&](const Translate& tr) {
       try {
         if constexpr (std::is_void_v<R>)
           emulated(tr);
@@ -156,11 +184,7 @@ auto device_kernel([[maybe_unused]] const char* what, StreamHandle stream,
 #if SHARDOPT_HAVE_CUDA
   return cuda();
 #else
-  throw_error(ErrorCode::not_compiled,
-              std::string(what) +
-                  ": the buffers are in CUDA memory but this shardopt was built without CUDA",
-              "rebuild shardopt with -Dcuda=enabled on a machine with the CUDA toolkit", __FILE__,
-              __LINE__);
+  no_cuda_build(what);
 #endif
 }
 

@@ -219,7 +219,9 @@ void GradReducer::grad_ready(std::size_t i, const void* grad) {
                     "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
                 "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
                 __LINE__);
-  if (grad != nullptr && p.numel > 0 &&
+  // The registered buffer was checked at construction; another one is
+  // located here (one pointer query, off the common path).
+  if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i] &&
       space_.on_device() != (locate(grad).kind != MemoryKind::host))
     throw_error(ErrorCode::wrong_device,
                 "grad_ready(" + std::to_string(i) + ") ('" + p.name + "'): the gradient is in " +

@@ -20,29 +20,6 @@ void convert(const void* src, DType st, void* dst, DType dt, std::size_t n, floa
 void accumulate(const void* src, DType st, float* acc, std::size_t n, void* stream);
 }  // namespace cuda_space
 
-namespace {
-
-// Enqueues an element operation on a device: op() on CUDA, emulated(tr)
-// as host code on an emulated device. Neither waits.
-template <class Cuda, class Emulated>
-void enqueue(DeviceRuntime& rt, StreamHandle stream, [[maybe_unused]] Cuda&& cuda,
-             Emulated&& emulated) {
-  if (rt.emulated()) {
-    rt.emulate(stream, std::forward<Emulated>(emulated));
-    return;
-  }
-#if SHARDOPT_HAVE_CUDA
-  cuda();
-#else
-  throw_error(ErrorCode::not_compiled,
-              "the ZeRO engine's buffers are in CUDA memory but this shardopt was built without "
-              "CUDA",
-              "rebuild shardopt with -Dcuda=enabled", __FILE__, __LINE__);
-#endif
-}
-
-}  // namespace
-
 SpaceBuffer& SpaceBuffer::operator=(SpaceBuffer&& o) noexcept {
   if (this != &o) {
     release();
@@ -99,8 +76,8 @@ void Space::fill(float* dst, std::size_t n, float value) const {
     std::fill_n(dst, n, value);
     return;
   }
-  enqueue(
-      *rt_, stream_, [&] { cuda_space::fill(dst, n, value, stream_); },
+  launch_kernel(
+      "the ZeRO engine", stream_, [&] { cuda_space::fill(dst, n, value, stream_); },
       [=](const Translate& tr) { std::fill_n(translated(dst, tr), n, value); });
 }
 
@@ -113,8 +90,8 @@ void Space::convert(const void* src, DType st, void* dst, DType dt, std::size_t 
     return;
   }
   if (st == dt && mul == 1.0f) return copy(dst, src, n * dtype_size(st));
-  enqueue(
-      *rt_, stream_, [&] { cuda_space::convert(src, st, dst, dt, n, mul, stream_); },
+  launch_kernel(
+      "the ZeRO engine", stream_, [&] { cuda_space::convert(src, st, dst, dt, n, mul, stream_); },
       [=](const Translate& tr) {
         detail::convert(static_cast<const std::byte*>(tr(src)), st,
                         static_cast<std::byte*>(tr(dst)), dt, n, mul);
@@ -127,8 +104,8 @@ void Space::accumulate(const void* src, DType st, float* acc, std::size_t n) con
     detail::accumulate(static_cast<const std::byte*>(src), st, acc, n);
     return;
   }
-  enqueue(
-      *rt_, stream_, [&] { cuda_space::accumulate(src, st, acc, n, stream_); },
+  launch_kernel(
+      "the ZeRO engine", stream_, [&] { cuda_space::accumulate(src, st, acc, n, stream_); },
       [=](const Translate& tr) {
         detail::accumulate(static_cast<const std::byte*>(tr(src)), st, translated(acc, tr), n);
       });
@@ -151,23 +128,13 @@ bool Space::all_finite(const void* x, DType type, std::size_t n, float mul) cons
       [&](const Translate& tr) { return kernels::cpu::all_finite(tr(x), type, n, mul); });
 }
 
-void Space::download(void* host, const void* src, std::size_t bytes) const {
+void Space::transfer(void* dst, const void* src, std::size_t bytes) const {
   if (bytes == 0) return;
   if (!on_device()) {
-    std::memcpy(host, src, bytes);
+    std::memcpy(dst, src, bytes);
     return;
   }
-  rt_->copy(host, src, bytes, stream_);
-  rt_->synchronize(stream_);
-}
-
-void Space::upload(void* dst, const void* host, std::size_t bytes) const {
-  if (bytes == 0) return;
-  if (!on_device()) {
-    std::memcpy(dst, host, bytes);
-    return;
-  }
-  rt_->copy(dst, host, bytes, stream_);
+  rt_->copy(dst, src, bytes, stream_);
   rt_->synchronize(stream_);
 }
 

@@ -82,12 +82,17 @@ class Space {
   double sum_squares(const void* x, DType type, std::size_t n) const;
   bool all_finite(const void* x, DType type, std::size_t n, float mul) const;
   // Between the space and host memory; complete on return.
-  void download(void* host, const void* src, std::size_t bytes) const;
-  void upload(void* dst, const void* host, std::size_t bytes) const;
+  void download(void* host, const void* src, std::size_t bytes) const {
+    transfer(host, src, bytes);
+  }
+  void upload(void* dst, const void* host, std::size_t bytes) const { transfer(dst, host, bytes); }
   // The host waits for everything enqueued so far.
   void synchronize() const;
 
  private:
+  // A copy in any direction, the host waiting for it.
+  void transfer(void* dst, const void* src, std::size_t bytes) const;
+
   DeviceRuntime* rt_ = nullptr;
   StreamHandle stream_ = nullptr;
   int device_ = -1;

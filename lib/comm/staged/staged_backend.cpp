@@ -361,7 +361,6 @@ class StagedBackend final : public Backend {
     up_ = rt_->create_stream();
     start_ = rt_->create_event();
     const std::size_t slot = chunk_bytes_ * std::size_t(std::max(1, size()));
-    slot_bytes_ = slot;
     for (int k = 0; k < kSlots; ++k) {
       slots_[k] = static_cast<char*>(rt_->allocate_pinned(slot, "the staged backend's slots"));
       slot_free_[k] = rt_->create_event();
@@ -446,7 +445,7 @@ class StagedBackend final : public Backend {
   std::unique_ptr<Backend> host_, wire_;
   DeviceRuntime* rt_;  // null on a rank without a device
   Progress progress_;
-  std::size_t chunk_bytes_ = 0, slot_bytes_ = 0;
+  std::size_t chunk_bytes_ = 0;
   bool started_ = false;
   StreamHandle down_ = nullptr, up_ = nullptr;
   EventHandle start_ = nullptr;
