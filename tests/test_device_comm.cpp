@@ -218,6 +218,19 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
       rt().destroy_stream(other);
     }
   }
+  SECTION("buffers on two devices") {
+    if (rt().device_count() < 2) {
+      SUCCEED("one simulated device");
+    } else {
+      sim::set_device(1);
+      auto* other = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+      sim::set_device(0);
+      CHECK(all_ranks_true(throws_error<DeviceError>(
+          [&] { comm.allreduce(dev, other, n, DType::f32, ReduceOp::sum); },
+          ErrorCode::wrong_device, "the buffers are on devices 0 and 1")));
+      rt().release(other);
+    }
+  }
   // Usable afterwards, on device buffers.
   comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
   std::vector<float> back(n);
