@@ -105,8 +105,10 @@ int run(int argc, char** argv) {
     if (w.rank == 0 && !o.json) {
       std::printf("# %s: a ZeRO step (AdamW) on device buffers beside the same on host buffers\n",
                   kProgram);
-      std::printf("# device runtime %s, %d ranks, %zu parameters in 4 tensors, %d iterations\n",
-                  shardopt::device_runtime_name(), w.ranks, o.params, o.iters);
+      std::printf(
+          "# device runtime %s, device collectives %s, %d ranks, %zu parameters in 4 tensors, "
+          "%d iterations\n",
+          shardopt::device_runtime_name(), comm.device_backend_name(), w.ranks, o.params, o.iters);
       std::printf(
           "# host, device: median of the slowest rank (us); limit = %.1f x host; ratio "
           "= limit / device (goal >= 1)\n",
@@ -205,7 +207,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Device buffers go through the staged backend, which needs
-  // MPI_THREAD_MULTIPLE.
+  // The staged backend (and the simulated device's collectives) run MPI
+  // on threads of their own: MPI_THREAD_MULTIPLE.
   return cli::run_with_mpi(kProgram, argc, argv, run, shardopt::ThreadLevel::multiple);
 }

@@ -1,12 +1,14 @@
-// The Communicator on device buffers (the staged backend) on the simulated
-// device: every collective, dtype, op and in-place form, over counts that
-// span many pipeline chunks, checked against float64 references (the same
-// checks as the host tests, on the results copied back) with the memory
-// around each buffer untouched; blocking and stream-ordered non-blocking;
-// and the errors of bad device arguments on every rank.
+// The Communicator on device buffers on the simulated device, with the
+// transport SHARDOPT_DEVICE_COMM names (its own stream-ordered collectives,
+// NCCL's shape, or the staged backend): every collective, dtype, op and in-place form, over counts
+// that span many pipeline chunks, checked against float64 references (the same checks as the host
+// tests, on the results copied back) with the memory around each buffer untouched; blocking and
+// stream-ordered non-blocking; and the errors of bad device arguments on every rank.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,7 +105,46 @@ std::vector<Spec> all_specs(std::size_t count, std::uint64_t salt) {
 
 }  // namespace
 
-TEST_CASE("device buffers: every collective through the staged backend", "[device][comm]") {
+TEST_CASE("device buffers: the transport is the one asked for, the same on every rank",
+          "[device][comm]") {
+  // SHARDOPT_DEVICE_COMM of this run (auto: the device's own collectives,
+  // which the simulated device has on every rank).
+  const char* env = std::getenv("SHARDOPT_DEVICE_COMM");
+  const std::string asked = env != nullptr ? env : "auto";
+  Communicator comm(MPI_COMM_WORLD);
+  const std::string expected = asked == "staged" ? "staged" : "nccl (simulated)";
+  INFO("SHARDOPT_DEVICE_COMM=" << asked << ", in use: " << comm.device_backend_name());
+  CHECK(all_ranks_true(comm.device_backend_name() == expected));
+  CHECK(all_ranks_true(std::string(comm.backend_name()) == "mpi-host"));
+  // CommOptions::device_comm overrides the variable; each transport gives
+  // the exact sum of random integers (the order of the additions, which
+  // the transports may choose differently, cannot change it).
+  for (DeviceComm dc : {DeviceComm::nccl, DeviceComm::staged, DeviceComm::automatic}) {
+    Communicator c(MPI_COMM_WORLD, {.device_comm = dc});
+    const std::string name = c.device_backend_name();
+    CHECK(all_ranks_true(name == (dc == DeviceComm::staged ? "staged" : "nccl (simulated)")));
+    const std::size_t n = 5003;
+    std::vector<float> host(n);
+    std::vector<double> expected(n, 0.0);
+    for (int q = 0; q < world_size(); ++q) {
+      std::mt19937_64 rng = rank_rng(q, 7);
+      std::uniform_int_distribution<int> u(-1000, 1000);
+      for (std::size_t k = 0; k < n; ++k) {
+        const int v = u(rng);
+        expected[k] += v;
+        if (q == world_rank()) host[k] = float(v);
+      }
+    }
+    auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+    rt().copy(dev, host.data(), n * 4, c.stream());
+    c.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+    rt().copy(host.data(), dev, n * 4, c.stream());
+    rt().release(dev);
+    CHECK(all_ranks_true(std::vector<double>(host.begin(), host.end()) == expected));
+  }
+}
+
+TEST_CASE("device buffers: every collective, in every form", "[device][comm]") {
   INFO("simulated device, delay seed " << sim::delay_seed());
   Communicator comm(MPI_COMM_WORLD);
   // Counts around the pipeline's chunk (SHARDOPT_STAGED_CHUNK_KB=4 in this

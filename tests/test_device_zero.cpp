@@ -4,11 +4,13 @@
 // device arguments, on every rank, with the optimizer still usable where
 // the cause can be fixed.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/device_runtime.hpp"
@@ -16,6 +18,7 @@
 #include "shardopt/error.hpp"
 #include "shardopt/zero.hpp"
 #include "simdevice/sim_device.hpp"
+#include "test_comm_data.hpp"
 
 using namespace shardopt;
 using namespace shardopt::test;
@@ -195,9 +198,32 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     CustomOptimizer c;
     c.name = "mine";
     c.update = [](const CustomStep&, double) {};
-    CHECK(all_ranks_true(throws_error<DeviceError>(
-        [&] { ZeroRedundancyOptimizer opt(world(), dev.params(), c, {}); }, ErrorCode::wrong_device,
-        "a CustomOptimizer runs on the host")));
+    CHECK(all_ranks_true(throws_error<UnsupportedError>(
+        [&] { ZeroRedundancyOptimizer opt(world(), dev.params(), c, {}); }, ErrorCode::unsupported,
+        "a CustomOptimizer's update is a host function, but the parameters are in CUDA device "
+        "memory")));
+  }
+  SECTION("grad_ready_on: a stream for host parameters, a stream of another device") {
+    ZeroRedundancyOptimizer on_host(world(), host.params(), SGD{.lr = 0.5}, {});
+    void* s = rt().create_stream();
+    CHECK(all_ranks_true(throws_error<InvalidArgument>([&] { on_host.grad_ready_on(s, 0); },
+                                                       ErrorCode::invalid_argument,
+                                                       "a stream was given but the optimizer's "
+                                                       "parameters are in host memory")));
+    rt().destroy_stream(s);
+    if (rt().device_count() >= 2) {
+      ZeroRedundancyOptimizer on_dev(world(), dev.params(), SGD{.lr = 0.5}, {});
+      sim::set_device(1);
+      void* other = rt().create_stream();
+      sim::set_device(0);
+      CHECK(all_ranks_true(throws_error<DeviceError>([&] { on_dev.grad_ready_on(other, 1); },
+                                                     ErrorCode::wrong_device,
+                                                     "the stream belongs to device 1")));
+      rt().destroy_stream(other);
+      // Nothing was marked: a step reduces both gradients.
+      dev.write_grads(0);
+      CHECK(all_ranks_true(on_dev.step().applied));
+    }
   }
   SECTION("a host gradient passed to a device optimizer, then the right one") {
     ZeroRedundancyOptimizer opt(world(), dev.params(), SGD{.lr = 0.5}, {.stage = 2});
@@ -211,6 +237,119 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     opt.grad_ready(1, dev.g[1]);
     CHECK(all_ranks_true(opt.step().applied));
     CHECK(all_ranks_true(dev.param_bytes() != before));
+  }
+}
+
+TEST_CASE("device ZeRO: a device checkpoint resumes at another rank count, device or host",
+          "[device][zero][ckpt]") {
+  if (world_size() < 2) {
+    SUCCEED("one rank: no smaller rank count to resume at");
+    return;
+  }
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int stage : {1, 2}) {
+      INFO(dtype_name(t) << ", stage " << stage << ", saved at " << world_size() << " ranks");
+      const ZeroOptions zo{.stage = stage};
+      Net dev(t, true);
+      ZeroRedundancyOptimizer od(world(), dev.params(), Adam{.lr = 0.01}, zo);
+      train(od, dev, 0, 3);
+      const std::string path = temp_path("resize");
+      od.save(path);
+      const std::vector<std::byte> saved = dev.param_bytes();
+      std::vector<std::vector<float>> states;
+      for (const std::string& name : od.state_names()) states.push_back(od.gather_state(name, 1));
+      // The first size - 1 ranks resume it, on the device and on the host.
+      MPI_Comm sub = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, world_rank() < world_size() - 1 ? 0 : MPI_UNDEFINED,
+                     world_rank(), &sub);
+      if (sub != MPI_COMM_NULL) {
+        Communicator c(sub);
+        Net d2(t, true), h2(t, false);
+        ZeroRedundancyOptimizer o_d(c, d2.params(), Adam{.lr = 0.01}, zo);
+        ZeroRedundancyOptimizer o_h(c, h2.params(), Adam{.lr = 0.01}, zo);
+        o_d.load(path);
+        o_h.load(path);
+        CHECK(d2.param_bytes() == saved);
+        CHECK(h2.param_bytes() == saved);
+        const std::vector<std::string> names = o_d.state_names();
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          INFO("state " << names[k]);
+          CHECK(o_d.gather_state(names[k], 1) == states[k]);
+        }
+        train(o_d, d2, 3, 2);
+        train(o_h, h2, 3, 2);
+        CHECK(d2.param_bytes() == h2.param_bytes());
+        CHECK(d2.param_bytes() != saved);
+        c.free();
+        MPI_Comm_free(&sub);
+      } else {
+        SUCCEED("the last rank does not resume");
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0) std::remove(path.c_str());
+    }
+  }
+}
+
+TEST_CASE("device ZeRO: memory_report says which bytes are on the device", "[device][zero]") {
+  for (int stage : {0, 1, 2}) {
+    Net dev(DType::bf16, true), host(DType::bf16, false);
+    const ZeroOptions zo{.stage = stage};
+    ZeroRedundancyOptimizer on_dev(world(), dev.params(), Adam{}, zo);
+    ZeroRedundancyOptimizer on_host(world(), host.params(), Adam{}, zo);
+    const MemoryReport d = on_dev.memory_report(), h = on_host.memory_report();
+    INFO("stage " << stage << ": device " << d.device_bytes << " + " << d.host_bytes << ", host "
+                  << h.device_bytes << " + " << h.host_bytes);
+    // The same buffers in either memory (bf16: an fp32 master and Adam's
+    // two moments at least), all of them on the device for device
+    // parameters.
+    CHECK(all_ranks_true(d.allocated() == h.allocated() && d.allocated() > 0));
+    CHECK(all_ranks_true(d.device_bytes == d.allocated() && d.host_bytes == 0));
+    CHECK(all_ranks_true(h.host_bytes == h.allocated() && h.device_bytes == 0));
+  }
+}
+
+TEST_CASE("device ZeRO: gradients written by several streams are each waited for",
+          "[device][zero]") {
+  // Each gradient of one bucket is written by a stream of its own, behind
+  // a slow kernel (20 ms, then 5), and marked with grad_ready_on: the
+  // reduction must wait for both (waiting on one only leaves the other's
+  // old values in the bucket, DeepSpeed#8061). Compared with the same
+  // steps on host buffers, bitwise.
+  for (int stage : {0, 2}) {
+    Net dev(DType::f32, true), host(DType::f32, false);
+    void* engine = rt().create_stream();
+    void* producers[2] = {rt().create_stream(), rt().create_stream()};
+    void* zeroed = rt().create_event();
+    rt().synchronize(nullptr);  // the parameters' upload, on the default stream
+    const ZeroOptions zo{.stage = stage, .bucket_mb = 1.0, .stream = engine};
+    ZeroRedundancyOptimizer on_dev(world(), dev.params(), Adam{.lr = 0.25}, zo);
+    ZeroRedundancyOptimizer on_host(world(), host.params(), Adam{.lr = 0.25}, {.stage = stage});
+    for (int step = 0; step < 3; ++step) {
+      on_dev.zero_grad();
+      on_host.zero_grad();
+      host.write_grads(step);
+      // The producers start after zero_grad's zeroing on the engine stream.
+      rt().record(zeroed, engine);
+      for (std::size_t i = 0; i < 2; ++i) {
+        void* s = producers[i];
+        rt().wait_event(s, zeroed);
+        const int ms = i == 0 ? 20 : 5;
+        rt().emulate(s, [ms](const detail::Translate&) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        });
+        rt().copy(dev.g[i], host.g[i], host.host_g[i].size(), s);
+        on_dev.grad_ready_on(s, i);
+      }
+      on_dev.step();
+      on_host.step();
+    }
+    rt().synchronize(engine);
+    INFO("stage " << stage);
+    CHECK(all_ranks_true(dev.param_bytes() == host.param_bytes()));
+    rt().destroy_event(zeroed);
+    for (void* s : producers) rt().destroy_stream(s);
+    rt().destroy_stream(engine);
   }
 }
 
@@ -228,5 +367,12 @@ TEST_CASE("device ZeRO: a rank without a device among ranks with one", "[.no-dev
   CHECK(all_ranks_true(throws_error<DeviceError>(
       [&] { ZeroRedundancyOptimizer opt(comm, net.params(), Adam{}, {}); }, ErrorCode::wrong_device,
       "but in host memory on rank 0")));
+  // The ranks agree on the transport: staged, which a rank without a device
+  // can take part in; the device's own collectives, forced, fail everywhere.
+  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == "staged"));
+  CHECK(all_ranks_true(throws_error<UnsupportedError>(
+      [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl}); },
+      ErrorCode::unsupported, world_rank() == 0 ? "this rank has no device" : "some rank has no")));
+  CHECK(all_ranks_true(still_works(comm)));
   comm.free();
 }

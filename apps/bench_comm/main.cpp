@@ -89,8 +89,8 @@ int run_benchmark(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, 
       }
       if (table) print_line(o, out_row, in_row, nranks);
       if (printer && o.json) {
-        if (out_row != nullptr) print_json(o, *out_row, nranks);
-        print_json(o, *in_row, nranks);
+        if (out_row != nullptr) print_json(o, *out_row, comm);
+        print_json(o, *in_row, comm);
       }
     }
     wrong_total += sum.wrong;

@@ -11,9 +11,8 @@ using bench_mpi::TableLine;
 
 namespace {
 // The transport of the benchmarked buffers.
-const char* backend_of(const Options& o, const shardopt::Communicator* comm) {
-  if (o.device) return "staged";
-  return comm != nullptr ? comm->backend_name() : "mpi-host";
+const char* backend_of(const Options& o, const shardopt::Communicator& comm) {
+  return o.device ? comm.device_backend_name() : comm.backend_name();
 }
 }  // namespace
 
@@ -21,7 +20,7 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   std::printf("# %s: shardopt collectives beside the same MPI calls\n", kProgram);
   std::printf("# %s\n", shardopt::build_info_string().c_str());
   std::printf("# ranks %d (backend %s), dtype %s, redop %s, root %d, sizes %zu..%zu B (x%zu)\n",
-              comm.size(), backend_of(o, &comm), shardopt::dtype_name(o.dtype),
+              comm.size(), backend_of(o, comm), shardopt::dtype_name(o.dtype),
               shardopt::reduce_op_name(o.redop), o.root, o.min_bytes, o.max_bytes, o.factor);
   std::printf("# memory %s%s%s\n", o.device ? "device (" : "host",
               o.device ? shardopt::device_runtime_name() : "", o.device ? ")" : "");
@@ -95,7 +94,8 @@ void print_line(const Options& o, const Row* out, const Row* in, int nranks) {
   std::fflush(stdout);
 }
 
-void print_json(const Options& o, const Row& r, int nranks) {
+void print_json(const Options& o, const Row& r, const shardopt::Communicator& comm) {
+  const int nranks = comm.size();
   const double algbw = algbw_gbps(r);
   char extra[96] = "";
   if (r.device)
@@ -116,7 +116,7 @@ void print_json(const Options& o, const Row& r, int nranks) {
       is_reduction(r.op) ? shardopt::reduce_op_name(o.redop) : "none", nranks,
       r.inplace ? "true" : "false", r.iters, r.so.median_us, r.so.min_us, r.so.max_us, algbw,
       algbw * busbw_factor(r.op, nranks), r.mpi.median_us, r.mpi.min_us, r.mpi.max_us, ratio_of(r),
-      wrong, backend_of(o, nullptr), o.device ? "device" : "host", extra);
+      wrong, backend_of(o, comm), o.device ? "device" : "host", extra);
   std::fflush(stdout);
 }
 

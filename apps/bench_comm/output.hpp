@@ -16,6 +16,6 @@ struct Summary {
 void print_header(const Options& o, const shardopt::Communicator& comm, int iters_cap);
 // A table line: a row's out-of-place and in-place variants (either may be null).
 void print_line(const Options& o, const Row* out, const Row* in, int nranks);
-void print_json(const Options& o, const Row& r, int nranks);
+void print_json(const Options& o, const Row& r, const shardopt::Communicator& comm);
 
 }  // namespace bench_comm

@@ -20,8 +20,9 @@
 //                   its place in the output).
 //   broadcast:      always in place.
 // Device buffers (CUDA device memory; all buffers of one call on one device,
-// the one the stream belongs to) are moved through pinned host memory by the
-// staged backend, with any MPI; it needs MPI_THREAD_MULTIPLE. They are
+// the one the stream belongs to) are moved by the device's own collectives
+// (NCCL), or through pinned host memory by the staged backend with any MPI
+// (it needs MPI_THREAD_MULTIPLE): CommOptions::device_comm. They are
 // ordered on the communicator's stream (CommOptions::stream): an operation
 // starts after the work enqueued there before the call. A blocking call on
 // device buffers returns when the result is in them (the host waits); a
@@ -39,6 +40,7 @@
 #include <optional>
 #include <span>
 
+#include "shardopt/config.hpp"
 #include "shardopt/export.h"
 #include "shardopt/types.hpp"
 
@@ -89,6 +91,9 @@ struct CommOptions {
   // The CUDA stream (a cudaStream_t) operations on device buffers are
   // ordered on; null: the device's default stream. Unused for host buffers.
   void* stream = nullptr;
+  // How device buffers move (DeviceComm, shardopt/config.hpp). Unset takes
+  // SHARDOPT_DEVICE_COMM (default automatic). The same on every rank.
+  std::optional<DeviceComm> device_comm = std::nullopt;
 };
 
 class SHARDOPT_API Communicator {
@@ -114,8 +119,10 @@ class SHARDOPT_API Communicator {
   int size() const;
   // The duplicated MPI communicator (owned by this object).
   MPI_Comm mpi_comm() const;
-  // The name of the backend in use ("mpi-host").
+  // The name of the backend in use for host buffers ("mpi-host"), and for
+  // device buffers ("staged", "nccl"; "none" when no rank has a device).
   const char* backend_name() const;
+  const char* device_backend_name() const;
   std::size_t max_chunk_elements() const;
   // Whether arguments are agreed across ranks before each operation.
   bool checks_arguments() const noexcept { return check_args_; }
@@ -175,6 +182,7 @@ class SHARDOPT_API Communicator {
   void check_span_sizes(std::size_t big, std::size_t small, int factor) const;
   void require_usable(const char* what) const;
   void release() noexcept;
+  void choose_device_backend(MPI_Comm comm, DeviceComm choice);
 
   std::unique_ptr<detail::Backend> backend_;
   bool check_args_ = false;

@@ -19,19 +19,28 @@ enum class LogLevel : int { none = 0, warn = 1, info = 2, trace = 3 };
 // one the CPU has up to this cap.
 enum class CpuIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 
+// How a Communicator moves device buffers (docs/gpu.md):
+//   automatic: the device's own stream-ordered collectives (NCCL) when the
+//              build has them and every rank has a device, else staged;
+//   nccl:      the device's own collectives; an error where they are not
+//              built or some rank has no device;
+//   staged:    through pinned host memory with any MPI.
+enum class DeviceComm : int { automatic = 0, nccl = 1, staged = 2 };
+
 struct Settings {
-  LogLevel debug = LogLevel::warn;          // SHARDOPT_DEBUG
-  std::string debug_file;                   // SHARDOPT_DEBUG_FILE ("" = stderr)
-  bool huge_pages = true;                   // SHARDOPT_HUGE_PAGES
-  std::size_t comm_max_chunk = 2147483647;  // SHARDOPT_COMM_MAX_CHUNK
-  bool check_args = false;                  // SHARDOPT_CHECK_ARGS
-  CpuIsa cpu_isa = CpuIsa::avx512;          // SHARDOPT_CPU_ISA (avx512: no cap)
-  double bucket_mb = 25.0;                  // SHARDOPT_BUCKET_MB
-  int check_sync = 0;                       // SHARDOPT_CHECK_SYNC (0: never)
-  double timeout = 0.0;                     // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
-  bool desync_check = false;                // SHARDOPT_DESYNC_CHECK
-  int stats_every = 100;                    // SHARDOPT_STATS_EVERY (0: never)
-  std::size_t staged_chunk_kb = 4096;       // SHARDOPT_STAGED_CHUNK_KB
+  LogLevel debug = LogLevel::warn;                 // SHARDOPT_DEBUG
+  std::string debug_file;                          // SHARDOPT_DEBUG_FILE ("" = stderr)
+  bool huge_pages = true;                          // SHARDOPT_HUGE_PAGES
+  std::size_t comm_max_chunk = 2147483647;         // SHARDOPT_COMM_MAX_CHUNK
+  bool check_args = false;                         // SHARDOPT_CHECK_ARGS
+  CpuIsa cpu_isa = CpuIsa::avx512;                 // SHARDOPT_CPU_ISA (avx512: no cap)
+  double bucket_mb = 25.0;                         // SHARDOPT_BUCKET_MB
+  int check_sync = 0;                              // SHARDOPT_CHECK_SYNC (0: never)
+  double timeout = 0.0;                            // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
+  bool desync_check = false;                       // SHARDOPT_DESYNC_CHECK
+  int stats_every = 100;                           // SHARDOPT_STATS_EVERY (0: never)
+  std::size_t staged_chunk_kb = 4096;              // SHARDOPT_STAGED_CHUNK_KB
+  DeviceComm device_comm = DeviceComm::automatic;  // SHARDOPT_DEVICE_COMM
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -218,6 +218,11 @@ struct MemoryReport {
   std::size_t buckets = 0;          // communication buckets and scratch
   std::size_t user_params = 0;      // the registered parameter buffers
   std::size_t user_grads = 0;       // registered gradient buffers (not owned ones)
+  // Where allocated() is: in device memory (parameters on a device) and in
+  // host memory. The pinned slots of a communicator's staged backend (3 x
+  // SHARDOPT_STAGED_CHUNK_KB KiB x ranks per communicator) are not counted.
+  std::size_t device_bytes = 0;
+  std::size_t host_bytes = 0;
   // Everything shardopt allocated.
   std::size_t allocated() const noexcept {
     return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets;
@@ -351,6 +356,14 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   // parameter's dtype): it is copied into the parameter's gradient buffer
   // (grad(i)) before the call returns, so the caller may reuse `grad`.
   void grad_ready(std::size_t i, const void* grad);
+  // Device parameters: as grad_ready(i) (grad null) or grad_ready(i, grad),
+  // for a gradient written by work on `stream` (a cudaStream_t of the
+  // parameters' device) rather than on the optimizer's (ZeroOptions::stream).
+  // The optimizer's stream waits for what `stream` has enqueued so far (an
+  // event; the host does not wait) before it reads the gradient, so a bucket
+  // whose gradients come from several streams waits for each of them.
+  // A null stream: the device's default stream. Host parameters: an error.
+  void grad_ready_on(void* stream, std::size_t i, const void* grad = nullptr);
 
   // Collective: ends a micro-batch. Stage 2: reduces every gradient not
   // reduced yet into the fp32 gradient shard, which sums the micro-batches,

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 
 #include "common/device.hpp"
@@ -46,7 +47,10 @@ enum class ScatterPlace {
 class Backend {
  public:
   virtual ~Backend() = default;
+  // The transport of host buffers ("mpi-host"), and of device buffers
+  // ("staged", "nccl"; "none" for a backend of host buffers only).
   virtual const char* name() const noexcept = 0;
+  virtual const char* device_name() const noexcept { return "none"; }
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   virtual MPI_Comm mpi_comm() const noexcept = 0;
@@ -84,6 +88,28 @@ class Backend {
   std::shared_ptr<WatchChannel> watch;
 };
 
+// A backend of device buffers that passes host buffers to the host backend
+// it wraps (staged, native): what concerns the communicator itself is the
+// host backend's.
+class DeviceBackend : public Backend {
+ public:
+  explicit DeviceBackend(std::unique_ptr<Backend> host) : host_(std::move(host)) {
+    watch = host_->watch;
+  }
+  const char* name() const noexcept override { return host_->name(); }
+  int rank() const noexcept override { return host_->rank(); }
+  int size() const noexcept override { return host_->size(); }
+  MPI_Comm mpi_comm() const noexcept override { return host_->mpi_comm(); }
+  std::size_t max_chunk() const noexcept override { return host_->max_chunk(); }
+  bool freed() const noexcept override { return host_->freed(); }
+  std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle stream) override {
+    return host_->barrier(blocking, stream);
+  }
+
+ protected:
+  std::unique_ptr<Backend> host_;
+};
+
 // Duplicates `comm` (collective) and uses it with MPI on host buffers.
 std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_chunk);
 
@@ -94,5 +120,16 @@ std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_ch
 // every buffer to `host`.
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
                                              DeviceRuntime* runtime);
+
+// Host buffers through `host`; device buffers by `collectives`, the
+// device's own stream-ordered ones (lib/comm/native/).
+std::unique_ptr<Backend> make_native_backend(std::unique_ptr<Backend> host, DeviceRuntime* runtime,
+                                             std::unique_ptr<DeviceCollectives> collectives);
+
+// Whether an operation on `bufs` (count elements each) is one on device
+// buffers of `rt` (false: host buffers, or nothing to move). Buffers in two
+// memories, or a stream of another device than theirs: WrongDevice.
+bool device_operation(DeviceRuntime* rt, const char* op, std::initializer_list<const void*> bufs,
+                      std::size_t count, StreamHandle s);
 
 }  // namespace shardopt::detail

@@ -146,19 +146,45 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
-  // With a device in some process, device buffers are staged through host
-  // memory (the backend takes a second duplicate for that, on every rank
-  // alike: the ranks agree first, so a rank without a device duplicates
-  // with the others).
-  detail::DeviceRuntime* rt = detail::device_runtime();
-  int any_device = rt != nullptr ? 1 : 0;
-  SHARDOPT_CHECK_MPI(
-      MPI_Allreduce(MPI_IN_PLACE, &any_device, 1, MPI_INT, MPI_MAX, backend_->mpi_comm()),
-      "Communicator: agreeing whether any rank has a device");
-  if (any_device != 0) backend_ = detail::make_staged_backend(std::move(backend_), comm, rt);
+  choose_device_backend(comm, options.device_comm.value_or(settings().device_comm));
   stream_ = options.stream;
   // From here on, the finalize check on every call is one atomic load.
   detail::at_mpi_finalize(nullptr);
+}
+
+// Device buffers: the ranks agree whether any has a device and whether all
+// have the device's own collectives, then take the same transport, each
+// making the duplicates it needs on every rank alike (a rank without a
+// device takes part in them).
+void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
+  detail::DeviceRuntime* rt = detail::device_runtime();
+  // {some rank has a device, some rank lacks the device's collectives}
+  int facts[2] = {rt != nullptr ? 1 : 0, rt != nullptr && rt->has_collectives() ? 0 : 1};
+  SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, facts, 2, MPI_INT, MPI_MAX, backend_->mpi_comm()),
+                     "Communicator: agreeing on the transport of device buffers");
+  const bool native_everywhere = facts[1] == 0;
+  if (choice == DeviceComm::nccl && !native_everywhere) {
+    const std::string why = facts[0] == 0   ? "no rank has a device"
+                            : rt == nullptr ? "this rank has no device"
+                            : !rt->has_collectives()
+                                ? std::string("this shardopt has no NCCL backend for ") +
+                                      rt->name() + " (built without NCCL)"
+                                : "some rank has no device or no NCCL";
+    backend_->free();
+    SHARDOPT_THROW(unsupported,
+                   "Communicator: device_comm = nccl (CommOptions::device_comm or "
+                   "SHARDOPT_DEVICE_COMM) cannot be used: " +
+                       why,
+                   "give every rank a device and a shardopt built with NCCL, or choose staged "
+                   "(any MPI) or auto");
+  }
+  if (facts[0] == 0) return;
+  if (choice == DeviceComm::nccl || (choice == DeviceComm::automatic && native_everywhere)) {
+    auto collectives = rt->collectives(comm, backend_->max_chunk());
+    backend_ = detail::make_native_backend(std::move(backend_), rt, std::move(collectives));
+  } else {
+    backend_ = detail::make_staged_backend(std::move(backend_), comm, rt);
+  }
 }
 
 Communicator::Communicator(Communicator&&) noexcept = default;
@@ -243,6 +269,11 @@ MPI_Comm Communicator::mpi_comm() const {
 const char* Communicator::backend_name() const {
   require_usable("backend_name");
   return backend_->name();
+}
+
+const char* Communicator::device_backend_name() const {
+  require_usable("device_backend_name");
+  return backend_->device_name();
 }
 std::size_t Communicator::max_chunk_elements() const {
   require_usable("max_chunk_elements");

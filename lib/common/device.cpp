@@ -40,6 +40,10 @@ void DeviceRuntime::emulate(StreamHandle, std::function<void(const Translate&)>)
               __LINE__);
 }
 
+std::unique_ptr<DeviceCollectives> DeviceRuntime::collectives(MPI_Comm, std::size_t) {
+  return nullptr;
+}
+
 DeviceRuntime* device_runtime() noexcept {
   if (installed_runtime != nullptr) return installed_runtime;
   static DeviceRuntime* const cuda = cuda_device_count() > 0 ? cuda_device_runtime() : nullptr;

@@ -15,10 +15,13 @@
 // CUDA counterpart; errors of the enqueue throw Error(cuda).
 #pragma once
 
+#include <mpi.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -34,6 +37,35 @@ using StreamHandle = void*;
 using EventHandle = void*;
 // On an emulated device: a device address -> the address its kernels use.
 using Translate = std::function<void*(const void*)>;
+
+// Collectives the device runs itself, in stream order (NCCL's shape): each
+// call is enqueued on the stream like a kernel and returns at once; the
+// data moves when the stream reaches it, and later work on the stream sees
+// the result. Arguments arrive checked (lib/comm/native/): buffers of this
+// rank's device, the stream of that device, every rank calling the same
+// operations in the same order.
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  // "nccl", "nccl (simulated)".
+  virtual const char* name() const noexcept = 0;
+  // recv == send allowed.
+  virtual void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                         StreamHandle s) = 0;
+  // send: size() blocks of count; recv: count, separate or send + rank*count.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                              ReduceOp op, StreamHandle s) = 0;
+  // recv: size() blocks of count; send separate or recv + rank*count.
+  virtual void allgather(const void* send, void* recv, std::size_t count, DType dtype,
+                         StreamHandle s) = 0;
+  virtual void broadcast(void* buf, std::size_t count, DType dtype, int root, StreamHandle s) = 0;
+  // Throws the first failure of an enqueued collective (they fail
+  // asynchronously, as NCCL's do), naming `op`, the call that asks.
+  virtual void check(const char* op) = 0;
+  // Collective: completes what was enqueued and releases the communicator.
+  // The destructor releases only what is local.
+  virtual void free() noexcept = 0;
+};
 
 class DeviceRuntime {
  public:
@@ -86,6 +118,13 @@ class DeviceRuntime {
   virtual void wait_flag(StreamHandle s, const std::uint32_t* flag, std::uint32_t value) = 0;
   // From any host thread: *flag = value, visible to waiting streams.
   virtual void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept = 0;
+
+  // The device's own collectives over `comm` (collective over comm; null
+  // where the device has none, on every rank alike: ask has_collectives()
+  // and agree first). max_chunk: the largest count one call of the
+  // transport underneath may take.
+  virtual bool has_collectives() const noexcept { return false; }
+  virtual std::unique_ptr<DeviceCollectives> collectives(MPI_Comm comm, std::size_t max_chunk);
 
   // Whether kernels run as host code on the streams (the simulated device)
   // rather than as CUDA kernels.

@@ -189,6 +189,23 @@ const VarSpec kVars[] = {
        s.staged_chunk_kb = static_cast<std::size_t>(*n);
        return true;
      }},
+    {"SHARDOPT_DEVICE_COMM", "auto", "auto, nccl, staged (any case)",
+     "How communicators move device buffers: nccl the device's own stream-ordered "
+     "collectives (NCCL), staged through pinned host memory with any MPI, auto nccl when "
+     "shardopt has it and every rank has a device, else staged. A forced choice that cannot "
+     "be used is an error on every rank. CommOptions::device_comm overrides it.",
+     [](Settings& s, const std::string& v) {
+       const std::string u = upper(v);
+       if (u == "AUTO")
+         s.device_comm = DeviceComm::automatic;
+       else if (u == "NCCL")
+         s.device_comm = DeviceComm::nccl;
+       else if (u == "STAGED")
+         s.device_comm = DeviceComm::staged;
+       else
+         return false;
+       return true;
+     }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "

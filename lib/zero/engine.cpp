@@ -28,9 +28,9 @@ void ZeroEngine::zero_grad() {
   reducer().zero_grad_buffers();
 }
 
-void ZeroEngine::grad_ready(std::size_t i, const void* grad) {
+void ZeroEngine::grad_ready(std::size_t i, const void* grad, std::optional<StreamHandle> producer) {
   param(i);  // checks the index
-  reducer().grad_ready(i, grad);
+  reducer().grad_ready(i, grad, producer);
 }
 
 void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) const {

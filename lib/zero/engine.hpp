@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,7 +44,8 @@ class ZeroEngine {
   ~ZeroEngine();
 
   void zero_grad();
-  void grad_ready(std::size_t i, const void* grad);
+  void grad_ready(std::size_t i, const void* grad,
+                  std::optional<StreamHandle> producer = std::nullopt);
   void reduce_gradients();
   double clip_grad_norm(double max_norm);
   StepInfo step();

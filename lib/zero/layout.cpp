@@ -280,13 +280,15 @@ void ZeroEngine::agree_on_space() {
             location_name(where) +
             "; pass a stream of the parameters' device (or none: its "
             "default stream)";
-  if (where.kind == MemoryKind::device && kind_ == kCustomKind)
-    error = "a CustomOptimizer runs on the host, but the parameters are in " +
-            location_name(where) +
-            "; use a built-in optimizer for device parameters, or keep "
-            "them in host memory";
   agree_or_throw(ctl_, error, ErrorCode::wrong_device,
                  "fix the memory of the parameters on the rank(s) named");
+  std::string custom;
+  if (where.kind == MemoryKind::device && kind_ == kCustomKind)
+    custom = "a CustomOptimizer's update is a host function, but the parameters are in " +
+             location_name(where);
+  agree_or_throw(ctl_, custom, ErrorCode::unsupported,
+                 "use a built-in optimizer for device parameters, or keep them (and the custom "
+                 "optimizer) in host memory");
   // Every rank in the same kind of memory: host on all, or a device on all.
   std::int32_t mine = where.kind == MemoryKind::device ? 1 : 0;
   std::vector<std::int32_t> all(static_cast<std::size_t>(nranks_));

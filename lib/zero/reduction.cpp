@@ -44,6 +44,7 @@ GradReducer::~GradReducer() {
     } catch (...) {  // a destructor never throws; the Request logs
     }
   }
+  if (produced_ != nullptr) space_.runtime()->destroy_event(produced_);
 }
 
 // The gradient buffers, and which buckets the collectives can run on in
@@ -195,7 +196,8 @@ void GradReducer::zero_grad_buffers() {
       space_.zero(grad_ptr_[i], params_[i].numel * elem_);
 }
 
-void GradReducer::grad_ready(std::size_t i, const void* grad) {
+void GradReducer::grad_ready(std::size_t i, const void* grad,
+                             std::optional<StreamHandle> producer) {
   const Param& p = params_[i];
   if (opt_.stage < 2 && reduced_once_)
     throw_error(ErrorCode::invalid_state,
@@ -229,6 +231,25 @@ void GradReducer::grad_ready(std::size_t i, const void* grad) {
                     space_.name(),
                 "pass a gradient in the memory the optimizer was built on (copy it there first)",
                 __FILE__, __LINE__);
+  if (producer) {
+    if (!space_.on_device())
+      throw_error(ErrorCode::invalid_argument,
+                  "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                      "'): a stream was given but the optimizer's parameters are in host memory",
+                  "pass no stream (null) for host parameters", __FILE__, __LINE__);
+    const int sd = space_.runtime()->stream_device(*producer);
+    if (sd != space_.location().device)
+      throw_error(ErrorCode::wrong_device,
+                  "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                      "'): the stream belongs to device " + std::to_string(sd) +
+                      " but the optimizer's parameters are in " + space_.name(),
+                  "pass the stream that wrote the gradient, on the parameters' device", __FILE__,
+                  __LINE__);
+    if (produced_ == nullptr) produced_ = space_.runtime()->create_event();
+    // Every stream that wrote into a bucket is waited on: each call orders
+    // the engine's stream after its own producer.
+    space_.order_after(*producer, produced_);
+  }
   if (streamed_[i] == 0 && grad != nullptr && p.numel > 0 && grad != grad_ptr_[i])
     space_.copy(grad_ptr_[i], grad, p.numel * elem_);
   marked_any_ = true;

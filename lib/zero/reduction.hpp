@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -64,9 +65,11 @@ class GradReducer {
 
   // Parameter i's gradient buffer (the user's, owned, or null when streamed).
   std::byte* grad(std::size_t i) const noexcept { return grad_ptr_[i]; }
-  // Marks gradient i ready (i a valid index) and starts the reduce-scatter
-  // of every bucket that is complete.
-  void grad_ready(std::size_t i, const void* grad);
+  // Marks gradient i ready (i a valid index), written by the work enqueued
+  // on `producer` (device: the engine's stream waits for it; none: the
+  // engine's own), and starts the reduce-scatter of every bucket that is
+  // complete.
+  void grad_ready(std::size_t i, const void* grad, std::optional<StreamHandle> producer);
   // Completes the reduction of the micro-batch: agrees on what was marked
   // (partly marked gradients throw on every rank), reduces the rest, and in
   // stages 0 and 1 allgathers the reduced gradients back.
@@ -172,6 +175,7 @@ class GradReducer {
   std::size_t pool_bytes_ = 0;
   std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready
   std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
+  EventHandle produced_ = nullptr;    // device: carries producer streams' work
 
   // Step state.
   std::deque<Flight> flights_;

@@ -88,6 +88,16 @@ class Space {
   void upload(void* dst, const void* host, std::size_t bytes) const { transfer(dst, host, bytes); }
   // The host waits for everything enqueued so far.
   void synchronize() const;
+  // Work enqueued from now on waits (on the device, not the host) for what
+  // `producer`, another stream of this device, has enqueued so far; `e` is
+  // the event that carries it (recorded anew each time). Nothing on the host
+  // or for the space's own stream.
+  void order_after(StreamHandle producer, EventHandle e) const {
+    if (!on_device() || producer == stream_) return;
+    rt_->record(e, producer);
+    rt_->wait_event(stream_, e);
+  }
+  DeviceRuntime* runtime() const noexcept { return rt_; }
 
  private:
   // A copy in any direction, the host waiting for it.

@@ -394,6 +394,8 @@ MemoryReport ZeroEngine::memory_report() const {
     m.user_params += p.numel * elem_;
     if (p.grad != nullptr) m.user_grads += p.numel * elem_;
   }
+  // Every buffer of the engine is in its space.
+  (space_.on_device() ? m.device_bytes : m.host_bytes) = m.allocated();
   return m;
 }
 

@@ -47,6 +47,9 @@ void ZeroRedundancyOptimizer::grad_ready(std::size_t i, const void* grad) {
                 __FILE__, __LINE__);
   engine(engine_).grad_ready(i, grad);
 }
+void ZeroRedundancyOptimizer::grad_ready_on(void* stream, std::size_t i, const void* grad) {
+  engine(engine_).grad_ready(i, grad, stream);
+}
 void ZeroRedundancyOptimizer::reduce_gradients() { engine(engine_).reduce_gradients(); }
 double ZeroRedundancyOptimizer::clip_grad_norm(double max_norm) {
   return engine(engine_).clip_grad_norm(max_norm);

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/backend.hpp"
 #include "common/check.hpp"
 
 namespace shardopt::sim {
@@ -42,11 +43,15 @@ std::size_t env_size(const char* name, std::size_t fallback) {
 
 thread_local int current = 0;
 
+// An event is its latest record (as CUDA's: waits and queries refer to the
+// record made last before them, whichever stream completes first).
+struct Record {
+  bool done = false;  // under the event's mutex
+};
 struct Event {
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t recorded = 0;   // records made
-  std::uint64_t completed = 0;  // the highest record that has run
+  std::shared_ptr<Record> latest;  // null: never recorded
 };
 
 class Stream {
@@ -80,6 +85,14 @@ class Stream {
   }
 
  private:
+  // Holds the stream back for about `d`, yielding the core meanwhile:
+  // a sleep of a few microseconds costs a context switch and the timer's
+  // slack, ten times the delay asked for.
+  static void delay(std::chrono::microseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
+
   void run() {
     for (;;) {
       std::function<void()> op;
@@ -90,8 +103,7 @@ class Stream {
         op = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (max_delay_ > 0)
-        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % (max_delay_ + 1)));
+      if (max_delay_ > 0) delay(std::chrono::microseconds(rng_() % (max_delay_ + 1)));
       op();
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -262,42 +274,42 @@ class SimDevice final : public detail::DeviceRuntime {
   }
   void record(EventHandle e, StreamHandle s) override {
     std::shared_ptr<Event> ev = event(e);
-    std::uint64_t ticket = 0;
+    auto r = std::make_shared<Record>();
     {
       std::lock_guard<std::mutex> lock(ev->mu);
-      ticket = ++ev->recorded;
+      ev->latest = r;
     }
-    stream(s).enqueue([ev, ticket] {
+    stream(s).enqueue([ev, r] {
       {
         std::lock_guard<std::mutex> lock(ev->mu);
-        ev->completed = std::max(ev->completed, ticket);
+        r->done = true;
       }
       ev->cv.notify_all();
     });
   }
   void wait_event(StreamHandle s, EventHandle e) override {
     std::shared_ptr<Event> ev = event(e);
-    std::uint64_t ticket = 0;
+    std::shared_ptr<Record> r;
     {
       std::lock_guard<std::mutex> lock(ev->mu);
-      ticket = ev->recorded;
+      r = ev->latest;
     }
-    if (ticket == 0) return;  // never recorded: nothing to wait for
-    stream(s).enqueue([ev, ticket] {
+    if (r == nullptr) return;  // never recorded: nothing to wait for
+    stream(s).enqueue([ev, r] {
       std::unique_lock<std::mutex> lock(ev->mu);
-      ev->cv.wait(lock, [&] { return ev->completed >= ticket; });
+      ev->cv.wait(lock, [&] { return r->done; });
     });
   }
   bool query(EventHandle e) override {
     std::shared_ptr<Event> ev = event(e);
     std::lock_guard<std::mutex> lock(ev->mu);
-    return ev->completed >= ev->recorded;
+    return ev->latest == nullptr || ev->latest->done;
   }
   void synchronize_event(EventHandle e) override {
     std::shared_ptr<Event> ev = event(e);
     std::unique_lock<std::mutex> lock(ev->mu);
-    const std::uint64_t ticket = ev->recorded;
-    ev->cv.wait(lock, [&] { return ev->completed >= ticket; });
+    const std::shared_ptr<Record> r = ev->latest;
+    if (r != nullptr) ev->cv.wait(lock, [&] { return r->done; });
   }
 
   void copy(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
@@ -345,6 +357,10 @@ class SimDevice final : public detail::DeviceRuntime {
     a.store(value, std::memory_order_release);
     a.notify_all();
   }
+
+  bool has_collectives() const noexcept override { return true; }
+  std::unique_ptr<detail::DeviceCollectives> collectives(MPI_Comm comm,
+                                                         std::size_t max_chunk) override;
 
   bool emulated() const noexcept override { return true; }
   void emulate(StreamHandle s, std::function<void(const detail::Translate&)> f) override {
@@ -425,6 +441,141 @@ class SimDevice final : public detail::DeviceRuntime {
   std::vector<Stream*> default_;
   std::uint64_t stream_count_ = 0;
 };
+
+// NCCL's shape on the simulated device: each collective is an operation of
+// its stream, which runs it with MPI (the host backend, on a duplicate of
+// the communicator) on the worker's view of the buffers, blocking the
+// stream, not the host, until every rank's stream has reached it.
+class SimCollectives final : public detail::DeviceCollectives {
+ public:
+  SimCollectives(SimDevice& d, MPI_Comm comm, std::size_t max_chunk)
+      : d_(d), wire_(detail::make_mpi_host_backend(comm, max_chunk)) {}
+  ~SimCollectives() override {
+    std::unique_lock<std::mutex> lock(mu_);  // the streams hold `this` until then
+    idle_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+  const char* name() const noexcept override { return "nccl (simulated)"; }
+
+  void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                 StreamHandle s) override {
+    enqueue("allreduce", s, [=](SimDevice& d, detail::Backend& w) {
+      done(w.allreduce(d.translate(send), d.translate(recv), count, dtype, op, false, nullptr));
+    });
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                      StreamHandle s) override {
+    const auto place = recv == block(send, count, dtype) ? detail::ScatterPlace::at_own_block
+                                                         : detail::ScatterPlace::separate;
+    enqueue("reduce_scatter", s, [=](SimDevice& d, detail::Backend& w) {
+      done(w.reduce_scatter(d.translate(send), d.translate(recv), count, dtype, op, place, false,
+                            nullptr));
+    });
+  }
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype,
+                 StreamHandle s) override {
+    const bool in_place = send == block(recv, count, dtype);
+    enqueue("allgather", s, [=](SimDevice& d, detail::Backend& w) {
+      done(w.allgather(d.translate(send), d.translate(recv), count, dtype, in_place, false,
+                       nullptr));
+    });
+  }
+  void broadcast(void* buf, std::size_t count, DType dtype, int root, StreamHandle s) override {
+    enqueue("broadcast", s, [=](SimDevice& d, detail::Backend& w) {
+      done(w.broadcast(d.translate(buf), count, dtype, root, false, nullptr));
+    });
+  }
+
+  void check(const char* op) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) return;
+    try {
+      std::rethrow_exception(error_);
+    } catch (const Error& e) {
+      detail::throw_error(
+          e.code(),
+          std::string(op) + ": an earlier collective on device buffers failed: " + e.message(),
+          "the communicator cannot be used for device buffers after such a "
+          "failure: " +
+              e.hint(),
+          __FILE__, __LINE__);
+    }
+  }
+
+  void free() noexcept override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_.wait(lock, [&] { return pending_ == 0; });
+    }
+    try {
+      wire_->free();
+    } catch (...) {  // as ncclCommDestroy: nothing to report to
+    }
+  }
+
+ private:
+  // Completes a started collective, yielding between tests: the stream's
+  // thread shares the cores with the ranks' host threads.
+  static void done(std::unique_ptr<detail::PendingOp> op) {
+    if (op == nullptr) return;
+    while (!op->test()) std::this_thread::yield();
+  }
+
+  const void* block(const void* p, std::size_t count, DType dtype) const {
+    return static_cast<const char*>(p) + std::size_t(wire_->rank()) * count * dtype_size(dtype);
+  }
+
+  template <class F>
+  void enqueue(const char* op, StreamHandle s, F f) {
+    if (!threads_checked_) {
+      int level = MPI_THREAD_SINGLE;
+      MPI_Query_thread(&level);
+      if (level < MPI_THREAD_MULTIPLE)
+        detail::throw_error(ErrorCode::unsupported,
+                            std::string(op) +
+                                " on device buffers: the simulated device runs its collectives "
+                                "on its stream threads, which needs MPI_THREAD_MULTIPLE",
+                            "initialize MPI with MPI_THREAD_MULTIPLE, or use "
+                            "SHARDOPT_DEVICE_COMM=staged",
+                            __FILE__, __LINE__);
+      threads_checked_ = true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++pending_;
+    }
+    d_.stream(s).enqueue([this, f] {
+      bool failed;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failed = static_cast<bool>(error_);
+      }
+      if (!failed) {
+        try {
+          f(d_, *wire_);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) idle_.notify_all();
+    });
+  }
+
+  SimDevice& d_;
+  std::unique_ptr<detail::Backend> wire_;
+  bool threads_checked_ = false;
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::size_t pending_ = 0;
+  std::exception_ptr error_;
+};
+
+std::unique_ptr<detail::DeviceCollectives> SimDevice::collectives(MPI_Comm comm,
+                                                                  std::size_t max_chunk) {
+  return std::make_unique<SimCollectives>(*this, comm, max_chunk);
+}
 
 // Never destroyed: streams may be in use until the process ends.
 SimDevice& device() {

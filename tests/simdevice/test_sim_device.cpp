@@ -92,6 +92,25 @@ void streams_events_and_flags() {
   rt().copy(out.data(), a, n * 4, s1);
   check(out == ones, "the flag released the stream, and it ran what followed in order");
 
+  // An event recorded on a slow stream, then again on a fast one: a wait
+  // made between the two records waits for the first (the slow one), as
+  // CUDA's does, even though the second completes first.
+  {
+    void* s3 = rt().create_stream();
+    std::vector<float> twos(n, 2.0f);
+    rt().emulate(s1, [](const shardopt::detail::Translate&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    });
+    rt().copy(a, twos.data(), n * 4, s1);
+    rt().record(e, s1);
+    rt().wait_event(s3, e);
+    rt().record(e, s2);  // s2 is idle: this record completes at once
+    rt().copy(b, a, n * 4, s3);
+    rt().copy(out.data(), b, n * 4, s3);
+    check(out == twos, "a wait refers to the record made before it, not a later one");
+    rt().destroy_stream(s3);
+  }
+
   // A copy past an allocation's end is an error.
   bool threw = false;
   try {

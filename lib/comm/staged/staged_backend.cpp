@@ -184,27 +184,31 @@ class StagedPending final : public PendingOp {
   std::function<void()> check_;
 };
 
+// Completes a chunk's collective on the progress thread, yielding between
+// tests rather than spinning inside MPI: the thread shares the cores with
+// the application's (on a busy node, a spinning progress thread slows the
+// very ranks it waits for).
+void finish(std::unique_ptr<PendingOp> op) {
+  if (op == nullptr) return;
+  while (!op->test()) std::this_thread::yield();
+}
+
 char* at(const void* p, std::size_t elems, std::size_t es) {
   return const_cast<char*>(static_cast<const char*>(p)) + elems * es;
 }
 
-class StagedBackend final : public Backend {
+class StagedBackend final : public DeviceBackend {
  public:
   StagedBackend(std::unique_ptr<Backend> host, MPI_Comm comm, DeviceRuntime* rt)
-      : host_(std::move(host)), rt_(rt), progress_(rt) {
+      : DeviceBackend(std::move(host)), rt_(rt), progress_(rt) {
     // The progress thread's own communicator: its collectives never meet
     // the application's or the host backend's.
     wire_ = make_mpi_host_backend(comm, host_->max_chunk());
     chunk_bytes_ = settings().staged_chunk_kb * 1024;
-    watch = host_->watch;
   }
   ~StagedBackend() override { shutdown(); }
 
-  const char* name() const noexcept override { return host_->name(); }
-  int rank() const noexcept override { return host_->rank(); }
-  int size() const noexcept override { return host_->size(); }
-  MPI_Comm mpi_comm() const noexcept override { return host_->mpi_comm(); }
-  std::size_t max_chunk() const noexcept override { return host_->max_chunk(); }
+  const char* device_name() const noexcept override { return "staged"; }
   bool accepts(const MemoryLocation& where) const noexcept override {
     return where.kind == MemoryKind::host || (rt_ != nullptr && where.kind == MemoryKind::device);
   }
@@ -213,7 +217,6 @@ class StagedBackend final : public Backend {
     wire_->free();
     host_->free();
   }
-  bool freed() const noexcept override { return host_->freed(); }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                        ReduceOp op, bool blocking, StreamHandle s) override {
@@ -226,7 +229,7 @@ class StagedBackend final : public Backend {
                  c.down.push_back({at(send, off, es), nullptr, 0, n * es});
                  c.up.push_back({nullptr, at(recv, off, es), 0, n * es});
                  c.mpi = [&w, n, dtype, op](char* slot) {
-                   w.allreduce(slot, slot, n, dtype, op, true, nullptr);
+                   finish(w.allreduce(slot, slot, n, dtype, op, false, nullptr));
                  };
                });
   }
@@ -248,7 +251,8 @@ class StagedBackend final : public Backend {
             c.down.push_back({at(send, r * count + off, es), nullptr, r * n * es, n * es});
           c.up.push_back({nullptr, at(recv, off, es), 0, n * es});
           c.mpi = [&w, n, dtype, op](char* slot) {
-            w.reduce_scatter(slot, slot, n, dtype, op, ScatterPlace::at_start, true, nullptr);
+            finish(
+                w.reduce_scatter(slot, slot, n, dtype, op, ScatterPlace::at_start, false, nullptr));
           };
         });
   }
@@ -267,7 +271,7 @@ class StagedBackend final : public Backend {
                  for (std::size_t r = 0; r < ranks; ++r)
                    c.up.push_back({nullptr, at(recv, r * count + off, es), r * n * es, n * es});
                  c.mpi = [&w, n, dtype, me, es](char* slot) {
-                   w.allgather(slot + me * n * es, slot, n, dtype, true, true, nullptr);
+                   finish(w.allgather(slot + me * n * es, slot, n, dtype, true, false, nullptr));
                  };
                });
   }
@@ -284,54 +288,17 @@ class StagedBackend final : public Backend {
                  if (mine) c.down.push_back({at(buf, off, es), nullptr, 0, n * es});
                  if (!mine) c.up.push_back({nullptr, at(buf, off, es), 0, n * es});
                  c.mpi = [&w, n, dtype, root](char* slot) {
-                   w.broadcast(slot, n, dtype, root, true, nullptr);
+                   finish(w.broadcast(slot, n, dtype, root, false, nullptr));
                  };
                });
   }
 
-  std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle s) override {
-    return host_->barrier(blocking, s);
-  }
-
  private:
   // Whether the operation is one on device buffers (else the host
-  // backend's). Buffers in both memories, or a stream of another device
-  // than the buffers', are errors.
+  // backend's); its first device operation starts the pipeline.
   bool on_device(const char* op, std::initializer_list<const void*> bufs, std::size_t count,
                  StreamHandle s) {
-    if (count == 0 || rt_ == nullptr) return false;
-    int device = -1;
-    bool host = false;
-    for (const void* p : bufs) {
-      const MemoryLocation where = locate(p);
-      if (where.kind == MemoryKind::device) {
-        if (device >= 0 && where.device != device)
-          throw_error(ErrorCode::wrong_device,
-                      std::string(op) + ": the buffers are on devices " + std::to_string(device) +
-                          " and " + std::to_string(where.device),
-                      "pass buffers of one device, the one this rank works on", __FILE__, __LINE__);
-        device = where.device;
-      } else {
-        host = true;
-      }
-    }
-    if (device < 0) return false;
-    if (host)
-      throw_error(ErrorCode::wrong_device,
-                  std::string(op) + ": one buffer is in host memory and another in " +
-                      location_name({MemoryKind::device, device}),
-                  "pass both buffers in one memory: copy the host data to the device first (or "
-                  "the device data to the host)",
-                  __FILE__, __LINE__);
-    const int sd = rt_->stream_device(s);
-    if (sd != device)
-      throw_error(ErrorCode::wrong_device,
-                  std::string(op) + ": the buffers are on device " + std::to_string(device) +
-                      " but the stream (CommOptions::stream) belongs to device " +
-                      std::to_string(sd),
-                  "give the communicator a stream of the buffers' device (or none: the "
-                  "device's default stream)",
-                  __FILE__, __LINE__);
+    if (!device_operation(rt_, op, bufs, count, s)) return false;
     start(op);
     return true;
   }
@@ -442,7 +409,7 @@ class StagedBackend final : public Backend {
     rt_->destroy_stream(up_);
   }
 
-  std::unique_ptr<Backend> host_, wire_;
+  std::unique_ptr<Backend> wire_;
   DeviceRuntime* rt_;  // null on a rank without a device
   Progress progress_;
   std::size_t chunk_bytes_ = 0;
