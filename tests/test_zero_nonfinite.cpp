@@ -34,9 +34,18 @@ void fill(Model& m, std::int64_t batch, int on = -1, std::size_t param = 0, std:
           float value = 0.0f) {
   const Layout& l = m.layout();
   for (std::size_t i = 0; i < l.size(); ++i)
-    fill_grad(m.grad_data(i), m.dtype(), l.sizes[i], GradKind::exact, 31, batch, world_rank(), i,
+    fill_grad(m.grad_host(i), m.dtype(), l.sizes[i], GradKind::exact, 31, batch, world_rank(), i,
               false);
-  if (world_rank() == on) store(m.dtype(), m.grad_data(param), elem, value);
+  if (world_rank() == on) store(m.dtype(), m.grad_host(param), elem, value);
+  for (std::size_t i = 0; i < l.size(); ++i)
+    Model::upload(m.grad_data(i), m.grad_host(i), l.sizes[i] * dtype_size(m.dtype()));
+}
+
+// Element `elem` of gradient `param` set to `value` (host mirror and buffer).
+void poison(Model& m, std::size_t param, std::size_t elem, float value) {
+  store(m.dtype(), m.grad_host(param), elem, value);
+  Model::upload(m.grad_data(param), m.grad_host(param),
+                m.layout().sizes[param] * dtype_size(m.dtype()));
 }
 
 // Every parameter's bits and every state, gathered: what must not change.
@@ -46,7 +55,8 @@ struct Frozen {
   std::int64_t steps = 0;
   bool operator==(const Frozen&) const = default;
 };
-Frozen frozen(ZeroRedundancyOptimizer& opt, const Model& m) {
+Frozen frozen(ZeroRedundancyOptimizer& opt, Model& m) {
+  m.pull();
   Frozen s;
   for (std::size_t i = 0; i < m.layout().size(); ++i) {
     s.params.push_back(m.all_bits(i));
@@ -108,8 +118,7 @@ TEST_CASE("non_finite error: NonFiniteError on every rank naming the parameter a
       // Two bad values on different ranks: parameter 1 element 250 (on rank
       // 0) comes before parameter 3 element 2 (on the last rank).
       fill(m, 1, 0, 1, 250, std::numeric_limits<float>::quiet_NaN());
-      if (world_rank() == world_size() - 1)
-        store(t, m.grad_data(3), 2, std::numeric_limits<float>::infinity());
+      if (world_rank() == world_size() - 1) poison(m, 3, 2, std::numeric_limits<float>::infinity());
       CHECK(all_ranks_true(throws_error<NonFiniteError>(
           [&] { opt.step(); }, ErrorCode::non_finite,
           "step 2: the gradient of parameter '" + nf_layout().names[1] +
@@ -139,6 +148,7 @@ TEST_CASE("non_finite ignore (the default without a loss scaler): no check", "[z
                                 ZeroOptions{.stage = 2, .bucket_mb = 0.001, .non_finite = p});
     fill(m, 0, 0, 2, 0, std::numeric_limits<float>::quiet_NaN());
     const StepInfo info = opt.step();
+    m.pull();
     CHECK(info.applied);
     CHECK(std::isnan(m.param(2, 0)));  // on every rank, after the allgather
     CHECK(std::isfinite(m.param(1, 0)));
