@@ -167,8 +167,10 @@ void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
     const std::string why = facts[0] == 0   ? "no rank has a device"
                             : rt == nullptr ? "this rank has no device"
                             : !rt->has_collectives()
-                                ? std::string("this shardopt has no NCCL backend for ") +
-                                      rt->name() + " (built without NCCL)"
+                                ? std::string(
+                                      "this shardopt build has no NCCL collectives "
+                                      "for the ") +
+                                      rt->name()
                                 : "some rank has no device or no NCCL";
     backend_->free();
     SHARDOPT_THROW(unsupported,
