@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
+#include <thread>
 
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
@@ -36,6 +37,15 @@ class PendingOp {
   int ranks = 0;
   std::shared_ptr<const WatchChannel> channel;
 };
+
+// Completes op (null: nothing to do) from a helper thread, testing it and
+// yielding the core between tests rather than spinning inside MPI: such a
+// thread shares the cores with the application's, and a spinning waiter
+// slows the very ranks it waits for.
+inline void complete_yielding(std::unique_ptr<PendingOp> op) {
+  if (op == nullptr) return;
+  while (!op->test()) std::this_thread::yield();
+}
 
 // How reduce_scatter's output relates to its input.
 enum class ScatterPlace {

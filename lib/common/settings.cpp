@@ -5,8 +5,11 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "common/check.hpp"
 
@@ -83,23 +86,29 @@ bool apply_period(Settings& s, const std::string& v) {
   return n.has_value();
 }
 
+// For a named choice (any case): stores the value of the name v is, if any.
+template <class E>
+bool apply_choice(E& field, const std::string& v,
+                  std::initializer_list<std::pair<const char*, E>> choices) {
+  const std::string u = upper(v);
+  for (const auto& [name, value] : choices) {
+    if (u != name) continue;
+    field = value;
+    return true;
+  }
+  return false;
+}
+
 const VarSpec kVars[] = {
     {"SHARDOPT_DEBUG", "WARN", "NONE, WARN, INFO, TRACE (any case)",
      "How much the library logs: NONE nothing, WARN problems, INFO also setup and per-phase "
      "summaries, TRACE every collective. Like NCCL_DEBUG.",
      [](Settings& s, const std::string& v) {
-       const std::string u = upper(v);
-       if (u == "NONE")
-         s.debug = LogLevel::none;
-       else if (u == "WARN")
-         s.debug = LogLevel::warn;
-       else if (u == "INFO")
-         s.debug = LogLevel::info;
-       else if (u == "TRACE")
-         s.debug = LogLevel::trace;
-       else
-         return false;
-       return true;
+       return apply_choice(s.debug, v,
+                           {{"NONE", LogLevel::none},
+                            {"WARN", LogLevel::warn},
+                            {"INFO", LogLevel::info},
+                            {"TRACE", LogLevel::trace}});
      }},
     {"SHARDOPT_DEBUG_FILE", "(stderr)",
      "a file path; %h is replaced by the host name, %p by the "
@@ -134,16 +143,11 @@ const VarSpec kVars[] = {
      "cap: a CPU without the named unit uses the widest it has. For comparing nodes of "
      "different types, or ruling the vector code out while debugging.",
      [](Settings& s, const std::string& v) {
-       const std::string u = upper(v);
-       if (u == "AUTO" || u == "AVX512")
-         s.cpu_isa = CpuIsa::avx512;
-       else if (u == "AVX2")
-         s.cpu_isa = CpuIsa::avx2;
-       else if (u == "BASELINE")
-         s.cpu_isa = CpuIsa::baseline;
-       else
-         return false;
-       return true;
+       return apply_choice(s.cpu_isa, v,
+                           {{"AUTO", CpuIsa::avx512},
+                            {"AVX512", CpuIsa::avx512},
+                            {"AVX2", CpuIsa::avx2},
+                            {"BASELINE", CpuIsa::baseline}});
      }},
     {"SHARDOPT_BUCKET_MB", "25", "a number of MiB > 0 and <= 65536, e.g. 25 or 0.5",
      "The size of the ZeRO engine's gradient buckets (of reduced gradients) when "
@@ -195,16 +199,10 @@ const VarSpec kVars[] = {
      "shardopt has it and every rank has a device, else staged. A forced choice that cannot "
      "be used is an error on every rank. CommOptions::device_comm overrides it.",
      [](Settings& s, const std::string& v) {
-       const std::string u = upper(v);
-       if (u == "AUTO")
-         s.device_comm = DeviceComm::automatic;
-       else if (u == "NCCL")
-         s.device_comm = DeviceComm::nccl;
-       else if (u == "STAGED")
-         s.device_comm = DeviceComm::staged;
-       else
-         return false;
-       return true;
+       return apply_choice(s.device_comm, v,
+                           {{"AUTO", DeviceComm::automatic},
+                            {"NCCL", DeviceComm::nccl},
+                            {"STAGED", DeviceComm::staged}});
      }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "

@@ -460,7 +460,8 @@ class SimCollectives final : public detail::DeviceCollectives {
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                  StreamHandle s) override {
     enqueue("allreduce", s, [=](SimDevice& d, detail::Backend& w) {
-      done(w.allreduce(d.translate(send), d.translate(recv), count, dtype, op, false, nullptr));
+      detail::complete_yielding(
+          w.allreduce(d.translate(send), d.translate(recv), count, dtype, op, false, nullptr));
     });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -468,21 +469,21 @@ class SimCollectives final : public detail::DeviceCollectives {
     const auto place = recv == block(send, count, dtype) ? detail::ScatterPlace::at_own_block
                                                          : detail::ScatterPlace::separate;
     enqueue("reduce_scatter", s, [=](SimDevice& d, detail::Backend& w) {
-      done(w.reduce_scatter(d.translate(send), d.translate(recv), count, dtype, op, place, false,
-                            nullptr));
+      detail::complete_yielding(w.reduce_scatter(d.translate(send), d.translate(recv), count, dtype,
+                                                 op, place, false, nullptr));
     });
   }
   void allgather(const void* send, void* recv, std::size_t count, DType dtype,
                  StreamHandle s) override {
     const bool in_place = send == block(recv, count, dtype);
     enqueue("allgather", s, [=](SimDevice& d, detail::Backend& w) {
-      done(w.allgather(d.translate(send), d.translate(recv), count, dtype, in_place, false,
-                       nullptr));
+      detail::complete_yielding(w.allgather(d.translate(send), d.translate(recv), count, dtype,
+                                            in_place, false, nullptr));
     });
   }
   void broadcast(void* buf, std::size_t count, DType dtype, int root, StreamHandle s) override {
     enqueue("broadcast", s, [=](SimDevice& d, detail::Backend& w) {
-      done(w.broadcast(d.translate(buf), count, dtype, root, false, nullptr));
+      detail::complete_yielding(w.broadcast(d.translate(buf), count, dtype, root, false, nullptr));
     });
   }
 
@@ -514,13 +515,6 @@ class SimCollectives final : public detail::DeviceCollectives {
   }
 
  private:
-  // Completes a started collective, yielding between tests: the stream's
-  // thread shares the cores with the ranks' host threads.
-  static void done(std::unique_ptr<detail::PendingOp> op) {
-    if (op == nullptr) return;
-    while (!op->test()) std::this_thread::yield();
-  }
-
   const void* block(const void* p, std::size_t count, DType dtype) const {
     return static_cast<const char*>(p) + std::size_t(wire_->rank()) * count * dtype_size(dtype);
   }

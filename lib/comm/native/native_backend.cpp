@@ -58,8 +58,7 @@ class NativeBackend final : public DeviceBackend {
     return where.kind == MemoryKind::host || where.kind == MemoryKind::device;
   }
   void free() override {
-    if (coll_) coll_->free();
-    coll_.reset();
+    if (!host_->freed()) coll_->free();
     host_->free();
   }
 

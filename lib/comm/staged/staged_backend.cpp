@@ -184,15 +184,6 @@ class StagedPending final : public PendingOp {
   std::function<void()> check_;
 };
 
-// Completes a chunk's collective on the progress thread, yielding between
-// tests rather than spinning inside MPI: the thread shares the cores with
-// the application's (on a busy node, a spinning progress thread slows the
-// very ranks it waits for).
-void finish(std::unique_ptr<PendingOp> op) {
-  if (op == nullptr) return;
-  while (!op->test()) std::this_thread::yield();
-}
-
 char* at(const void* p, std::size_t elems, std::size_t es) {
   return const_cast<char*>(static_cast<const char*>(p)) + elems * es;
 }
@@ -229,7 +220,7 @@ class StagedBackend final : public DeviceBackend {
                  c.down.push_back({at(send, off, es), nullptr, 0, n * es});
                  c.up.push_back({nullptr, at(recv, off, es), 0, n * es});
                  c.mpi = [&w, n, dtype, op](char* slot) {
-                   finish(w.allreduce(slot, slot, n, dtype, op, false, nullptr));
+                   complete_yielding(w.allreduce(slot, slot, n, dtype, op, false, nullptr));
                  };
                });
   }
@@ -251,7 +242,7 @@ class StagedBackend final : public DeviceBackend {
             c.down.push_back({at(send, r * count + off, es), nullptr, r * n * es, n * es});
           c.up.push_back({nullptr, at(recv, off, es), 0, n * es});
           c.mpi = [&w, n, dtype, op](char* slot) {
-            finish(
+            complete_yielding(
                 w.reduce_scatter(slot, slot, n, dtype, op, ScatterPlace::at_start, false, nullptr));
           };
         });
@@ -271,7 +262,8 @@ class StagedBackend final : public DeviceBackend {
                  for (std::size_t r = 0; r < ranks; ++r)
                    c.up.push_back({nullptr, at(recv, r * count + off, es), r * n * es, n * es});
                  c.mpi = [&w, n, dtype, me, es](char* slot) {
-                   finish(w.allgather(slot + me * n * es, slot, n, dtype, true, false, nullptr));
+                   complete_yielding(
+                       w.allgather(slot + me * n * es, slot, n, dtype, true, false, nullptr));
                  };
                });
   }
@@ -288,7 +280,7 @@ class StagedBackend final : public DeviceBackend {
                  if (mine) c.down.push_back({at(buf, off, es), nullptr, 0, n * es});
                  if (!mine) c.up.push_back({nullptr, at(buf, off, es), 0, n * es});
                  c.mpi = [&w, n, dtype, root](char* slot) {
-                   finish(w.broadcast(slot, n, dtype, root, false, nullptr));
+                   complete_yielding(w.broadcast(slot, n, dtype, root, false, nullptr));
                  };
                });
   }
