@@ -353,6 +353,19 @@ TEST_CASE("device ZeRO: gradients written by several streams are each waited for
   }
 }
 
+TEST_CASE("device buffers: no rank has a device", "[.no-device-anywhere]") {
+  // Run with SHARDOPT_SIM_DEVICES=0 on every rank: no transport of device
+  // buffers is made, and a forced nccl fails on every rank saying why.
+  CHECK(all_ranks_true(detail::device_runtime() == nullptr));
+  Communicator comm(MPI_COMM_WORLD);
+  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == "none"));
+  CHECK(all_ranks_true(throws_error<UnsupportedError>(
+      [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl}); },
+      ErrorCode::unsupported, "cannot be used: no rank has a device")));
+  CHECK(all_ranks_true(still_works(comm)));
+  comm.free();
+}
+
 TEST_CASE("device ZeRO: a rank without a device among ranks with one", "[.no-device]") {
   // Run with SHARDOPT_SIM_DEVICES=0 on rank 0 only: its Communicator still
   // duplicates with the others, host collectives work, and an optimizer on
