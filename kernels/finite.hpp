@@ -37,6 +37,10 @@ namespace cuda {
 // Device buffer; `stream` a cudaStream_t (null: the default stream).
 // Synchronous. Throws std::runtime_error on a CUDA error.
 bool all_finite(const void* grad, DType grad_type, std::size_t n, float grad_mul, void* stream);
+// Enqueued on `stream`, returning at once: sets the device word *flag to 1
+// if some gradient is not finite (leaves it as it is otherwise).
+void flag_nonfinite(const void* grad, DType grad_type, std::size_t n, float grad_mul,
+                    unsigned* flag, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -57,6 +57,12 @@ bool step(const typename Kernel<O>::Buffers& b, const typename Kernel<O>::Scalar
 template <class O>
 bool step(std::span<const typename Kernel<O>::Buffers> tensors,
           const typename Kernel<O>::Scalars& s, void* stream);
+// The list step enqueued on `stream`, returning at once: no finiteness
+// result, and nothing is written when the device word *skip (may be null)
+// is non-zero as the stream reaches the step (apex's noop flag).
+template <class O>
+void step_async(std::span<const typename Kernel<O>::Buffers> tensors,
+                const typename Kernel<O>::Scalars& s, const unsigned* skip, void* stream);
 }  // namespace cuda
 
 }  // namespace shardopt::kernels

@@ -57,8 +57,9 @@ inline void train(ZeroRedundancyOptimizer& opt, Model& model, Reference* ref, st
     opt.zero_grad();
     for (std::size_t i = l.size(); i-- > 0;) {
       // Scaled by the loss scale (a power of 2: exact), which step() undoes.
-      fill_grad(model.grad_data(i), model.dtype(), l.sizes[i], GradKind::exact, key, s, r, i, false,
+      fill_grad(model.grad_host(i), model.dtype(), l.sizes[i], GradKind::exact, key, s, r, i, false,
                 static_cast<float>(opt.loss_scale()));
+      Model::upload(model.grad_data(i), model.grad_host(i), l.sizes[i] * dtype_size(model.dtype()));
       opt.grad_ready(i);
     }
     opt.step();
@@ -68,6 +69,7 @@ inline void train(ZeroRedundancyOptimizer& opt, Model& model, Reference* ref, st
 
 inline Snapshot snapshot(ZeroRedundancyOptimizer& opt, Model& model) {
   Snapshot s;
+  model.pull();
   for (std::size_t i = 0; i < model.layout().size(); ++i) s.params.push_back(model.all_bits(i));
   for (const std::string& name : opt.state_names())
     for (std::size_t i = 0; i < model.layout().size(); ++i)

@@ -34,6 +34,7 @@ std::unique_ptr<Communicator> first_ranks(int n) {
 
 // "" or what differs between the engine and the reference.
 std::string against_reference(ZeroRedundancyOptimizer& opt, Model& model, const Reference& ref) {
+  model.pull();
   for (std::size_t i = 0; i < model.layout().size(); ++i) {
     std::string d = compare_bits(model.all_bits(i), ref.param_bits(i));
     if (!d.empty()) return "parameter " + model.layout().names[i] + ": " + d;
@@ -213,6 +214,7 @@ TEST_CASE("a checkpoint holds the canonical tensors; an export the parameters", 
              {.chunk_bytes = 128, .metadata = {{"epoch", "7"}, {"data.offset", "12345"}}});
     opt.export_params(dir.file("e32.safetensors"));
     opt.export_params(dir.file("e.safetensors"), {.fp32 = false});
+    m.pull();
     std::string failure;
     const auto fail = [&](const std::string& s) {
       if (failure.empty()) failure = s;

@@ -3,12 +3,14 @@
 // loaded into host ones and back, at this rank count; and the errors of
 // device arguments, on every rank, with the optimizer still usable where
 // the cause can be fixed.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -350,6 +352,59 @@ TEST_CASE("device ZeRO: gradients written by several streams are each waited for
     rt().destroy_event(zeroed);
     for (void* s : producers) rt().destroy_stream(s);
     rt().destroy_stream(engine);
+  }
+}
+
+TEST_CASE("device ZeRO: step() enqueues its work and returns without waiting for the device",
+          "[device][zero]") {
+  // Before each step the engine's stream (the default one) is held by a
+  // host flag that the test raises only once step() has returned: a step
+  // that waited for the device would not return (a watchdog thread then
+  // raises the flag after 20 s, and the test fails). Without a loss scaler
+  // and with one, whose verdict stays on the device (StepInfo::pending),
+  // step 2 overflowing on the last rank; afterwards the run equals the
+  // host's bitwise, the skipped step and the scale included.
+  for (bool scaler : {false, true}) {
+    for (int stage : {0, 1, 2}) {
+      INFO((scaler ? "loss scaler" : "no scaler") << ", stage " << stage);
+      Net dev(DType::f32, true), host(DType::f32, false);
+      ZeroOptions zo{.stage = stage, .bucket_mb = 0.0005};
+      if (scaler) zo.loss_scaler = LossScaler{.init_scale = 1024.0, .growth_interval = 2};
+      ZeroRedundancyOptimizer od(world(), dev.params(), AdamW{.lr = 0.25}, zo);
+      ZeroRedundancyOptimizer oh(world(), host.params(), AdamW{.lr = 0.25}, zo);
+      std::uint32_t* hold = rt().allocate_flags(1);
+      bool waited = false, pending = true;
+      for (int step = 0; step < 4; ++step) {
+        const bool overflow = scaler && step == 1 && world_rank() == world_size() - 1;
+        rt().wait_flag(nullptr, hold, std::uint32_t(step + 1));
+        std::atomic<bool> returned{false};
+        std::thread watchdog([&] {
+          for (int k = 0; k < 2000 && !returned; ++k)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          if (!returned) waited = true;
+          rt().set_flag(hold, std::uint32_t(step + 1));
+        });
+        for (ZeroRedundancyOptimizer* o : {&od, &oh}) o->zero_grad();
+        for (Net* n : {&dev, &host}) {
+          n->write_grads(step);
+          if (!overflow) continue;
+          n->set(n->host_g[0], 3, std::numeric_limits<float>::infinity());
+          if (n->device) rt().copy(n->g[0], n->host_g[0].data(), n->host_g[0].size(), nullptr);
+        }
+        const StepInfo info = od.step();
+        returned = true;
+        watchdog.join();
+        pending = pending && info.pending == scaler;
+        oh.step();
+      }
+      rt().synchronize(nullptr);
+      rt().release_flags(hold);
+      CHECK(all_ranks_true(!waited && pending));
+      CHECK(all_ranks_true(dev.param_bytes() == host.param_bytes()));
+      CHECK(all_ranks_true(od.steps() == oh.steps() && od.skipped_steps() == oh.skipped_steps() &&
+                           od.loss_scale() == oh.loss_scale()));
+      CHECK(oh.skipped_steps() == (scaler ? 1 : 0));
+    }
   }
 }
 

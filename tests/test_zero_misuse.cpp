@@ -28,7 +28,7 @@ using namespace shardopt::test::zero;
 // suite, tests/gpu/test_gpu_memory.cu): every kind of host memory a program
 // hands over is located as host memory and accepted, and the step is right.
 TEST_CASE("ZeRO: parameters and gradients in any host memory are accepted",
-          "[zero][errors][device]") {
+          "[zero][errors][device][host-memory]") {
   constexpr std::size_t n = 1000;
   static float static_data[n], static_grad[n];
   float stack_data[n], stack_grad[n];
@@ -142,8 +142,9 @@ TEST_CASE("ZeRO: gradients never marked ready are named at the next reduction",
                                      : "step()";
       INFO("stage " << stage << ", " << what << " with layer1.bias and layer3.bias never marked");
       for (std::size_t i = 0; i < layout.size(); ++i) {
-        fill_grad(model.grad_data(i), DType::f32, layout.sizes[i], GradKind::exact, 9, 0,
+        fill_grad(model.grad_host(i), DType::f32, layout.sizes[i], GradKind::exact, 9, 0,
                   world_rank(), i, false);
+        Model::upload(model.grad_data(i), model.grad_host(i), layout.sizes[i] * 4);
       }
       const Caught c = catch_error([&] {
         for (std::size_t i : {4u, 2u, 0u}) opt->grad_ready(i);
@@ -169,8 +170,9 @@ TEST_CASE("ZeRO stages 0 and 1: marking a gradient after the reduction is an err
     if (!opt) continue;
     INFO("stage " << stage << ": grad_ready(1) after clip_grad_norm()");
     for (std::size_t i = 0; i < layout.size(); ++i) {
-      fill_grad(model.grad_data(i), DType::f32, layout.sizes[i], GradKind::exact, 11, 0,
+      fill_grad(model.grad_host(i), DType::f32, layout.sizes[i], GradKind::exact, 11, 0,
                 world_rank(), i, false);
+      Model::upload(model.grad_data(i), model.grad_host(i), layout.sizes[i] * 4);
     }
     const bool reduced = no_throw([&] {
       for (std::size_t i : {2u, 1u, 0u}) opt->grad_ready(i);
@@ -326,10 +328,20 @@ TEST_CASE("ZeRO: stream_grads is stage 2 only and needs grad_ready(i, grad)",
                  {"layer0.weight", "layer1.bias"}, true);
   }
   std::vector<float> scratch(30, 0.25f);
+  void* grad = scratch.data();
+#if SHARDOPT_TEST_DEVICE
+  // A device run passes its gradients from a device copy.
+  grad = sim::runtime().allocate(scratch.size() * 4, "the scratch gradient");
+  Model::upload(grad, scratch.data(), scratch.size() * 4);
+  struct Release {
+    void* p;
+    ~Release() { sim::runtime().release(p); }
+  } release_grad{grad};
+#endif
   opt->zero_grad();
   StepInfo info;
   const bool stepped = no_throw([&] {
-    for (std::size_t i : {1u, 0u}) opt->grad_ready(i, scratch.data());
+    for (std::size_t i : {1u, 0u}) opt->grad_ready(i, grad);
     info = opt->step();
   });
   CHECK(all_ranks_true(stepped && info.applied && info.step == 1));

@@ -20,12 +20,20 @@ using namespace shardopt::test::zero;
 
 namespace {
 
-// One step on random gradients that differ per rank.
-void random_step(ZeroRedundancyOptimizer& opt, Model& m, std::int64_t batch) {
+// Random gradients that differ per rank (written on the host, then
+// uploaded in a device run).
+void random_grads(Model& m, std::int64_t batch) {
   const Layout& l = m.layout();
-  for (std::size_t i = 0; i < l.size(); ++i)
-    fill_grad(m.grad_data(i), m.dtype(), l.sizes[i], GradKind::random, 77, batch, world_rank(), i,
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    fill_grad(m.grad_host(i), m.dtype(), l.sizes[i], GradKind::random, 77, batch, world_rank(), i,
               false);
+    Model::upload(m.grad_data(i), m.grad_host(i), l.sizes[i] * dtype_size(m.dtype()));
+  }
+}
+
+// One step on them.
+void random_step(ZeroRedundancyOptimizer& opt, Model& m, std::int64_t batch) {
+  random_grads(m, batch);
   opt.step();
 }
 
@@ -69,6 +77,7 @@ TEST_CASE("check_sync: one changed element on one rank is named on every rank", 
     Model m(sync_layout(), DType::f32, false, false, 5);
     ZeroRedundancyOptimizer opt(world(), m.params(), Adam{.lr = 0.01});
     *static_cast<float*>(m.param_data(2)) += 1.0f;
+    m.push();
     CHECK(opt.check_sync().in_sync);
     return;
   }
@@ -79,12 +88,14 @@ TEST_CASE("check_sync: one changed element on one rank is named on every rank", 
       ZeroRedundancyOptimizer opt(world(), m.params(), AdamW{.lr = 0.01},
                                   ZeroOptions{.stage = 2, .bucket_mb = 0.001});
       random_step(opt, m, 0);
+      m.pull();
       // Element 421 of parameter 2, and (later in the list) parameter 5.
       const float before = m.param(2, 421), before5 = m.param(5, 3);
       const float after = before + 0.5f;
       if (world_rank() == odd) {
         store(t, m.param_data(2), 421, after);
         store(t, m.param_data(5), 3, before5 + 1.0f);
+        m.push();
       }
       const SyncReport r = opt.check_sync();
       CHECK(all_ranks_true(!r.in_sync));
@@ -111,6 +122,7 @@ TEST_CASE("check_sync: one changed element on one rank is named on every rank", 
       if (world_rank() == odd) {
         store(t, m.param_data(2), 421, before);
         store(t, m.param_data(5), 3, before5);
+        m.push();
       }
       CHECK(all_ranks_true(opt.check_sync().in_sync));
       CHECK(all_ranks_true(no_throw([&] { random_step(opt, m, 1); })));
@@ -121,29 +133,38 @@ TEST_CASE("check_sync: one changed element on one rank is named on every rank", 
 TEST_CASE("check_sync_every: DesyncError on every rank at the next checked step", "[zero][sync]") {
   // Stage 0: every rank updates every parameter, so a copy that differs
   // stays different. (At stages 1 and 2 the next step's allgather writes
-  // the owner's values over every copy.)
-  Model m(sync_layout(), DType::f32, false, false, 5);
-  ZeroRedundancyOptimizer opt(world(), m.params(), Adam{.lr = 0.01},
-                              ZeroOptions{.stage = 0, .check_sync_every = 3});
-  // Checked after steps 3 and 6: in sync, no error.
-  CHECK(all_ranks_true(no_throw([&] {
-    for (int s = 0; s < 6; ++s) random_step(opt, m, s);
-  })));
-  // One element of parameter 1 changed on the last rank: steps 7 and 8 are
-  // not checked, step 9 is.
-  if (world_rank() == world_size() - 1) *static_cast<float*>(m.param_data(1)) += 0.25f;
-  CHECK(all_ranks_true(no_throw([&] {
-    random_step(opt, m, 6);
-    random_step(opt, m, 7);
-  })));
-  if (world_size() > 1) {
-    CHECK(all_ranks_true(
-        throws_error<DesyncError>([&] { random_step(opt, m, 8); }, ErrorCode::desync,
-                                  "after step 9, the parameters differ between ranks: parameter '" +
-                                      sync_layout().names[1] + "'")));
-    CHECK(opt.steps() == 9);  // the step itself was applied
-  } else {
-    CHECK(no_throw([&] { random_step(opt, m, 8); }));
+  // the owner's values over every copy.) With a loss scaler too: on a
+  // device its verdict is then counted before the check.
+  for (bool scaler : {false, true}) {
+    INFO((scaler ? "loss scaler" : "no scaler"));
+    Model m(sync_layout(), DType::f32, false, false, 5);
+    ZeroOptions zo{.stage = 0, .check_sync_every = 3};
+    if (scaler) zo.loss_scaler = LossScaler{};
+    ZeroRedundancyOptimizer opt(world(), m.params(), Adam{.lr = 0.01}, zo);
+    // Checked after steps 3 and 6: in sync, no error.
+    CHECK(all_ranks_true(no_throw([&] {
+      for (int s = 0; s < 6; ++s) random_step(opt, m, s);
+    })));
+    // One element of parameter 1 changed on the last rank: steps 7 and 8
+    // are not checked, step 9 is.
+    if (world_rank() == world_size() - 1) {
+      m.pull();
+      *static_cast<float*>(m.param_data(1)) += 0.25f;
+      m.push();
+    }
+    CHECK(all_ranks_true(no_throw([&] {
+      random_step(opt, m, 6);
+      random_step(opt, m, 7);
+    })));
+    if (world_size() > 1) {
+      CHECK(all_ranks_true(throws_error<DesyncError>(
+          [&] { random_step(opt, m, 8); }, ErrorCode::desync,
+          "after step 9, the parameters differ between ranks: parameter '" +
+              sync_layout().names[1] + "'")));
+      CHECK(opt.steps() == 9);  // the step itself was applied
+    } else {
+      CHECK(no_throw([&] { random_step(opt, m, 8); }));
+    }
   }
 }
 
@@ -180,8 +201,7 @@ TEST_CASE("StepInfo: bytes moved, spans and bus bandwidths of each step", "[zero
       ZeroRedundancyOptimizer opt(world(), m.params(), AdamW{.lr = 0.01},
                                   ZeroOptions{.stage = stage, .bucket_mb = 64});
       for (int s = 0; s < 2; ++s) {
-        for (std::size_t i = 0; i < l.size(); ++i)
-          fill_grad(m.grad_data(i), t, l.sizes[i], GradKind::random, 77, s, world_rank(), i, false);
+        random_grads(m, s);
         const StepInfo info = opt.step();
         const std::size_t es = dtype_size(t);
         // Stage 2 reduces into the fp32 shard from 16-bit gradients in their

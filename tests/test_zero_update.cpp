@@ -130,7 +130,7 @@ void check_loss_scaler(Precision p, int stage, const ScalerCase& c) {
       // With a max_norm no gradient reaches, clipping only reports the norm
       // of the unscaled gradients (inf or nan after an overflow).
       norm = opt->clip_grad_norm(1e30);
-      info = opt->step();
+      info = settled(*opt, opt->step(), true);
       if (overflow) {
         for (const std::string& name : names)
           for (std::size_t i = 0; i < layout.size(); ++i)

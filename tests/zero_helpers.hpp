@@ -41,6 +41,22 @@ struct Tolerance {
   bool bitwise() const { return abs == 0.0 && rel == 0.0; }
 };
 
+// A step whose non-finite verdict the device kept (StepInfo::pending) made
+// definite by the count the optimizer gives once it has the verdict.
+// pending must be set exactly for device parameters under NonFinite::skip.
+// deferrable: the optimizer is element-wise (LAMB's update reads its norms
+// on the host, and so decides there).
+inline StepInfo settled(ZeroRedundancyOptimizer& opt, StepInfo info, bool skip_policy,
+                        bool deferrable = true) {
+  CHECK(info.pending == (Model::on_device && skip_policy && deferrable));
+  if (!info.pending) return info;
+  const std::int64_t steps = opt.steps();
+  info.applied = info.grads_finite = steps == info.step;
+  info.step = steps;
+  info.pending = false;
+  return info;
+}
+
 inline std::string fmt_float(float v) {
   std::ostringstream s;
   s.precision(9);
@@ -403,7 +419,9 @@ inline Outcome run_and_compare(const Run& run) {
       }
       double grad_mul = default_grad_mul(options, n);
       if (run.before_update) grad_mul = run.before_update(*opt, summed, s, grad_mul);
-      info = opt->step();
+      const bool skip = options.non_finite == NonFinite::skip ||
+                        (options.non_finite == NonFinite::automatic && options.loss_scaler);
+      info = settled(*opt, opt->step(), skip, !std::holds_alternative<Lamb>(run.groups[0]));
       ref.step(summed, grad_mul);
       if (run.after_step) run.after_step(*opt, info, summed, s);
     });

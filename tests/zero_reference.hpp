@@ -330,6 +330,12 @@ class Model {
   }
   // The host mirror of gradient i (the test writes it, then uploads).
   void* grad_host(std::size_t i) { return gptr_[i]; }
+  // The host mirror of the parameters (changed by the test) to the device.
+  void push() {
+    const std::size_t es = dtype_size(dtype_);
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      upload(dptr_[i], pptr_[i], layout_.sizes[i] * es);
+  }
 #else
   static constexpr bool on_device = false;
   static void upload(void*, const void*, std::size_t) {}
@@ -338,6 +344,7 @@ class Model {
   }
   void pull() {}
   void* grad_host(std::size_t i) { return gptr_[i]; }
+  void push() {}
 #endif
 
   const Layout& layout() const { return layout_; }

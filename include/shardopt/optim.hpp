@@ -121,6 +121,15 @@ struct StepOptions {
   // writing a byte of params, states, param_out or remainders. Costs one
   // extra read of the gradients. Off: the step is always applied.
   bool skip_nonfinite = false;
+  // Device buffers: a std::uint32_t in the buffers' device memory that
+  // decides on the device whether the step applies (apex's noop flag). The
+  // step is enqueued on `stream` and the call returns at once, the host
+  // waiting for nothing; when the stream reaches it, a non-zero word makes
+  // it write nothing. flag_nonfinite() below raises such a flag. The
+  // StepResult is {true, true}: the host has not seen the gradients. Not
+  // with skip_nonfinite (a decision on the host), host buffers (test the
+  // flag and skip the call) or LAMB (its norms come back to the host).
+  const std::uint32_t* noop_flag = nullptr;
 };
 
 struct StepResult {
@@ -143,6 +152,18 @@ struct StepResult {
 // InvalidArgument for null gradients with a size, or a grad_mul that is not
 // finite; NotCompiledError for device gradients in a build without CUDA.
 SHARDOPT_API bool grads_finite(GradView grads, double grad_mul = 1.0, void* stream = nullptr);
+
+// The same check leaving its verdict where the gradients are: sets the
+// std::uint32_t at `flag` (in the gradients' memory) to 1 if some gradient
+// times grad_mul is not finite, and leaves it as it is otherwise, so several
+// checks can raise one flag; clear it before the first. On a device it is
+// enqueued on `stream` and returns at once (the host waits for nothing), and
+// a step given the flag as StepOptions::noop_flag then applies or not on the
+// device; on the host it is done on return. Local; not collective.
+// Errors as grads_finite(); InvalidArgument for a null flag; DeviceError
+// for a flag in another memory than the gradients.
+SHARDOPT_API void flag_nonfinite(GradView grads, std::uint32_t* flag, double grad_mul = 1.0,
+                                 void* stream = nullptr);
 
 // One step of any element-wise optimizer O of shardopt/optimizers.hpp (every
 // one but LAMB, which has lamb() below), with its state buffers in `states`,

@@ -170,6 +170,14 @@ struct StepInfo {
   double grad_norm = -1.0;   // the norm clip_grad_norm() returned this step; -1 if not called
   double loss_scale = 1.0;   // the scale of this step's gradients (1 without a scaler)
   std::int64_t step = 0;     // steps applied so far
+  // Device parameters under NonFinite::skip (the default with a loss
+  // scaler): the device decides whether the step applies (the non-finite
+  // check agreed over ranks, which the fused update reads as its noop flag)
+  // and step() returns without waiting for that verdict. pending is then
+  // true, and applied, grads_finite and step say what the step does if the
+  // gradients are finite, the ordinary case. steps(), skipped_steps(),
+  // loss_scale() and the next step() wait for the verdict and count it.
+  bool pending = false;
   // Wall seconds of this call's phases on this rank: finishing the gradient
   // reduction (waits included), the update (norm, checks, fused kernels),
   // and the allgather of the parameters (stages 1 and 2).

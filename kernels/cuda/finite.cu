@@ -25,4 +25,14 @@ bool all_finite(const void* grad, DType grad_type, std::size_t n, float grad_mul
   });
 }
 
+void flag_nonfinite(const void* grad, DType grad_type, std::size_t n, float grad_mul,
+                    unsigned* flag, void* stream) {
+  kernels::with_float_type(grad, grad_type, [&](const auto* g) {
+    using G = std::remove_cvref_t<decltype(*g)>;
+    detail::launch<FiniteElement<G>>("finiteness check", g, grad_mul, n, flag,
+                                     static_cast<cudaStream_t>(stream));
+    return true;
+  });
+}
+
 }  // namespace shardopt::kernels::cuda

@@ -52,10 +52,10 @@ SHARDOPT_HOST_DEVICE const auto& tensor_scalars(const E& e, const S& s) {
 }
 
 // How many tensors and chunks a table of entries E holds, with the launch's
-// scalars S and flag beside it in the kernel's parameters.
+// scalars S and its two flags beside it in the kernel's parameters.
 template <class E, class S>
 struct TableShape {
-  static constexpr std::size_t budget = kParamBytes - sizeof(S) - sizeof(void*) - 64;
+  static constexpr std::size_t budget = kParamBytes - sizeof(S) - 2 * sizeof(void*) - 64;
   static constexpr std::size_t tensors = std::min<std::size_t>(64, budget / 2 / (sizeof(E) + 1));
   static constexpr std::size_t chunks =
       (budget - tensors * (sizeof(E) + 1) - sizeof(int)) / sizeof(TensorChunk);
@@ -77,10 +77,14 @@ using TableFor = Table<E, TableShape<E, S>::tensors, TableShape<E, S>::chunks>;
 // vector steps from the tensor's head on, the at most 3 + 3 elements around
 // them with scalar steps, or all scalar for a tensor that does not align
 // (kernels/vector_step.hpp: vector_share, scalar_share). Bounds as
-// launch.cuh's vector_kernel.
+// launch.cuh's vector_kernel. A non-zero *skip (a device word, the engine's
+// agreed non-finite verdict) makes every block return before it touches a
+// buffer; any_nonfinite may be null (nobody reads it).
 template <class Loop, class E, class S, class Tab>
 __global__ void __launch_bounds__(kThreads, 1)
-    multi_tensor_kernel(const __grid_constant__ Tab table, const S s, unsigned* any_nonfinite) {
+    multi_tensor_kernel(const __grid_constant__ Tab table, const S s, unsigned* any_nonfinite,
+                        const unsigned* skip) {
+  if (skip != nullptr && *skip != 0u) return;
   bool bad = false;
   for (unsigned c = blockIdx.x; c < static_cast<unsigned>(table.chunk_count); c += gridDim.x) {
     const TensorChunk chunk = table.chunks[c];
@@ -96,7 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             : kernels::detail::scalar_share<Loop>(b, sc, begin, end, threadIdx.x, blockDim.x);
     bad |= !finite;
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(any_nonfinite, 1u);
+  if (__syncthreads_or(bad) && threadIdx.x == 0 && any_nonfinite != nullptr)
+    atomicOr(any_nonfinite, 1u);
 }
 
 // The launch tables of Loop over the tensors `group` (indices into entries,
@@ -106,8 +111,8 @@ void for_each_table(std::span<const E> entries, std::span<const std::size_t> gro
                     Launch&& launch) {
   using Shape = TableShape<E, S>;
   using Tab = TableFor<E, S>;
-  // The table, the scalars, the flag, and up to 8 bytes of padding between them.
-  static_assert(sizeof(Tab) + sizeof(S) + sizeof(unsigned*) + 8 <= kParamBytes,
+  // The table, the scalars, the flags, and up to 8 bytes of padding between them.
+  static_assert(sizeof(Tab) + sizeof(S) + 2 * sizeof(unsigned*) + 8 <= kParamBytes,
                 "a launch table must fit in the kernel parameters");
   std::vector<std::size_t> sizes(group.size());
   for (std::size_t j = 0; j < group.size(); ++j) sizes[j] = tensor_buffers(entries[group[j]]).n;
@@ -161,13 +166,17 @@ std::vector<std::vector<std::size_t>> group_by_loop(std::span<const E> entries,
 // waiting; each group's loop comes from dispatch(buffers, f) as in
 // group_by_loop. after(table, stream) runs after each table's launch, with
 // the group's loop: f.template operator()<Loop>(table) (LAMB's norms).
+// flag (may be null) is raised by a non-finite gradient; skip (may be null):
+// the launches do nothing when it holds a non-zero word as they run.
 template <class E, class S, class Dispatch, class After>
 void launch_multi(const char* kernel, std::span<const E> entries, const S& s, unsigned* flag,
-                  cudaStream_t stream, Dispatch&& dispatch, After&& after) {
+                  cudaStream_t stream, Dispatch&& dispatch, After&& after,
+                  const unsigned* skip = nullptr) {
   for (const std::vector<std::size_t>& group : group_by_loop(entries, dispatch)) {
     dispatch(tensor_buffers(entries[group.front()]), [&]<class Loop>() {
       for_each_table<Loop>(entries, std::span<const std::size_t>(group), s, [&](const auto& table) {
-        multi_tensor_kernel<Loop, E, S><<<table.chunk_count, kThreads, 0, stream>>>(table, s, flag);
+        multi_tensor_kernel<Loop, E, S>
+            <<<table.chunk_count, kThreads, 0, stream>>>(table, s, flag, skip);
         check(cudaGetLastError(), kernel, "launching");
         after.template operator()<Loop>(table, stream);
       });

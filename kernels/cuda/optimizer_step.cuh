@@ -30,4 +30,13 @@ bool step(std::span<const typename Kernel<O>::Buffers> tensors,
       [&](const typename Kernel<O>::Buffers& b, auto&& f) { return Kernel<O>::dispatch(b, s, f); });
 }
 
+template <class O>
+void step_async(std::span<const typename Kernel<O>::Buffers> tensors,
+                const typename Kernel<O>::Scalars& s, const unsigned* skip, void* stream) {
+  detail::launch_multi(
+      O::name, tensors, s, nullptr, static_cast<cudaStream_t>(stream),
+      [&](const typename Kernel<O>::Buffers& b, auto&& f) { return Kernel<O>::dispatch(b, s, f); },
+      detail::NothingAfter{}, skip);
+}
+
 }  // namespace shardopt::kernels::cuda

@@ -36,6 +36,10 @@ class PendingOp {
   DType dtype = DType::f32;
   int ranks = 0;
   std::shared_ptr<const WatchChannel> channel;
+  // A device operation: wait() makes the caller's stream wait, not the
+  // host, so the watchdog does not turn it into a host wait; the host's
+  // later waits for the device carry the watchdog (Space::wait_scope).
+  bool on_stream = false;
 };
 
 // Completes op (null: nothing to do) from a helper thread, testing it and

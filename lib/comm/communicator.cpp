@@ -91,7 +91,9 @@ Request::~Request() {
 
 void Request::wait() {
   if (!op_) return;
-  {
+  if (op_->on_stream) {
+    op_->wait();  // the stream waits, not the host
+  } else {
     detail::WatchScope watch(op_->what, op_->count, op_->dtype, op_->ranks);
     if (watch.armed())
       detail::watch_poll([&] { return op_->test(); }, op_->channel.get());

@@ -68,6 +68,7 @@ Buffers<O> buffers_of(const char* name, const O& o, const ParamView& params, con
   });
   named.emplace_back("remainders", params.remainders);
   named.emplace_back("param_out", extra.param_out);
+  named.emplace_back("noop_flag", extra.noop_flag);
   Buffers<O> b;
   b.grad = grads.data;
   b.grad_type = grads.dtype;
@@ -75,6 +76,24 @@ Buffers<O> buffers_of(const char* name, const O& o, const ParamView& params, con
   detail::set_params(b, params, extra);
   b.n = n;
   return b;
+}
+
+// Enqueues the step of `tensors` (device buffers, checked) on extra.stream,
+// to apply only if *extra.noop_flag is 0 when the stream reaches it.
+template <class O>
+void enqueue_flagged(std::span<const Buffers<O>> tensors,
+                     const typename kernels::Kernel<O>::Scalars& s, const StepOptions& extra) {
+  using Family = kernels::family_of<O>;
+  const auto* flag = reinterpret_cast<const unsigned*>(extra.noop_flag);
+  detail::launch_kernel(
+      O::name, extra.stream,
+      [&] { kernels::cuda::step_async<Family>(tensors, s, flag, extra.stream); },
+      // Runs later, on the stream: owns copies of what it reads.
+      [list = std::vector<Buffers<O>>(tensors.begin(), tensors.end()), s,
+       flag](const detail::Translate& tr) {
+        if (*detail::translated(flag, tr) != 0) return;
+        for (const auto& b : list) kernels::cpu::step<Family>(detail::translated_buffers(b, tr), s);
+      });
 }
 
 }  // namespace
@@ -107,7 +126,8 @@ requires is_elementwise<O> StepResult step(ParamView params, GradView grads,
             [&](const detail::Translate& tr) {
               return kernels::cpu::step<Family>(detail::translated_buffers(b, tr), s);
             });
-      });
+      },
+      [&] { enqueue_flagged<O>(std::span<const Buffers<O>>(&b, 1), s, extra); });
 }
 
 template <class O>
@@ -122,6 +142,7 @@ step(std::span<const ParamView> params, std::span<const GradView> grads,
   {
     StepOptions none = extra;
     none.param_out = nullptr;
+    none.noop_flag = nullptr;  // checked with each tensor's buffers
     const std::array<std::span<float>, slot_count<O>()> empty{};
     functional::step(ParamView{}, GradView{}, empty, step, o, none);
   }
@@ -164,7 +185,8 @@ step(std::span<const ParamView> params, std::span<const GradView> grads,
                 finite = kernels::cpu::step<Family>(detail::translated_buffers(b, tr), s) && finite;
               return finite;
             });
-      });
+      },
+      [&] { enqueue_flagged<O>(std::span<const Buffers<O>>(buffers), s, extra); });
 }
 
 // Every optimizer's steps, compiled here for the library's users.

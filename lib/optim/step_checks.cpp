@@ -148,6 +148,11 @@ bool grads_finite_at(const char* opt, const MemoryLocation& where,
 void check_step_buffers(const char* opt, const functional::ParamView& params,
                         const functional::GradView& grads, const functional::StepOptions& extra) {
   check_grad_mul(opt, "StepOptions::grad_mul", extra.grad_mul);
+  if (extra.noop_flag != nullptr && extra.skip_nonfinite)
+    throw_error(ErrorCode::invalid_argument,
+                std::string(opt) + ": StepOptions::noop_flag with skip_nonfinite",
+                "choose one: noop_flag decides on the device, skip_nonfinite on the host", __FILE__,
+                __LINE__);
   check_params(opt, params, extra);
   const std::size_t n = params.size;
   check_grad_type(opt, grads.dtype);

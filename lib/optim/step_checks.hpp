@@ -148,11 +148,41 @@ bool grads_finite_at(const char* opt, const MemoryLocation& where,
 // StepOptions::skip_nonfinite the gradients are checked first and, if any is
 // not finite, the step returns {false, false} without running a kernel (no
 // buffer is written).
-template <class Host, class Device>
+// A step with StepOptions::noop_flag: enqueued by launch() on the device,
+// no result read back. Steps without such a form (LAMB) pass null.
+template <class Launch>
+functional::StepResult run_flagged(const char* opt, const MemoryLocation& where, Launch&& launch) {
+  if constexpr (std::is_null_pointer_v<std::remove_cvref_t<Launch>>) {
+    throw_error(ErrorCode::unsupported,
+                std::string(opt) +
+                    ": StepOptions::noop_flag is not supported: the step reads "
+                    "its norms back on the host",
+                "decide on the host: StepOptions::skip_nonfinite, or grads_finite() first",
+                __FILE__, __LINE__);
+  } else {
+    if (where.kind == MemoryKind::host)
+      throw_error(ErrorCode::invalid_argument,
+                  std::string(opt) +
+                      ": StepOptions::noop_flag is for device buffers, and these "
+                      "are in host memory",
+                  "on the host, test the flag and skip the call (or use skip_nonfinite)", __FILE__,
+                  __LINE__);
+    run_at(
+        opt, where, [] { return true; },
+        [&] {
+          launch();
+          return true;
+        });
+    return {};
+  }
+}
+
+template <class Host, class Device, class Launch = std::nullptr_t>
 functional::StepResult run_step(const char* opt, const MemoryLocation& where,
                                 const functional::GradView& grads,
-                                const functional::StepOptions& extra, Host&& host,
-                                Device&& device) {
+                                const functional::StepOptions& extra, Host&& host, Device&& device,
+                                Launch&& launch = nullptr) {
+  if (extra.noop_flag != nullptr) return run_flagged(opt, where, launch);
   if (extra.skip_nonfinite && !grads_finite_at(opt, where, grads, extra.grad_mul, extra.stream))
     return {.grads_finite = false, .applied = false};
   return {.grads_finite = run_at(opt, where, host, device), .applied = true};
@@ -165,11 +195,12 @@ functional::StepResult run_step(const char* opt, const MemoryLocation& where,
 // single steps: with StepOptions::skip_nonfinite every tensor's gradients
 // are checked first, and one non-finite gradient anywhere skips the whole
 // list, writing nothing.
-template <class Host, class Device>
+template <class Host, class Device, class Launch = std::nullptr_t>
 functional::StepResult run_list(const char* opt, const MemoryLocation& where,
                                 std::span<const functional::GradView> grads,
-                                const functional::StepOptions& extra, Host&& host,
-                                Device&& device) {
+                                const functional::StepOptions& extra, Host&& host, Device&& device,
+                                Launch&& launch = nullptr) {
+  if (extra.noop_flag != nullptr) return run_flagged(opt, where, launch);
   if (extra.skip_nonfinite) {
     for (const functional::GradView& g : grads)
       if (!grads_finite_at(opt, where, g, extra.grad_mul, extra.stream))

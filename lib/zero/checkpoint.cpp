@@ -172,6 +172,7 @@ ZeroEngine::Source ZeroEngine::on_host(Source source, std::size_t bytes,
 
 void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
   require_comm("save()");
+  settle();
   const std::size_t np = params_.size();
   std::vector<ckpt::WriteTensor> tensors;
   std::set<std::string> names;
@@ -228,6 +229,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
 
 void ZeroEngine::export_params(const std::string& path, const ExportOptions& o) {
   require_comm("export_params()");
+  settle();
   const bool fp32 = o.fp32 || dtype_ == DType::f32;
   std::vector<ckpt::WriteTensor> tensors;
   for (const Param& p : params_)
@@ -334,6 +336,7 @@ std::vector<Want> match_tensors(const ckpt::Header& h, const std::vector<Param>&
 
 LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   require_comm("load()");
+  settle();
   if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
     agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
                    "pass the same LoadOptions on every rank");

@@ -36,8 +36,8 @@ void ZeroEngine::grad_ready(std::size_t i, const void* grad, std::optional<Strea
 void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) const {
   if (!watchdog_armed()) return;
   // The step under way: the allgather of the parameters comes after the
-  // update has counted it.
-  const std::int64_t step = after_update ? steps_ : steps_ + 1;
+  // update has counted it (unless its verdict is still on the device).
+  const std::int64_t step = after_update && !verdict_.pending ? steps_ : steps_ + 1;
   std::string s = "step " + std::to_string(step) + ": " + what;
   if (bucket != SIZE_MAX)
     s += ", bucket " + std::to_string(bucket + 1) + " of " +

@@ -50,9 +50,19 @@ class ZeroEngine {
   double clip_grad_norm(double max_norm);
   StepInfo step();
 
-  double loss_scale() const noexcept { return scale_; }
-  std::int64_t steps() const noexcept { return steps_; }
-  std::int64_t skipped_steps() const noexcept { return skipped_; }
+  // Each counts the last step's verdict first (settle()).
+  double loss_scale() {
+    settle();
+    return scale_;
+  }
+  std::int64_t steps() {
+    settle();
+    return steps_;
+  }
+  std::int64_t skipped_steps() {
+    settle();
+    return skipped_;
+  }
   int stage() const noexcept { return opt_.stage; }
   std::size_t num_params() const noexcept { return params_.size(); }
   const Param& param(std::size_t i) const;
@@ -91,6 +101,15 @@ class ZeroEngine {
   bool local_grads_finite(double mul) const;
   void check_hyper_parameters() const;
   void update_scaler(bool finite);
+  // Device steps whose non-finite verdict stays on the device: whether this
+  // step decides so, the verdict raised (agreed over ranks on the engine's
+  // stream, then copied to host memory), and its count on the host.
+  bool verdict_on_device(NonFinite policy) const noexcept;
+  void raise_verdict(double mul);
+  // Counts a pending verdict (steps or skipped, the scaler), waiting for it
+  // if the device has not reached it. Everything that reads the counts or
+  // the scale calls it first.
+  void settle();
   // Throws StateError (on every rank alike: free() is collective) when the
   // application has freed the communicator the optimizer was built on.
   void require_comm(const char* what) const;
@@ -105,6 +124,8 @@ class ZeroEngine {
   // rank naming the first parameter (registration order) and element.
   [[noreturn]] void throw_non_finite(double mul);
   void end_step();
+  // check_sync every check_sync_every_ steps (when the count is known).
+  void after_step();
 
   // Checkpoints.
   std::map<std::string, std::string> checkpoint_metadata(const char* content) const;
@@ -155,6 +176,22 @@ class ZeroEngine {
   double scale_ = 1.0;
   int good_steps_ = 0;
   int hysteresis_left_ = 1;
+
+  // The verdict of a device step (verdict_on_device): a word on the device,
+  // non-zero when some rank's gradient was not finite, that the fused update
+  // reads as its noop flag; its copy in pinned host memory, and the event
+  // after the copy. Made at the first such step.
+  struct Verdict {
+    Verdict() = default;
+    Verdict(const Verdict&) = delete;
+    Verdict& operator=(const Verdict&) = delete;
+    ~Verdict();
+    DeviceRuntime* rt = nullptr;
+    SpaceBuffer flag;
+    std::uint32_t* host = nullptr;
+    EventHandle copied = nullptr;
+    bool pending = false;  // raised, not yet counted
+  } verdict_;
 };
 
 }  // namespace shardopt::detail

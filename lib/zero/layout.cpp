@@ -303,7 +303,7 @@ void ZeroEngine::agree_on_space() {
                 "rank (a rank without a device cannot join ranks that have one), or the host on "
                 "all",
                 __FILE__, __LINE__);
-  if (where.kind == MemoryKind::device) space_ = Space(*rt, opt_.stream, where.device);
+  if (where.kind == MemoryKind::device) space_ = Space(*rt, opt_.stream, where.device, nranks_);
 }
 
 void ZeroEngine::agree_on_layout() {
@@ -378,6 +378,15 @@ void ZeroEngine::allocate() {
   if (opt_.loss_scaler) {
     scale_ = opt_.loss_scaler->init_scale;
     hysteresis_left_ = opt_.loss_scaler->hysteresis;
+  }
+  // Device updates of the element-wise optimizers are enqueued with a
+  // verdict flag (zero unless a step raises it: update.cpp).
+  if (space_.on_device() && kind_ != kind_of<Lamb>() && kind_ != kCustomKind) {
+    verdict_.rt = space_.runtime();
+    verdict_.flag = space_.allocate(4, "the non-finite verdict");
+    verdict_.host =
+        static_cast<std::uint32_t*>(verdict_.rt->allocate_pinned(4, "the non-finite verdict"));
+    verdict_.copied = verdict_.rt->create_event();
   }
 }
 

@@ -93,15 +93,19 @@ void ShardState::read_state(std::size_t k, const Segment& s, float* out) const {
   space_.download(out, states_[k].as<float>() + s.storage, s.count * 4);
 }
 
-void ShardState::update(const GradReducer& grads, double mul, std::int64_t step) {
+void ShardState::update(const GradReducer& grads, double mul, std::int64_t step,
+                        const std::uint32_t* noop) {
   grads_ = &grads;
   step_ = step;
+  if (noop != nullptr && (!space_.on_device() || kind_ == kind_of<Lamb>() || kind_ == kCustomKind))
+    throw_error(ErrorCode::internal, "a device verdict for an update that decides on the host",
+                "report this as a shardopt bug", __FILE__, __LINE__);
   if (kind_ == kind_of<Lamb>())
     update_lamb(mul);
   else if (kind_ == kCustomKind)
     update_custom(mul);
   else if (space_.on_device())
-    update_elementwise_device(mul);
+    update_elementwise_device(mul, noop);
   else
     update_elementwise(mul);
 }
@@ -225,7 +229,7 @@ void ShardState::update_elementwise(double mul) {
 // On a device: each group's runs as one list step (the multi-tensor kernel,
 // one launch per group of tensors of the same types), on the engine's
 // stream.
-void ShardState::update_elementwise_device(double mul) {
+void ShardState::update_elementwise_device(double mul, const std::uint32_t* noop) {
   using namespace functional;
   std::vector<std::vector<Run>> by_group(groups_.size());
   for_each_run([&](const Run& r) { by_group[std::size_t(r.group)].push_back(r); });
@@ -249,6 +253,7 @@ void ShardState::update_elementwise_device(double mul) {
     so.grad_mul = mul;
     so.param_out_dtype = dtype_;
     so.stream = space_.stream();
+    so.noop_flag = noop;
     std::visit(
         [&](const auto& o) {
           if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
@@ -294,15 +299,15 @@ void ShardState::update_lamb(double mul) {
     b.n = s.count;
     const kernels::LambScalars sc = kernels::make_lamb_scalars(
         o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step_, mul);
-    const kernels::LambNorms n =
-        !space_.on_device()
-            ? kernels::cpu::lamb_direction(b, sc)
-            : device_kernel(
-                  "LAMB", space_.stream(),
-                  [&] { return kernels::cuda::lamb_direction(b, sc, space_.stream()); },
-                  [&](const Translate& tr) {
-                    return kernels::cpu::lamb_direction(translated_buffers(b, tr), sc);
-                  });
+    const kernels::LambNorms n = !space_.on_device() ? kernels::cpu::lamb_direction(b, sc) : [&] {
+      const WatchScope waiting = space_.wait_scope();
+      return device_kernel(
+          "LAMB", space_.stream(),
+          [&] { return kernels::cuda::lamb_direction(b, sc, space_.stream()); },
+          [&](const Translate& tr) {
+            return kernels::cpu::lamb_direction(translated_buffers(b, tr), sc);
+          });
+    }();
     double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
     d[0] += n.param_sq;
     d[1] += n.update_sq;
@@ -343,6 +348,7 @@ void ShardState::update_lamb(double mul) {
     if (!space_.on_device()) {
       kernels::cpu::lamb_apply(a, neg_step[s.param]);
     } else {
+      const WatchScope waiting = space_.wait_scope();
       device_kernel(
           "LAMB", space_.stream(),
           [&] { kernels::cuda::lamb_apply(a, neg_step[s.param], space_.stream()); },

@@ -35,7 +35,11 @@ class ShardState {
 
   // One step on this rank's segments: gradients from `grads` times mul,
   // step the count after this step. Collective for LAMB (its norms).
-  void update(const GradReducer& grads, double mul, std::int64_t step);
+  // noop: on a device, a word of device memory; a non-zero value when the
+  // stream reaches the update makes it write nothing (element-wise
+  // optimizers only).
+  void update(const GradReducer& grads, double mul, std::int64_t step,
+              const std::uint32_t* noop = nullptr);
 
   // The state slots allocated, in slot order (their names).
   const std::vector<std::string>& slots() const noexcept { return slots_; }
@@ -77,7 +81,7 @@ class ShardState {
   Run run_of(const Segment& s);
   void for_each_run(const std::function<void(const Run&)>& f);
   void update_elementwise(double mul);
-  void update_elementwise_device(double mul);
+  void update_elementwise_device(double mul, const std::uint32_t* noop);
   void update_lamb(double mul);
   void update_custom(double mul);
 

@@ -114,6 +114,7 @@ void Space::accumulate(const void* src, DType st, float* acc, std::size_t n) con
 double Space::sum_squares(const void* x, DType type, std::size_t n) const {
   if (n == 0) return 0.0;
   if (!on_device()) return kernels::cpu::sum_squares(x, type, n);
+  const WatchScope waiting = wait_scope();
   return device_kernel(
       "the gradient norm", stream_, [&] { return kernels::cuda::sum_squares(x, type, n, stream_); },
       [&](const Translate& tr) { return kernels::cpu::sum_squares(tr(x), type, n); });
@@ -122,6 +123,7 @@ double Space::sum_squares(const void* x, DType type, std::size_t n) const {
 bool Space::all_finite(const void* x, DType type, std::size_t n, float mul) const {
   if (n == 0) return true;
   if (!on_device()) return kernels::cpu::all_finite(x, type, n, mul);
+  const WatchScope waiting = wait_scope();
   return device_kernel(
       "the check for non-finite gradients", stream_,
       [&] { return kernels::cuda::all_finite(x, type, n, mul, stream_); },
@@ -134,12 +136,15 @@ void Space::transfer(void* dst, const void* src, std::size_t bytes) const {
     std::memcpy(dst, src, bytes);
     return;
   }
+  const WatchScope waiting = wait_scope();
   rt_->copy(dst, src, bytes, stream_);
   rt_->synchronize(stream_);
 }
 
 void Space::synchronize() const {
-  if (on_device()) rt_->synchronize(stream_);
+  if (!on_device()) return;
+  const WatchScope waiting = wait_scope();
+  rt_->synchronize(stream_);
 }
 
 }  // namespace shardopt::detail

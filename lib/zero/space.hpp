@@ -14,6 +14,7 @@
 
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
+#include "common/watchdog.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/types.hpp"
 
@@ -55,9 +56,10 @@ class Space {
  public:
   // The host.
   Space() noexcept = default;
-  // Device `device` of `rt`, work ordered on `stream`.
-  Space(DeviceRuntime& rt, StreamHandle stream, int device) noexcept
-      : rt_(&rt), stream_(stream), device_(device) {}
+  // Device `device` of `rt`, work ordered on `stream`, for an optimizer
+  // over `ranks` ranks.
+  Space(DeviceRuntime& rt, StreamHandle stream, int device, int ranks) noexcept
+      : rt_(&rt), stream_(stream), device_(device), ranks_(ranks) {}
 
   bool on_device() const noexcept { return rt_ != nullptr; }
   StreamHandle stream() const noexcept { return stream_; }
@@ -98,6 +100,14 @@ class Space {
     rt_->wait_event(stream_, e);
   }
   DeviceRuntime* runtime() const noexcept { return rt_; }
+  // Brackets a wait of the host for the device (every one above, and the
+  // engine's own) for the watchdog: with SHARDOPT_TIMEOUT set, a device
+  // that does not get there in time (a collective that some rank's device
+  // never joins) ends the job with the watchdog's report, naming the wait
+  // and where the engine was, instead of a hang.
+  WatchScope wait_scope() const noexcept {
+    return WatchScope("a wait for the device (its kernels and collectives)", 0, DType::f32, ranks_);
+  }
 
  private:
   // A copy in any direction, the host waiting for it.
@@ -106,6 +116,7 @@ class Space {
   DeviceRuntime* rt_ = nullptr;
   StreamHandle stream_ = nullptr;
   int device_ = -1;
+  int ranks_ = 1;
 };
 
 }  // namespace shardopt::detail

@@ -15,6 +15,7 @@
 #include "common/mpi_lifetime.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
+#include "shardopt/optim.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {
@@ -104,6 +105,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
     throw_error(ErrorCode::invalid_argument,
                 "clip_grad_norm: max_norm is " + std::to_string(max_norm),
                 "pass a finite max_norm > 0", __FILE__, __LINE__);
+  settle();  // the scale
   ensure_reduced();
   // Partial sums per rank, each over its segments in order, then over ranks
   // in order: the same additions in every stage.
@@ -124,8 +126,59 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+bool ZeroEngine::verdict_on_device(NonFinite policy) const noexcept {
+  return verdict_.rt != nullptr && policy == NonFinite::skip;
+}
+
+void ZeroEngine::raise_verdict(double mul) {
+  auto* flag = verdict_.flag.as<std::uint32_t>();
+  space_.zero(flag, 4);
+  for (std::size_t si : layout_.mine) {
+    const Segment& s = layout_.segments[si];
+    DType t;
+    const void* g = reducer().reduced_grad(s, t);
+    functional::flag_nonfinite({g, s.count, t}, flag, mul, space_.stream());
+  }
+  // The ranks' flags agreed on the engine's stream (the largest: any rank's
+  // non-finite gradient skips the step everywhere), then copied for the host.
+  void* saved = comm_.stream();
+  comm_.set_stream(space_.stream());
+  try {
+    comm_.iallreduce(flag, flag, 1, DType::i32, ReduceOp::max).wait();
+  } catch (...) {
+    comm_.set_stream(saved);
+    throw;
+  }
+  comm_.set_stream(saved);
+  verdict_.rt->copy(verdict_.host, flag, 4, space_.stream());
+  verdict_.rt->record(verdict_.copied, space_.stream());
+  verdict_.pending = true;
+}
+
+void ZeroEngine::settle() {
+  if (!verdict_.pending) return;
+  {
+    const WatchScope waiting = space_.wait_scope();
+    verdict_.rt->synchronize_event(verdict_.copied);
+  }
+  verdict_.pending = false;
+  const bool finite = *verdict_.host == 0;
+  if (finite)
+    ++steps_;
+  else
+    ++skipped_;
+  if (opt_.loss_scaler) update_scaler(finite);
+}
+
+ZeroEngine::Verdict::~Verdict() {
+  if (rt == nullptr) return;
+  if (copied != nullptr) rt->destroy_event(copied);
+  if (host != nullptr) rt->release_pinned(host);
+}
+
 StepInfo ZeroEngine::step() {
   require_comm("step()");
+  settle();  // the previous step's verdict, normally reached long ago
   StepInfo info;
   const double t0 = MPI_Wtime();
   watch("step(): agreeing that every gradient was reduced");
@@ -137,7 +190,13 @@ StepInfo ZeroEngine::step() {
   info.grad_norm = grad_norm_;
   const NonFinite policy = non_finite_policy();
   watch("step(): agreeing that the gradients are finite");
-  if (policy != NonFinite::ignore) {
+  // On a device (element-wise optimizers, NonFinite::skip) the verdict
+  // stays there: the update reads it, the host counts it later (settle()).
+  const bool deferred = verdict_on_device(policy);
+  if (deferred) {
+    raise_verdict(mul);
+    info.pending = true;  // the rest of info: what the step does if applied
+  } else if (policy != NonFinite::ignore) {
     std::int64_t finite = local_grads_finite(mul) ? 1 : 0;
     ctl_.allreduce(&finite, &finite, 1, DType::i64, ReduceOp::min);
     info.grads_finite = finite != 0;
@@ -163,19 +222,34 @@ StepInfo ZeroEngine::step() {
     return info;
   }
   mul *= clip_coef_;
-  ++steps_;
-  shard().update(reducer(), mul, steps_);
+  if (!deferred) ++steps_;
+  info.step = deferred ? steps_ + 1 : steps_;
+  // On a device the update is enqueued with the verdict's flag (never
+  // raised when the host decided).
+  shard().update(reducer(), mul, info.step,
+                 verdict_.rt != nullptr ? verdict_.flag.as<std::uint32_t>() : nullptr);
   const double t2 = MPI_Wtime();
   if (opt_.stage > 0) reducer().gather_params();
   const double t3 = MPI_Wtime();
-  if (opt_.loss_scaler) update_scaler(true);
-  info.step = steps_;
+  if (!deferred && opt_.loss_scaler) update_scaler(true);
   info.reduce_seconds = t1 - t0;
   info.update_seconds = t2 - t1;
   info.gather_seconds = t3 - t2;
   fill_comm(info);
   end_step();
   log_window(info);
+  if (deferred && check_sync_every_ > 0) {  // the check needs the count: wait for the verdict
+    settle();
+    info.pending = false;
+    info.applied = info.grads_finite = steps_ == info.step;
+    info.step = steps_;
+    if (!info.applied) return info;  // no check after a skipped step, as on the host
+  }
+  after_step();
+  return info;
+}
+
+void ZeroEngine::after_step() {
   if (check_sync_every_ > 0 && steps_ % check_sync_every_ == 0) {
     const SyncReport r = check_sync();
     if (r.in_sync)
@@ -190,7 +264,6 @@ StepInfo ZeroEngine::step() {
                   "rank-dependent branch), then restart from the last checkpoint",
                   __FILE__, __LINE__);
   }
-  return info;
 }
 
 void ZeroEngine::fill_comm(StepInfo& info) const {

@@ -14,10 +14,16 @@
 # And desync detection (SHARDOPT_DESYNC_CHECK=1): one rank calls an
 # allreduce where the others call an allgather; every rank exits with
 # status 1 and the DesyncError naming both calls and their ranks.
-# Usage: test_watchdog.sh MPIEXEC PROGRAM
+# And on device parameters (the simulated device, tests/fault_device_job.cpp):
+# one rank's device stalls after 3 steps, the hosts only enqueue step 4 and
+# then wait for its verdict: every rank's watchdog ends the job naming the
+# wait for the device and step 4, within SHARDOPT_TIMEOUT + 5 seconds; with
+# the simulated device's collectives and with the staged backend.
+# Usage: test_watchdog.sh MPIEXEC PROGRAM DEVICE-PROGRAM
 set -u
 mpiexec=$1
 program=$2
+device_program=$3
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 require pgrep:procps pkill:procps
@@ -49,24 +55,30 @@ watchdog_status() {  # WHAT OUTPUT
   fi
 }
 
-stall_case() {  # RANKS STALL-RANK
-  local n=$1 stall=$2 out="$tmp/stall-$1-$2.out" rc
-  watched_job "$n" stall "$stall" "$out"
-  local ended
+# For a job that just ended (status rc, output OUTPUT with its "stalled at"
+# line): sets took to the seconds since the stall; reports (and returns 1)
+# unless the job stalled, ended with the watchdog's status, and did so
+# within SHARDOPT_TIMEOUT + 5 seconds.
+ended_in_time() {  # WHAT OUTPUT
+  local ended stalled
   ended=$(date +%s.%N)
-  local stalled
-  stalled=$(sed -n 's/^stalled at \([0-9.]*\)$/\1/p' "$out")
+  stalled=$(sed -n 's/^stalled at \([0-9.]*\)$/\1/p' "$2")
   if [ -z "$stalled" ]; then
-    fail "$n ranks, rank $stall stalls: it never stalled (exit status $rc)" "$out"
-    return
+    fail "$1: it never stalled (exit status $rc)" "$2"
+    return 1
   fi
-  local took
   took=$(python3 -c "print(f'{$ended - $stalled:.1f}')")
-  watchdog_status "$n ranks, rank $stall stalls" "$out" || return
+  watchdog_status "$1" "$2" || return 1
   if ! python3 -c "import sys; sys.exit(0 if $took <= $timeout_s + 5 else 1)"; then
-    fail "$n ranks, rank $stall stalls: the job ended $took s after the stall (limit $((timeout_s + 5)))" "$out"
-    return
+    fail "$1: the job ended $took s after the stall (limit $((timeout_s + 5)))" "$2"
+    return 1
   fi
+}
+
+stall_case() {  # RANKS STALL-RANK
+  local n=$1 stall=$2 out="$tmp/stall-$1-$2.out" rc took
+  watched_job "$n" stall "$stall" "$out"
+  ended_in_time "$n ranks, rank $stall stalls" "$out" || return
   local r waiting=0
   for r in $(seq 0 $((n - 1))); do
     [ "$r" -eq "$stall" ] && continue
@@ -159,6 +171,28 @@ desync_case() {  # RANKS ODD-RANK
 
 desync_case 2 1
 desync_case 3 0
+
+device_case() {  # RANKS STALL-RANK TRANSPORT
+  local n=$1 stall=$2 out="$tmp/device-$1-$2.out" rc took
+  SHARDOPT_DEVICE_COMM=$3 SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe \
+    "$device_program" stall "$stall" >"$out" 2>&1
+  rc=$?
+  ended_in_time "device ($3), $n ranks, rank $stall's device stalls" "$out" || return
+  if ! grep -q "^rank [0-9]*: step 4 enqueued" "$out" ||
+     ! grep -q "shardopt watchdog on rank [0-9]* .*\[SHARDOPT_ERR_TIMEOUT\]: a wait for the device (its kernels and collectives) over $n rank(s) has not completed after .* s (SHARDOPT_TIMEOUT=$timeout_s); the library was at: step 4: " "$out"; then
+    fail "device, $n ranks: no rank enqueued step 4 without waiting, or no watchdog message names the wait for the device at step 4" "$out"
+    return
+  fi
+  if pgrep -f -- "$device_program stall $stall" >/dev/null; then
+    pkill -9 -f -- "$device_program stall $stall"
+    fail "device, $n ranks: processes left running" "$out"
+    return
+  fi
+  ok "device ($3), $n ranks, rank $stall's device stalls: step 4 enqueued, then the wait for its verdict ended by the watchdog $took s after the stall, exit status 86"
+}
+
+device_case 2 1 nccl
+device_case 3 0 staged
 
 echo "watchdog: $passed passed, $failed failed"
 [ $failed -eq 0 ]

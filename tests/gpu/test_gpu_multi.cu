@@ -9,8 +9,9 @@
 // finite ones past the float range after grad_mul) of every type, through
 // the single-tensor and the list steps, with and without skip_nonfinite:
 // the device call returns the host call's StepResult and leaves the buffers
-// as it does (a skipped step writes nothing). Skips (exit 77) without a
-// device.
+// as it does (a skipped step writes nothing). The noop flag
+// (StepOptions::noop_flag, flag_nonfinite): decided on the device. Skips
+// (exit 77) without a device.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -373,8 +374,65 @@ void nonfinite() {
 
 }  // namespace
 
+// The noop flag: flag_nonfinite() raises it on the device, and an Adam list
+// step given it (enqueued, no result read) equals the host step bitwise
+// while the flag is down and writes nothing once a NaN has raised it.
+void noop_flag() {
+  std::mt19937 r(5);
+  const std::vector<std::size_t> sizes = {3, 4097, 300001};
+  std::vector<std::unique_ptr<Mirror<float>>> p, g, m, v;
+  for (std::size_t n : sizes) {
+    p.push_back(std::make_unique<Mirror<float>>(uniform(n, r, -1, 1)));
+    g.push_back(std::make_unique<Mirror<float>>(uniform(n, r, -1, 1)));
+    m.push_back(std::make_unique<Mirror<float>>(uniform(n, r, -0.1f, 0.1f)));
+    v.push_back(std::make_unique<Mirror<float>>(uniform(n, r, 0, 0.1f)));
+  }
+  std::uint32_t* flag = nullptr;
+  CUDA_CHECK(cudaMalloc(&flag, 4));
+  const auto step = [&](bool device, const StepOptions& so) {
+    std::vector<ParamView> ps;
+    std::vector<GradView> gs;
+    std::vector<std::span<float>> ms, vs;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      ps.emplace_back(p[i]->at(device), sizes[i]);
+      gs.emplace_back(g[i]->at(device), sizes[i], DType::f32);
+      ms.emplace_back(m[i]->at(device), sizes[i]);
+      vs.emplace_back(v[i]->at(device), sizes[i]);
+    }
+    const std::vector<std::span<const std::span<float>>> states = {ms, vs, {}};
+    return functional::step(std::span<const ParamView>(ps), std::span<const GradView>(gs),
+                            std::span<const std::span<const std::span<float>>>(states), 2,
+                            Adam{.lr = 0.01}, so);
+  };
+  const auto raise = [&] {
+    CUDA_CHECK(cudaMemset(flag, 0, 4));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      functional::flag_nonfinite(GradView(g[i]->dev, sizes[i], DType::f32), flag, 0.5);
+  };
+  const auto all_same = [&] {
+    bool ok = true;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      ok = ok && p[i]->same() && m[i]->same() && v[i]->same();
+    return ok;
+  };
+  raise();
+  step(true, {.grad_mul = 0.5, .noop_flag = flag});
+  step(false, {.grad_mul = 0.5});
+  CUDA_CHECK(cudaDeviceSynchronize());
+  check(all_same(), "noop flag down: the enqueued list step equals the host step bitwise");
+  g[1]->host[4000] = std::numeric_limits<float>::quiet_NaN();
+  g[1]->upload();
+  raise();
+  step(true, {.grad_mul = 0.5, .noop_flag = flag});
+  std::uint32_t raised = 0;
+  CUDA_CHECK(cudaMemcpy(&raised, flag, 4, cudaMemcpyDeviceToHost));
+  check(raised == 1 && all_same(), "a NaN raises the noop flag, and the step writes nothing");
+  CUDA_CHECK(cudaFree(flag));
+}
+
 int main() {
   if (gpu_test::no_device()) return gpu_test::kSkip;
+  noop_flag();
   // Awkward sizes, every gradient type and storage, each layout.
   const std::vector<std::size_t> sizes = {0, 1, 7, 1000, 65537, 200003};
   std::vector<Spec> mixed;

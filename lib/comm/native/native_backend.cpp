@@ -24,7 +24,9 @@ class NativePending final : public PendingOp {
  public:
   NativePending(DeviceRuntime* rt, DeviceCollectives* coll, EventHandle done, StreamHandle stream,
                 const char* op)
-      : rt_(rt), coll_(coll), done_(done), stream_(stream), op_(op) {}
+      : rt_(rt), coll_(coll), done_(done), stream_(stream), op_(op) {
+    on_stream = true;
+  }
   ~NativePending() override { rt_->destroy_event(done_); }
   void wait() override {
     rt_->wait_event(stream_, done_);

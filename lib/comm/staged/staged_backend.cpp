@@ -165,7 +165,9 @@ class StagedPending final : public PendingOp {
  public:
   StagedPending(DeviceRuntime* rt, EventHandle done, StreamHandle caller,
                 std::function<void()> check)
-      : rt_(rt), done_(done), caller_(caller), check_(std::move(check)) {}
+      : rt_(rt), done_(done), caller_(caller), check_(std::move(check)) {
+    on_stream = true;
+  }
   ~StagedPending() override { rt_->destroy_event(done_); }
   void wait() override {
     rt_->wait_event(caller_, done_);
