@@ -130,6 +130,23 @@ bool Space::all_finite(const void* x, DType type, std::size_t n, float mul) cons
       [&](const Translate& tr) { return kernels::cpu::all_finite(tr(x), type, n, mul); });
 }
 
+void Space::flag_nonfinite(const void* x, DType type, std::size_t n, float mul,
+                           std::uint32_t* flag) const {
+  if (n == 0) return;
+  if (!on_device()) {
+    if (!kernels::cpu::all_finite(x, type, n, mul)) *flag = 1;
+    return;
+  }
+  launch_kernel(
+      "the check for non-finite gradients", stream_,
+      [&] {
+        kernels::cuda::flag_nonfinite(x, type, n, mul, reinterpret_cast<unsigned*>(flag), stream_);
+      },
+      [=](const Translate& tr) {
+        if (!kernels::cpu::all_finite(tr(x), type, n, mul)) *translated(flag, tr) = 1;
+      });
+}
+
 void Space::transfer(void* dst, const void* src, std::size_t bytes) const {
   if (bytes == 0) return;
   if (!on_device()) {

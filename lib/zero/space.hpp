@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -79,6 +80,11 @@ class Space {
   void convert(const void* src, DType st, void* dst, DType dt, std::size_t n, float mul) const;
   // acc[k] += src[k] in fp32.
   void accumulate(const void* src, DType st, float* acc, std::size_t n) const;
+
+  // *flag (a word in the space) = 1 if some x[k] * mul is not finite;
+  // enqueued on a device, like the fused update that reads it.
+  void flag_nonfinite(const void* x, DType type, std::size_t n, float mul,
+                      std::uint32_t* flag) const;
 
   // Host values: the host waits for the device.
   double sum_squares(const void* x, DType type, std::size_t n) const;

@@ -15,7 +15,6 @@
 #include "common/mpi_lifetime.hpp"
 #include "kernels/norm.hpp"
 #include "shardopt/cast.hpp"
-#include "shardopt/optim.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {
@@ -137,7 +136,8 @@ void ZeroEngine::raise_verdict(double mul) {
     const Segment& s = layout_.segments[si];
     DType t;
     const void* g = reducer().reduced_grad(s, t);
-    functional::flag_nonfinite({g, s.count, t}, flag, mul, space_.stream());
+    // Rounded to float as the steps' scalars round it.
+    space_.flag_nonfinite(g, t, s.count, static_cast<float>(mul), flag);
   }
   // The ranks' flags agreed on the engine's stream (the largest: any rank's
   // non-finite gradient skips the step everywhere), then copied for the host.
