@@ -408,6 +408,57 @@ TEST_CASE("device ZeRO: step() enqueues its work and returns without waiting for
   }
 }
 
+TEST_CASE("device collectives that fail on the stream are reported by the next call",
+          "[device][comm][errors]") {
+  // The device's own collectives fail asynchronously, as NCCL's do: the
+  // call that enqueued one has returned. The next call on that
+  // communicator throws CommError on every rank naming it, and the host
+  // never hangs: the failed collective and those after it move nothing on
+  // any rank. A communicator of its own, so the failure stays in it.
+  Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
+  const std::size_t n = 1000;
+  auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+  rt().zero(dev, n * 4, nullptr);
+  sim::fail_collective_after(0);
+  Request r = c.iallreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+  bool raised = false;
+  try {
+    r.wait();  // the stream waits; the failure may not have happened yet
+    rt().synchronize(nullptr);
+    c.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+  } catch (const CommError& e) {
+    raised = std::string(e.message())
+                 .find(
+                     "an earlier collective on device buffers failed: "
+                     "simulated failure of the device's allreduce") != std::string::npos;
+    if (!raised) UNSCOPED_INFO("rank " << world_rank() << ": " << e.what());
+  }
+  sim::fail_collective_after(-1);
+  CHECK(all_ranks_true(raised));
+  // Host buffers on the same communicator still work.
+  std::int64_t one = 1;
+  c.allreduce(&one, &one, 1, DType::i64, ReduceOp::sum);
+  CHECK(one == world_size());
+  rt().release(dev);
+
+  // In the optimizer: a step whose reduction fails on the device is
+  // reported by the next call that uses the communicator, on every rank.
+  Net net(DType::f32, true);
+  Communicator oc(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
+  ZeroRedundancyOptimizer opt(oc, net.params(), AdamW{.lr = 0.25},
+                              {.stage = 2, .loss_scaler = LossScaler{}});
+  net.write_grads(0);
+  opt.step();
+  sim::fail_collective_after(0);  // step 2's first reduce-scatter
+  net.write_grads(1);
+  CHECK(all_ranks_true(no_throw([&] { opt.step(); })));  // enqueued: nothing seen yet
+  sim::fail_collective_after(-1);
+  net.write_grads(2);
+  CHECK(all_ranks_true(throws_error<CommError>([&] { opt.step(); }, ErrorCode::nccl,
+                                               "an earlier collective on device buffers failed: "
+                                               "simulated failure of the device's")));
+}
+
 TEST_CASE("device buffers: no rank has a device", "[.no-device-anywhere]") {
   // Run with SHARDOPT_SIM_DEVICES=0 on every rank: no transport of device
   // buffers is made, and a forced nccl fails on every rank saying why.

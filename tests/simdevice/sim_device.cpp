@@ -446,6 +446,10 @@ class SimDevice final : public detail::DeviceRuntime {
 // its stream, which runs it with MPI (the host backend, on a duplicate of
 // the communicator) on the worker's view of the buffers, blocking the
 // stream, not the host, until every rank's stream has reached it.
+// fail_collective_after(): collectives still to enqueue before the one
+// that fails; -1 for none.
+std::atomic<int> collectives_to_fail_after{-1};
+
 class SimCollectives final : public detail::DeviceCollectives {
  public:
   SimCollectives(SimDevice& d, MPI_Comm comm, std::size_t max_chunk)
@@ -538,7 +542,9 @@ class SimCollectives final : public detail::DeviceCollectives {
       std::lock_guard<std::mutex> lock(mu_);
       ++pending_;
     }
-    d_.stream(s).enqueue([this, f] {
+    const bool inject =
+        collectives_to_fail_after.load() >= 0 && collectives_to_fail_after.fetch_sub(1) == 0;
+    d_.stream(s).enqueue([this, f, inject, op] {
       bool failed;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -546,6 +552,10 @@ class SimCollectives final : public detail::DeviceCollectives {
       }
       if (!failed) {
         try {
+          if (inject)
+            detail::throw_error(ErrorCode::nccl,
+                                std::string("simulated failure of the device's ") + op,
+                                "a device collective failed (simulated)", __FILE__, __LINE__);
           f(d_, *wire_);
         } catch (...) {
           std::lock_guard<std::mutex> lock(mu_);
@@ -604,5 +614,7 @@ void launch(StreamHandle s, std::function<void(const std::function<void*(const v
 }
 
 std::uint64_t delay_seed() { return device().seed(); }
+
+void fail_collective_after(int n) { collectives_to_fail_after = n; }
 
 }  // namespace shardopt::sim

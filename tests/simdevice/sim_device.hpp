@@ -33,5 +33,11 @@ detail::DeviceRuntime& runtime();
 void set_device(int device);
 // The seed of the random delays (0 when they are off).
 std::uint64_t delay_seed();
+// The device's own collectives (NCCL's shape) of this process: the one
+// enqueued after `n` more have been fails when its stream reaches it, as an
+// NCCL operation fails asynchronously (a CommError its communicator reports
+// at its next call). Called alike on every rank, the same operation fails
+// everywhere, none of them having moved data. -1: none fails (the default).
+void fail_collective_after(int n);
 
 }  // namespace shardopt::sim
