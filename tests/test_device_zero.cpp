@@ -472,6 +472,33 @@ TEST_CASE("device buffers: no rank has a device", "[.no-device-anywhere]") {
   comm.free();
 }
 
+TEST_CASE("device buffers: ranks that share a device", "[.shared-device]") {
+  // Run with SHARDOPT_SIM_NAMED_DEVICES=1 (the devices named as NCCL's are)
+  // at 3 ranks or more, rank 2 on device 1, the others on device 0: ranks 0
+  // and 1 share theirs. auto takes the staged transport and works; a forced
+  // nccl, which takes one device per rank, fails on every rank naming the
+  // two ranks and the device.
+  sim::set_device(world_rank() == 2 ? 1 : 0);
+  Communicator comm(MPI_COMM_WORLD);
+  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == "staged"));
+  const std::size_t n = 300;
+  auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+  std::vector<float> host(n, 1.0f);
+  rt().copy(dev, host.data(), n * 4, nullptr);
+  comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+  rt().copy(host.data(), dev, n * 4, nullptr);
+  CHECK(all_ranks_true(host == std::vector<float>(n, float(world_size()))));
+  rt().release(dev);
+  CHECK(all_ranks_true(throws_error<UnsupportedError>(
+      [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl}); },
+      ErrorCode::unsupported,
+      "cannot be used: ranks 0 and 1 use the same device (simulated device 0), and NCCL takes "
+      "one device per rank")));
+  CHECK(all_ranks_true(still_works(comm)));
+  comm.free();
+  sim::set_device(0);
+}
+
 TEST_CASE("device ZeRO: a rank without a device among ranks with one", "[.no-device]") {
   // Run with SHARDOPT_SIM_DEVICES=0 on rank 0 only: its Communicator still
   // duplicates with the others, host collectives work, and an optimizer on

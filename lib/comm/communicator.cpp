@@ -6,6 +6,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -49,6 +50,32 @@ inline std::size_t checked_mul(std::size_t a, std::size_t b, const char* op, con
   if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
     throw_overflow(a, b, op, what);
   return r;
+}
+
+// Collective over comm: "ranks a and b use the same device (identity)"
+// for two ranks whose device identities (DeviceRuntime::device_identity,
+// "" for none) are equal, the same pair on every rank, or "" when no two
+// are.
+std::string shared_device(MPI_Comm comm, const std::string& identity) {
+  constexpr std::size_t kLen = 128;
+  int size = 0;
+  SHARDOPT_CHECK_MPI(MPI_Comm_size(comm, &size), "Communicator: querying the size");
+  char mine[kLen] = {};
+  std::snprintf(mine, kLen, "%s", identity.c_str());
+  std::vector<char> all(kLen * static_cast<std::size_t>(size));
+  SHARDOPT_CHECK_MPI(MPI_Allgather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm),
+                     "Communicator: comparing the ranks' devices");
+  std::vector<std::pair<std::string, int>> named;  // (identity, rank), sorted
+  for (int r = 0; r < size; ++r) {
+    std::string id(all.data() + std::size_t(r) * kLen);
+    if (!id.empty()) named.emplace_back(std::move(id), r);
+  }
+  std::sort(named.begin(), named.end());
+  for (std::size_t k = 1; k < named.size(); ++k)
+    if (named[k].first == named[k - 1].first)
+      return "ranks " + std::to_string(named[k - 1].second) + " and " +
+             std::to_string(named[k].second) + " use the same device (" + named[k].first + ")";
+  return "";
 }
 
 }  // namespace
@@ -164,9 +191,17 @@ void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
   int facts[2] = {rt != nullptr ? 1 : 0, rt != nullptr && rt->has_collectives() ? 0 : 1};
   SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, facts, 2, MPI_INT, MPI_MAX, backend_->mpi_comm()),
                      "Communicator: agreeing on the transport of device buffers");
-  const bool native_everywhere = facts[1] == 0;
+  bool native_everywhere = facts[1] == 0;
+  // Collectives of one device per rank (NCCL) refuse ranks that share one:
+  // two ranks that do, if any (the same two on every rank).
+  std::string shared;
+  if (native_everywhere) {
+    shared = detail::shared_device(backend_->mpi_comm(), rt->device_identity());
+    native_everywhere = shared.empty();
+  }
   if (choice == DeviceComm::nccl && !native_everywhere) {
-    const std::string why = facts[0] == 0   ? "no rank has a device"
+    const std::string why = !shared.empty() ? shared + ", and NCCL takes one device per rank"
+                            : facts[0] == 0 ? "no rank has a device"
                             : rt == nullptr ? "this rank has no device"
                             : !rt->has_collectives()
                                 ? std::string(
@@ -188,6 +223,14 @@ void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
     backend_ = detail::make_native_backend(std::move(backend_), rt, std::move(collectives));
   } else {
     backend_ = detail::make_staged_backend(std::move(backend_), comm, rt);
+  }
+  if (backend_->rank() == 0) {
+    const char* why = choice != DeviceComm::automatic ? "asked for"
+                      : native_everywhere ? "auto: every rank has a device with its own collectives"
+                      : !shared.empty()   ? "auto: two ranks share a device"
+                                          : "auto: some rank has no device or no NCCL";
+    SHARDOPT_LOG(info, "Communicator of " << backend_->size() << " ranks: device buffers over "
+                                          << backend_->device_name() << " (" << why << ")");
   }
 }
 

@@ -10,12 +10,18 @@
 
 #include "common/check.hpp"
 #include "common/cuda_check.hpp"
+#include "common/log.hpp"
 
 namespace shardopt::detail {
 
 // lib/common/wait_flag.cu: a one-thread kernel on s that spins until
 // *flag >= value (flag: the device's view of mapped pinned memory).
 void launch_wait_flag(const std::uint32_t* flag, std::uint32_t value, cudaStream_t s);
+
+#if SHARDOPT_HAVE_NCCL
+// lib/common/nccl_collectives.cpp: NCCL over `comm`, on the current device.
+std::unique_ptr<DeviceCollectives> make_nccl_collectives(MPI_Comm comm);
+#endif
 
 namespace {
 
@@ -159,6 +165,25 @@ class CudaRuntime final : public DeviceRuntime {
   void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept override {
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
   }
+
+#if SHARDOPT_HAVE_NCCL
+  bool has_collectives() const noexcept override { return true; }
+  // Never throws (the ranks compare identities in a collective right
+  // after): a device that cannot be named is "" (unknown).
+  std::string device_identity() const override {
+    int device = 0;
+    char bus[32] = {};
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    return host_name() + " GPU " + bus;
+  }
+  std::unique_ptr<DeviceCollectives> collectives(MPI_Comm comm, std::size_t) override {
+    return make_nccl_collectives(comm);  // NCCL takes any count
+  }
+#endif
 };
 
 }  // namespace

@@ -124,6 +124,12 @@ class DeviceRuntime {
   // and agree first). max_chunk: the largest count one call of the
   // transport underneath may take.
   virtual bool has_collectives() const noexcept { return false; }
+  // For collectives that take one device per rank (NCCL): what names the
+  // current device across the job (host and PCI bus id), so that ranks
+  // sharing one can be found before they are given it; "" when that does
+  // not matter (the simulated device's collectives) or is not known. Never
+  // throws.
+  virtual std::string device_identity() const { return {}; }
   virtual std::unique_ptr<DeviceCollectives> collectives(MPI_Comm comm, std::size_t max_chunk);
 
   // Whether kernels run as host code on the streams (the simulated device)

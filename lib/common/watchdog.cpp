@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "common/check.hpp"
 #include "common/log.hpp"
@@ -51,6 +52,7 @@ struct State {
   int world_rank = -1;
   std::once_flag started;
   std::vector<WatchChannel*> channels;  // the channels this process answers on
+  std::vector<std::pair<const void*, std::function<void()>>> aborts;  // on_watchdog_exit
   // Answers in flight (sent with MPI_Request_free): kept until exit, a few
   // per process at most.
   std::deque<Report> sent_reports;
@@ -265,6 +267,7 @@ void announce(State& s, const WatchChannel& ch) {
                timeout, s.context.c_str(), static_cast<unsigned long long>(s.seq), findings.c_str(),
                SHARDOPT_WATCHDOG_EXIT_CODE);
   std::fflush(stderr);
+  for (auto& [key, abort] : s.aborts) abort();
   std::_Exit(SHARDOPT_WATCHDOG_EXIT_CODE);
 }
 
@@ -390,6 +393,18 @@ void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) 
     }
     if (waited > timeout) fire(s, channel, timeout, waited);
   }
+}
+
+void on_watchdog_exit(const void* key, std::function<void()> abort) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.m);
+  s.aborts.emplace_back(key, std::move(abort));
+}
+
+void forget_watchdog_exit(const void* key) noexcept {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.m);
+  std::erase_if(s.aborts, [key](const auto& a) { return a.first == key; });
 }
 
 void watch_context(std::string what) {

@@ -75,6 +75,13 @@ class WatchChannel {
 // the report and ends the process. Exceptions of done() propagate.
 void watch_poll(const std::function<bool()>& done, const WatchChannel* channel);
 
+// Device communicators that must be aborted when the watchdog ends the
+// process (NCCL's: ncclCommAbort, so that the peers' operations fail rather
+// than wait), keyed by their address. The watchdog calls each abort() once,
+// after its report and before it exits; abort() must not throw.
+void on_watchdog_exit(const void* key, std::function<void()> abort);
+void forget_watchdog_exit(const void* key) noexcept;
+
 // What the library is doing, for the watchdog's message ("step 12:
 // reduce-scatter of bucket 3 of 8"). Cheap to skip: callers build the
 // string only when watchdog_armed().

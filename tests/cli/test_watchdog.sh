@@ -183,6 +183,10 @@ device_case() {  # RANKS STALL-RANK TRANSPORT
     fail "device, $n ranks: no rank enqueued step 4 without waiting, or no watchdog message names the wait for the device at step 4" "$out"
     return
   fi
+  if [ "$3" = nccl ] && ! grep -q "^simulated device: its collectives aborted" "$out"; then
+    fail "device, $n ranks: the device's collectives were not aborted before the exit" "$out"
+    return
+  fi
   if pgrep -f -- "$device_program stall $stall" >/dev/null; then
     pkill -9 -f -- "$device_program stall $stall"
     fail "device, $n ranks: processes left running" "$out"

@@ -361,6 +361,14 @@ class SimDevice final : public detail::DeviceRuntime {
   bool has_collectives() const noexcept override { return true; }
   std::unique_ptr<detail::DeviceCollectives> collectives(MPI_Comm comm,
                                                          std::size_t max_chunk) override;
+  // The simulated collectives take any number of ranks per device; with
+  // SHARDOPT_SIM_NAMED_DEVICES=1 the devices are named as NCCL's must be,
+  // so that ranks on the same device number count as sharing it (the job
+  // is one host).
+  std::string device_identity() const override {
+    if (env_size("SHARDOPT_SIM_NAMED_DEVICES", 0) == 0) return {};
+    return "simulated device " + std::to_string(current);
+  }
 
   bool emulated() const noexcept override { return true; }
   void emulate(StreamHandle s, std::function<void(const detail::Translate&)> f) override {
@@ -453,8 +461,15 @@ std::atomic<int> collectives_to_fail_after{-1};
 class SimCollectives final : public detail::DeviceCollectives {
  public:
   SimCollectives(SimDevice& d, MPI_Comm comm, std::size_t max_chunk)
-      : d_(d), wire_(detail::make_mpi_host_backend(comm, max_chunk)) {}
+      : d_(d), wire_(detail::make_mpi_host_backend(comm, max_chunk)) {
+    // As NCCL's are aborted when the watchdog ends the process; here the
+    // abort only says so.
+    if (detail::watchdog_armed())
+      detail::on_watchdog_exit(
+          this, [] { std::fputs("simulated device: its collectives aborted\n", stderr); });
+  }
   ~SimCollectives() override {
+    detail::forget_watchdog_exit(this);
     std::unique_lock<std::mutex> lock(mu_);  // the streams hold `this` until then
     idle_.wait(lock, [&] { return pending_ == 0; });
   }

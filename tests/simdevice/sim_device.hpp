@@ -16,7 +16,9 @@
 //     missing wait shows up as a wrong result;
 //   - SHARDOPT_SIM_DEVICES=N (default 1) devices; the calling thread's one
 //     is set with set_device(). 0: the process has no device (it installs
-//     nothing), as a rank of a job whose node has no GPU.
+//     nothing), as a rank of a job whose node has no GPU;
+//   - SHARDOPT_SIM_NAMED_DEVICES=1: each device has a name, the same for
+//     every process (one host), as NCCL's one-device-per-rank check needs.
 #pragma once
 
 #include <cstddef>
