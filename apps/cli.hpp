@@ -183,6 +183,17 @@ inline void print_error(const char* program, int rank, const std::string& what) 
   std::fflush(stderr);
 }
 
+// The thread level MPI starts at for a program whose argv asks for
+// `--device cuda`: MPI_THREAD_MULTIPLE, since the transports of device
+// buffers call MPI from threads of their own (docs/gpu.md); else the
+// library's default.
+inline shardopt::ThreadLevel thread_level_for(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string_view(argv[i]) == "--device" && std::string_view(argv[i + 1]) == "cuda")
+      return shardopt::ThreadLevel::multiple;
+  return shardopt::required_thread_level;
+}
+
 // The main() of an MPI program: starts MPI (shardopt::Environment) and runs
 // program_main(argc, argv), which returns the exit code; the Environment
 // outlives it. MPI failing to start is "program: what", exit code 1.

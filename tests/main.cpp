@@ -258,7 +258,10 @@ int main(int argc, char** argv) {
   try {
     if (ok) {
       g_world = std::make_unique<shardopt::Communicator>(MPI_COMM_WORLD);
-      g_verdicts = std::make_unique<shardopt::Communicator>(MPI_COMM_WORLD);
+      // Host buffers only: a transport of device buffers that never stands
+      // in the way of one a test forces (NCCL and MPI never side by side).
+      g_verdicts = std::make_unique<shardopt::Communicator>(
+          MPI_COMM_WORLD, shardopt::CommOptions{.device_comm = shardopt::DeviceComm::staged});
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "creating the world communicator failed: %s\n", e.what());

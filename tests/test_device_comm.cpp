@@ -8,14 +8,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/backend.hpp"
 #include "common/device_runtime.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/communicator.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
 #include "simdevice/sim_device.hpp"
 #include "test_comm_data.hpp"
@@ -111,41 +114,68 @@ TEST_CASE("device buffers: the transport is the one asked for, the same on every
   // which the simulated device has on every rank).
   const char* env = std::getenv("SHARDOPT_DEVICE_COMM");
   const std::string asked = env != nullptr ? env : "auto";
-  Communicator comm(MPI_COMM_WORLD);
-  const std::string expected = asked == "staged" ? "staged" : "nccl (simulated)";
-  INFO("SHARDOPT_DEVICE_COMM=" << asked << ", in use: " << comm.device_backend_name());
-  CHECK(all_ranks_true(comm.device_backend_name() == expected));
-  CHECK(all_ranks_true(std::string(comm.backend_name()) == "mpi-host"));
+  // The device's own collectives: NCCL on a GPU, the simulated device's.
+  const std::string native = rt().emulated() ? "nccl (simulated)" : "nccl";
+  auto expected = [&](const std::string& a) { return a == "staged" || a == "mpi" ? a : native; };
+  {
+    Communicator comm(MPI_COMM_WORLD);
+    INFO("SHARDOPT_DEVICE_COMM=" << asked << ", in use: " << comm.device_backend_name());
+    CHECK(all_ranks_true(comm.device_backend_name() == expected(asked)));
+    CHECK(all_ranks_true(std::string(comm.backend_name()) == "mpi-host"));
+  }
   // CommOptions::device_comm overrides the variable; each transport gives
   // the exact sum of random integers (the order of the additions, which
-  // the transports may choose differently, cannot change it).
-  for (DeviceComm dc : {DeviceComm::nccl, DeviceComm::staged, DeviceComm::automatic}) {
+  // the transports may choose differently, cannot change it). MPI on the
+  // device buffers where this run says MPI takes them
+  // (SHARDOPT_CUDA_AWARE_MPI=yes: the simulated device's memory is then
+  // reached through its host view, as a CUDA-aware MPI reaches a GPU's).
+  std::vector<std::pair<DeviceComm, std::string>> choices = {
+      {DeviceComm::nccl, "nccl"}, {DeviceComm::staged, "staged"}, {DeviceComm::automatic, "auto"}};
+  if (settings().cuda_aware_mpi == CudaAwareMpi::yes) choices.push_back({DeviceComm::mpi, "mpi"});
+  for (const auto& [dc, name_asked] : choices) {
+    // NCCL and MPI on device buffers never side by side: where the test
+    // runner's communicators use one, the other is refused.
+    const auto other = dc == DeviceComm::nccl  ? detail::DeviceTransport::mpi
+                       : dc == DeviceComm::mpi ? detail::DeviceTransport::nccl
+                                               : std::optional<detail::DeviceTransport>{};
+    if (other && detail::live_device_transports(*other) > 0) {
+      CHECK(all_ranks_true(throws_error<UnsupportedError>(
+          [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = dc}); }, ErrorCode::unsupported,
+          "must not run collectives on one device side by side")));
+      continue;
+    }
+    // auto keeps to MPI on device buffers while a communicator uses it.
+    const bool mpi_live = detail::live_device_transports(detail::DeviceTransport::mpi) > 0;
     Communicator c(MPI_COMM_WORLD, {.device_comm = dc});
     const std::string name = c.device_backend_name();
-    CHECK(all_ranks_true(name == (dc == DeviceComm::staged ? "staged" : "nccl (simulated)")));
-    const std::size_t n = 5003;
-    std::vector<float> host(n);
-    std::vector<double> expected(n, 0.0);
-    for (int q = 0; q < world_size(); ++q) {
-      std::mt19937_64 rng = rank_rng(q, 7);
-      std::uniform_int_distribution<int> u(-1000, 1000);
-      for (std::size_t k = 0; k < n; ++k) {
-        const int v = u(rng);
-        expected[k] += v;
-        if (q == world_rank()) host[k] = float(v);
+    CHECK(all_ranks_true(name == (dc == DeviceComm::automatic && mpi_live ? std::string("mpi")
+                                                                          : expected(name_asked))));
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      const std::size_t n = 5003;
+      std::vector<float> host(n);
+      std::vector<double> want(n, 0.0);
+      for (int q = 0; q < world_size(); ++q) {
+        std::mt19937_64 rng = rank_rng(q, 7);
+        std::uniform_int_distribution<int> u(-1000, 1000);
+        for (std::size_t k = 0; k < n; ++k) {
+          const int v = u(rng) * world_size();
+          want[k] += op == ReduceOp::avg ? v / world_size() : v;
+          if (q == world_rank()) host[k] = float(v);
+        }
       }
+      auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+      rt().copy(dev, host.data(), n * 4, c.stream());
+      c.allreduce(dev, dev, n, DType::f32, op);
+      rt().copy(host.data(), dev, n * 4, c.stream());
+      rt().release(dev);
+      INFO(name << (op == ReduceOp::avg ? ", avg" : ", sum"));
+      CHECK(all_ranks_true(std::vector<double>(host.begin(), host.end()) == want));
     }
-    auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
-    rt().copy(dev, host.data(), n * 4, c.stream());
-    c.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
-    rt().copy(host.data(), dev, n * 4, c.stream());
-    rt().release(dev);
-    CHECK(all_ranks_true(std::vector<double>(host.begin(), host.end()) == expected));
   }
 }
 
 TEST_CASE("device buffers: every collective, in every form", "[device][comm]") {
-  INFO("simulated device, delay seed " << sim::delay_seed());
+  INFO(rt().name() << ", delay seed " << sim::delay_seed());
   Communicator comm(MPI_COMM_WORLD);
   // Counts around the pipeline's chunk (SHARDOPT_STAGED_CHUNK_KB=4 in this
   // test's environment: 1024 f32 elements, fewer per block for

@@ -15,12 +15,19 @@
 #include <thread>
 #include <vector>
 
+#include "build_config.hpp"
+#include "common/device.hpp"
 #include "common/device_runtime.hpp"
 #include "mpi_test.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/zero.hpp"
 #include "simdevice/sim_device.hpp"
 #include "test_comm_data.hpp"
+
+#if SHARDOPT_HAVE_MPIX_CUDA
+#include <mpi-ext.h>
+#endif
 
 using namespace shardopt;
 using namespace shardopt::test;
@@ -409,12 +416,14 @@ TEST_CASE("device ZeRO: step() enqueues its work and returns without waiting for
 }
 
 TEST_CASE("device collectives that fail on the stream are reported by the next call",
-          "[device][comm][errors]") {
+          "[device][comm][errors][nccl-only][sim-only]") {
   // The device's own collectives fail asynchronously, as NCCL's do: the
   // call that enqueued one has returned. The next call on that
   // communicator throws CommError on every rank naming it, and the host
   // never hangs: the failed collective and those after it move nothing on
-  // any rank. A communicator of its own, so the failure stays in it.
+  // any rank. A communicator of its own, so the failure stays in it (not
+  // run where the test runner's communicators use MPI on device buffers,
+  // which refuses NCCL beside it).
   Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
   const std::size_t n = 1000;
   auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
@@ -475,12 +484,14 @@ TEST_CASE("device buffers: no rank has a device", "[.no-device-anywhere]") {
 TEST_CASE("device buffers: ranks that share a device", "[.shared-device]") {
   // Run with SHARDOPT_SIM_NAMED_DEVICES=1 (the devices named as NCCL's are)
   // at 3 ranks or more, rank 2 on device 1, the others on device 0: ranks 0
-  // and 1 share theirs. auto takes the staged transport and works; a forced
-  // nccl, which takes one device per rank, fails on every rank naming the
-  // two ranks and the device.
+  // and 1 share theirs. auto takes MPI on the device buffers where every
+  // rank's MPI takes them (SHARDOPT_CUDA_AWARE_MPI=yes in one run), else
+  // the staged transport, and works; a forced nccl, which takes one device
+  // per rank, fails on every rank naming the two ranks and the device.
   sim::set_device(world_rank() == 2 ? 1 : 0);
+  const bool aware = settings().cuda_aware_mpi == CudaAwareMpi::yes;
   Communicator comm(MPI_COMM_WORLD);
-  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == "staged"));
+  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == (aware ? "mpi" : "staged")));
   const std::size_t n = 300;
   auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
   std::vector<float> host(n, 1.0f);
@@ -497,6 +508,96 @@ TEST_CASE("device buffers: ranks that share a device", "[.shared-device]") {
   CHECK(all_ranks_true(still_works(comm)));
   comm.free();
   sim::set_device(0);
+}
+
+TEST_CASE("device buffers: MPI is given device buffers only where it says it takes them",
+          "[.mpi-choice]") {
+  // Run with SHARDOPT_CUDA_AWARE_MPI unset (ask) on every rank but rank 0,
+  // which says yes. Asked, the MPI library answers for itself: shardopt's
+  // answer is what Open MPI's MPIX_Query_cuda_support() says, asked here
+  // directly (Debian's Open MPI: not CUDA-aware). auto never takes MPI then
+  // (the simulated device's own collectives, or staged where they cannot be
+  // used); a forced mpi fails on every rank saying which MPI is the cause.
+  const bool yes_here = settings().cuda_aware_mpi == CudaAwareMpi::yes;
+  CHECK(all_ranks_true(yes_here == (world_rank() == 0)));
+  bool library = false;
+#if SHARDOPT_HAVE_MPIX_CUDA
+  library = MPIX_Query_cuda_support() == 1;
+#endif
+  CHECK(detail::mpi_library_cuda_aware() == library);
+  CHECK(detail::mpi_takes_device_buffers() == (yes_here || library));
+  if (library) {
+    WARN("this MPI is CUDA-aware: the refusal of a forced mpi is not checked here");
+    return;
+  }
+  Communicator comm(MPI_COMM_WORLD);
+  CHECK(all_ranks_true(std::string(comm.device_backend_name()) == "nccl (simulated)"));
+  {
+    Communicator staged(MPI_COMM_WORLD, {.device_comm = DeviceComm::staged});
+    CHECK(all_ranks_true(std::string(staged.device_backend_name()) == "staged"));
+  }
+  CHECK(all_ranks_true(throws_error<UnsupportedError>(
+      [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::mpi}); },
+      ErrorCode::unsupported,
+      world_rank() == 0 ? "cannot be used: some rank's MPI is not known to take device buffers"
+                        : "cannot be used: this rank's MPI is not known to take device buffers "
+                          "(it says it is not CUDA-aware, cannot say, or "
+                          "SHARDOPT_CUDA_AWARE_MPI=no)")));
+  CHECK(all_ranks_true(still_works(comm)));
+}
+
+TEST_CASE("device buffers: NCCL and MPI never move device buffers side by side", "[.mpi-aware]") {
+  // Run with SHARDOPT_CUDA_AWARE_MPI=yes: MPI takes device buffers, and
+  // SHARDOPT_DEVICE_COMM=staged: the test runner's communicators use
+  // neither NCCL nor MPI on device buffers. NCCL
+  // documents a deadlock when its collectives and a CUDA-aware MPI's run on
+  // one device concurrently, so while a Communicator of either kind lives,
+  // the other kind cannot be forced (on every rank, saying why) and auto
+  // takes the live kind; once it is gone, the other can be made.
+  REQUIRE(detail::mpi_takes_device_buffers());
+  const std::string deadlock =
+      "and NCCL and a CUDA-aware MPI must not run collectives on one device side by side";
+  const std::size_t n = 1000;
+  auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+  auto sums = [&](Communicator& c) {
+    std::vector<float> host(n, 2.0f);
+    rt().copy(dev, host.data(), n * 4, nullptr);
+    c.allreduce(dev, dev, n, DType::f32, ReduceOp::avg);
+    rt().copy(host.data(), dev, n * 4, nullptr);
+    return all_ranks_true(host == std::vector<float>(n, 2.0f));
+  };
+  {
+    Communicator nccl(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
+    CHECK(all_ranks_true(throws_error<UnsupportedError>(
+        [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::mpi}); },
+        ErrorCode::unsupported,
+        "cannot be used: another Communicator of this process moves device buffers over "
+        "NCCL, " +
+            deadlock)));
+    Communicator automatic(MPI_COMM_WORLD, {.device_comm = DeviceComm::automatic});
+    CHECK(all_ranks_true(std::string(automatic.device_backend_name()) == "nccl (simulated)"));
+    CHECK(sums(nccl));
+  }
+  {
+    Communicator mpi(MPI_COMM_WORLD, {.device_comm = DeviceComm::mpi});
+    CHECK(all_ranks_true(std::string(mpi.device_backend_name()) == "mpi"));
+    CHECK(all_ranks_true(throws_error<UnsupportedError>(
+        [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl}); },
+        ErrorCode::unsupported,
+        "cannot be used: another Communicator of this process moves device buffers over a "
+        "CUDA-aware MPI, " +
+            deadlock)));
+    Communicator automatic(MPI_COMM_WORLD, {.device_comm = DeviceComm::automatic});
+    CHECK(all_ranks_true(std::string(automatic.device_backend_name()) == "mpi"));
+    CHECK(sums(mpi));
+    CHECK(sums(automatic));
+    // Freed, a communicator no longer counts.
+    automatic.free();
+    mpi.free();
+    Communicator nccl(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
+    CHECK(sums(nccl));
+  }
+  rt().release(dev);
 }
 
 TEST_CASE("device ZeRO: a rank without a device among ranks with one", "[.no-device]") {

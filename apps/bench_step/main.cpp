@@ -31,6 +31,7 @@
 #include "../cli.hpp"
 #include "../machine.hpp"
 #include "bench.hpp"
+#include "device.hpp"
 #include "options.hpp"
 #include "output.hpp"
 #include "shardopt/shardopt.hpp"
@@ -59,6 +60,13 @@ int bench_main(int argc, char** argv) {
   return bench_mpi::run_or_abort(kProgram, rank, bench_mpi::Hint::shown, [&] {
     shardopt::Communicator comm(MPI_COMM_WORLD);
     bench_mpi::Comms comms = bench_mpi::Comms::duplicate();
+    if (opt.device) {
+      const int status = run_device(opt, comm, comms.timing);
+      comms.free();
+      MPI_Comm_free(&node);
+      comm.free();
+      return status;
+    }
     Bench bench(opt, comm, comms.raw, comms.timing, node);
     const bool printer = rank == 0;
     if (printer) print_header(opt, bench, nranks, local_ranks);
@@ -109,5 +117,6 @@ int bench_main(int argc, char** argv) {
 }  // namespace bench_step
 
 int main(int argc, char** argv) {
-  return cli::run_with_mpi(bench_step::kProgram, argc, argv, bench_step::bench_main);
+  return cli::run_with_mpi(bench_step::kProgram, argc, argv, bench_step::bench_main,
+                           cli::thread_level_for(argc, argv));
 }

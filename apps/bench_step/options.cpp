@@ -119,6 +119,7 @@ Options parse_options(int argc, char** argv) {
       {'s', "stages", true},    {'p', "params", true},    {'d', "dtype", true},
       {'o', "optimizer", true}, {'b', "bucket-mb", true}, {'w', "warmup", true},
       {'n', "iters", true},     {0, "json", false},       {'h', "help", false},
+      {0, "device", true},
   };
   cli::for_each_option(
       argc, argv, kSpecs,
@@ -162,6 +163,8 @@ Options parse_options(int argc, char** argv) {
           o.iters = parse_int(label, v, 1, 100000, "an integer >= 1");
         } else if (name == "json") {
           o.json = true;
+        } else if (name == "device") {
+          o.device = cli::parse_choice<bool>(label, v, {{"host", false}, {"cuda", true}});
         } else if (name == "help") {
           o.help = true;
         }

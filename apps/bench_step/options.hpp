@@ -32,6 +32,9 @@ inline constexpr int kTimeGoalStage = 2;
 inline constexpr int kTimeGoalRanks = 2;
 inline constexpr double kTimeGoalParamsLo = 24e6;  // 25M read as 25e6 or as 25 * 2^20
 inline constexpr double kTimeGoalParamsHi = 27e6;
+// On a device (--device cuda): stage 2 within this factor of its limit, at
+// every size.
+inline constexpr double kDeviceGoalRatio = 1.2;
 
 // The memory the benchmark counts for the buckets: what the configuration
 // allows the engine at most. Two bucket buffers (one being packed while the
@@ -55,6 +58,7 @@ struct Options {
   int iters = 20;
   bool json = false;
   bool help = false;
+  bool device = false;  // --device cuda: the step on device buffers (device.hpp)
 };
 
 // The text of -h.

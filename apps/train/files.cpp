@@ -74,7 +74,7 @@ std::string save_params(const std::string& path, const ModelTensors& m, std::int
   const std::size_t esize = shardopt::dtype_size(m.dtype());
   std::vector<std::byte> swapped;
   for (std::size_t i = 0; ok && i < m.count(); ++i) {
-    const auto* p = static_cast<const std::byte*>(m.param(i));
+    const auto* p = static_cast<const std::byte*>(m.host_param(i));
     const std::size_t bytes = m.numel(i) * esize;
     if (!host_is_little_endian()) {
       swapped.assign(p, p + bytes);

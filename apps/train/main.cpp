@@ -51,6 +51,28 @@ bool all_ok(bool ok) {
   return v == 1;
 }
 
+// --device cuda: this rank's device, the one of its local rank among its
+// node's devices (srun --gpus-per-task=1 shows each rank one); "" or why
+// there is none.
+std::string choose_device() {
+  if (!shardopt::build_info().cuda)
+    return "--device cuda: this shardopt was built without CUDA; rebuild it with "
+           "-Dcuda=enabled on a machine with the CUDA toolkit, or train on the host "
+           "(--device host)";
+  const int devices = shardopt::device_count();
+  if (devices == 0)
+    return "--device cuda: this process sees no CUDA device; run it on a GPU node (srun "
+           "--gpus-per-task=1, or mpirun with CUDA_VISIBLE_DEVICES set), or train on the host "
+           "(--device host)";
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  shardopt::set_device(local % devices);
+  return {};
+}
+
 // Everything that needs MPI; run_with_mpi's Environment outlives it.
 int train_main(int argc, char** argv) {
   int rank = 0;
@@ -83,6 +105,7 @@ int train_main(int argc, char** argv) {
     if (rank == 0 && local_error.empty() && !opt.export_path.empty()) {
       local_error = check_directory("--export", opt.export_path);
     }
+    if (local_error.empty() && opt.device) local_error = choose_device();
   } catch (const std::exception& e) {
     local_error = e.what();
   }
@@ -119,5 +142,6 @@ int train_main(int argc, char** argv) {
 }  // namespace train
 
 int main(int argc, char** argv) {
-  return cli::run_with_mpi(train::kProgram, argc, argv, train::train_main);
+  return cli::run_with_mpi(train::kProgram, argc, argv, train::train_main,
+                           cli::thread_level_for(argc, argv));
 }

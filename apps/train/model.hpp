@@ -38,8 +38,10 @@ train::Shape teacher_shape(const Options& o);
 // storage has them. Scattered: a buffer per tensor.
 class ModelTensors {
  public:
-  ModelTensors(const train::Shape& shape, DType dtype, bool scattered)
-      : dtype_(dtype), scattered_(scattered) {
+  // device: every buffer (the tensors and the fp32 working copies) in the
+  // current device's memory, contiguous.
+  ModelTensors(const train::Shape& shape, DType dtype, bool scattered, bool device = false)
+      : dtype_(dtype), scattered_(scattered), device_(device) {
     for (int l = 0; l < shape.layers(); ++l) {
       add("layers." + std::to_string(l) + ".weight", shape.weight_numel(l),
           {static_cast<std::uint32_t>(shape.out(l)), static_cast<std::uint32_t>(shape.in(l))});
@@ -56,16 +58,33 @@ class ModelTensors {
         t.grad = t.grad_storage.data();
       }
     } else {
-      params_ = shardopt::HostBuffer(std::max<std::size_t>(numel_, 1) * esize);
-      grads_ = shardopt::HostBuffer(std::max<std::size_t>(numel_, 1) * esize);
+      std::byte* params = nullptr;
+      std::byte* grads = nullptr;
+      const std::size_t bytes = std::max<std::size_t>(numel_, 1) * esize;
+      if (device_) {
+        device_params_ = shardopt::DeviceBuffer(bytes);
+        device_grads_ = shardopt::DeviceBuffer(bytes);
+        params = static_cast<std::byte*>(device_params_.data());
+        grads = static_cast<std::byte*>(device_grads_.data());
+      } else {
+        params_ = shardopt::HostBuffer(bytes);
+        grads_ = shardopt::HostBuffer(bytes);
+        params = params_.as<std::byte>();
+        grads = grads_.as<std::byte>();
+      }
       for (Tensor& t : tensors_) {
-        t.param = params_.as<std::byte>() + t.offset * esize;
-        t.grad = grads_.as<std::byte>() + t.offset * esize;
+        t.param = params + t.offset * esize;
+        t.grad = grads + t.offset * esize;
       }
     }
     if (dtype_ != DType::f32) {
-      work_params_.resize(numel_);
-      work_grads_.resize(numel_);
+      if (device_) {
+        device_work_params_ = shardopt::DeviceBuffer(std::max<std::size_t>(numel_, 1) * 4);
+        device_work_grads_ = shardopt::DeviceBuffer(std::max<std::size_t>(numel_, 1) * 4);
+      } else {
+        work_params_.resize(numel_);
+        work_grads_.resize(numel_);
+      }
     }
   }
 
@@ -73,6 +92,7 @@ class ModelTensors {
   std::size_t numel() const { return numel_; }
   DType dtype() const { return dtype_; }
   bool scattered() const { return scattered_; }
+  bool on_device() const { return device_; }
   const std::string& name(std::size_t i) const { return tensors_[i].name; }
   std::size_t numel(std::size_t i) const { return tensors_[i].numel; }
   std::size_t offset(std::size_t i) const { return tensors_[i].offset; }
@@ -83,7 +103,8 @@ class ModelTensors {
   void* grad(std::size_t i) { return tensors_[i].grad; }
   // Bytes of the trainer's fp32 working copies (16-bit models only).
   std::size_t working_bytes() const {
-    return (work_params_.size() + work_grads_.size()) * sizeof(float);
+    return (work_params_.size() + work_grads_.size()) * sizeof(float) + device_work_params_.size() +
+           device_work_grads_.size();
   }
 
   std::vector<shardopt::Param> registration() {
@@ -106,9 +127,41 @@ class ModelTensors {
 
   // Sets the parameters from fp32 values laid out as offset() says.
   void set_params(std::span<const float> values) {
+    if (device_) {
+      std::vector<std::byte> bytes(numel_ * shardopt::dtype_size(dtype_));
+      shardopt::cast(values.data(), DType::f32, bytes.data(), dtype_, numel_);
+      shardopt::device_copy(device_params_.data(), bytes.data(), bytes.size());
+      return;
+    }
     for (std::size_t i = 0; i < count(); ++i) {
       shardopt::cast(values.data() + offset(i), DType::f32, param(i), dtype_, numel(i));
     }
+  }
+
+  // The parameters' bytes in host memory, tensor i from host_param(i): the
+  // tensors themselves on the host; on a device, a copy made by this call.
+  void mirror_params() {
+    if (!device_) return;
+    host_mirror_.resize(numel_ * shardopt::dtype_size(dtype_));
+    shardopt::device_copy(host_mirror_.data(), device_params_.data(), host_mirror_.size());
+  }
+  const void* host_param(std::size_t i) const {
+    if (!device_) return param(i);
+    return host_mirror_.data() + offset(i) * shardopt::dtype_size(dtype_);
+  }
+
+  // The fp32 parameters of each layer in host memory (for evaluation on the
+  // host): layer_params() on the host, a copy made by this call on a
+  // device. 16-bit models: call refresh_working() first.
+  std::vector<train::LayerParams> host_layer_params() {
+    if (!device_) return layer_params();
+    host_fp32_.resize(numel_);
+    const void* from = dtype_ == DType::f32 ? device_params_.data() : device_work_params_.data();
+    shardopt::device_copy(host_fp32_.data(), from, numel_ * sizeof(float));
+    std::vector<train::LayerParams> out;
+    for (std::size_t i = 0; i + 1 < count(); i += 2)
+      out.push_back({host_fp32_.data() + offset(i), host_fp32_.data() + offset(i + 1)});
+    return out;
   }
 
   // The fp32 parameters of each layer: the parameters themselves for an
@@ -134,6 +187,10 @@ class ModelTensors {
   // into the fp32 working copies.
   void refresh_working() {
     if (dtype_ == DType::f32) return;
+    if (device_) {
+      shardopt::cast(device_params_.data(), dtype_, device_work_params_.data(), DType::f32, numel_);
+      return;
+    }
     if (!scattered_) {
       shardopt::cast(params_.data(), dtype_, work_params_.data(), DType::f32, numel_);
       return;
@@ -146,7 +203,7 @@ class ModelTensors {
   // 16-bit models: writes tensor i's fp32 gradient into its gradient buffer.
   void publish_grad(std::size_t i) {
     if (dtype_ == DType::f32) return;
-    shardopt::cast(work_grads_.data() + offset(i), DType::f32, grad(i), dtype_, numel(i));
+    shardopt::cast(work_grad(i), DType::f32, grad(i), dtype_, numel(i));
   }
 
  private:
@@ -173,21 +230,33 @@ class ModelTensors {
 
   float* fp32_param(std::size_t i) {
     if (dtype_ == DType::f32) return static_cast<float*>(param(i));
+    if (device_) return static_cast<float*>(device_work_params_.data()) + offset(i);
     return work_params_.data() + offset(i);
+  }
+  float* work_grad(std::size_t i) {
+    if (device_) return static_cast<float*>(device_work_grads_.data()) + offset(i);
+    return work_grads_.data() + offset(i);
   }
   float* fp32_grad(std::size_t i) {
     if (dtype_ == DType::f32) return static_cast<float*>(grad(i));
-    return work_grads_.data() + offset(i);
+    return work_grad(i);
   }
 
   DType dtype_;
   bool scattered_;
+  bool device_;
   std::size_t numel_ = 0;
   std::vector<Tensor> tensors_;
-  shardopt::HostBuffer params_;  // contiguous only
+  shardopt::HostBuffer params_;  // contiguous on the host only
   shardopt::HostBuffer grads_;
-  std::vector<float> work_params_;  // 16-bit models only
+  std::vector<float> work_params_;  // 16-bit models on the host only
   std::vector<float> work_grads_;
+  shardopt::DeviceBuffer device_params_;  // on a device only
+  shardopt::DeviceBuffer device_grads_;
+  shardopt::DeviceBuffer device_work_params_;  // 16-bit models on a device only
+  shardopt::DeviceBuffer device_work_grads_;
+  std::vector<std::byte> host_mirror_;  // mirror_params()
+  std::vector<float> host_fp32_;        // host_layer_params()
 };
 
 // torch.nn.Linear's default initialization: weights and biases uniform in

@@ -62,6 +62,10 @@ const char* const kUsage =
     "      --teacher-hidden N width of the teacher's hidden layers (default 16)\n"
     "      --scattered        allocate each parameter and gradient separately instead of\n"
     "                         one buffer for all parameters and one for all gradients\n"
+    "      --device D         host or cuda: where the model lives and trains (default\n"
+    "                         host). cuda: parameters, gradients and optimizer state in\n"
+    "                         device memory, the passes through cuBLAS, each rank on the\n"
+    "                         device of its node's local rank (docs/gpu.md)\n"
     "\n"
     "Output:\n"
     "  -l, --log-every N      print a line every N steps (default 25), and the first and last\n"
@@ -129,6 +133,7 @@ constexpr OptionSpec kOptionSpecs[] = {
     {0, "layers", true},
     {0, "teacher-hidden", true},
     {0, "scattered", false},
+    {0, "device", true},
     {'l', "log-every", true},
     {0, "json", false},
     {0, "progress", true},
@@ -191,6 +196,8 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
     o.teacher_hidden = parse_int(label, v, 1, kMaxDim, "an integer from 1 to 65536");
   } else if (name == "scattered") {
     o.scattered = true;
+  } else if (name == "device") {
+    o.device = cli::parse_choice<bool>(label, v, {{"host", false}, {"cuda", true}});
   } else if (name == "log-every") {
     o.log_every = parse_int(label, v, 1, 1 << 30, "an integer >= 1");
   } else if (name == "json") {
@@ -240,6 +247,11 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "--param-remainders needs -p (--precision) bf16: the remainders complete "
         "bf16 parameters to the fp32 master"};
+  }
+  if (o.device && o.scattered) {
+    throw UsageError{
+        "--scattered is a host layout: --device cuda keeps the parameters in one device "
+        "buffer and the gradients in another; drop --scattered"};
   }
   if (o.checkpoint.empty() && (o.checkpoint_every > 0 || o.keep_last)) {
     throw UsageError{std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last") +

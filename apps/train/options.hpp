@@ -38,6 +38,7 @@ struct Options {
   bool param_remainders = false;
   bool reduce_in_fp32 = false;
   bool scattered = false;
+  bool device = false;  // --device cuda
   std::string save_params;
   std::string checkpoint;  // --checkpoint: where checkpoints go
   int checkpoint_every = 0;

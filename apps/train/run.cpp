@@ -17,6 +17,7 @@
 
 #include "../cli.hpp"
 #include "../report.hpp"
+#include "device_net.hpp"
 #include "files.hpp"
 #include "model.hpp"
 #include "output.hpp"
@@ -50,11 +51,14 @@ double mean_over_ranks(double v, const shardopt::Communicator& comm) {
   return v / comm.size();
 }
 
-// FNV-1a over the bytes of every parameter.
-std::uint64_t params_hash(const ModelTensors& m) {
+// FNV-1a over the bytes of every parameter (on a device, of a copy that
+// mirror_params() makes first).
+std::uint64_t params_hash(ModelTensors& m) {
+  m.mirror_params();
   std::uint64_t h = report::kFnv1aBasis;
   const std::size_t esize = shardopt::dtype_size(m.dtype());
-  for (std::size_t i = 0; i < m.count(); ++i) h = report::fnv1a(m.param(i), m.numel(i) * esize, h);
+  for (std::size_t i = 0; i < m.count(); ++i)
+    h = report::fnv1a(m.host_param(i), m.numel(i) * esize, h);
   return h;
 }
 
@@ -104,13 +108,22 @@ class Training {
   // network, and the teacher, drawn from the seed alike on every rank.
   explicit Training(const RunContext& c)
       : c_(c),
-        model_(student_shape(c.o), c.o.precision, c.o.scattered),
+        model_(student_shape(c.o), c.o.precision, c.o.scattered, c.o.device),
         student_(student_shape(c.o), c.o.batch),
         teacher_net_(teacher_shape(c.o), c.o.batch),
         teacher_(make_teacher(teacher_net_, c.o.seed)),
         params_(model_.layer_params()),
         grads_(model_.layer_grads()) {
     model_.set_params(student_init(student_.shape(), c.o.seed));
+    if (c.o.device) {
+      // --device cuda: the student's passes on the device, over the batch,
+      // its targets and the output's gradient copied there.
+      device_net_ = make_device_net(student_shape(c.o), c.o.batch);
+      const std::size_t rows = static_cast<std::size_t>(c.o.batch);
+      device_x_ = shardopt::DeviceBuffer(rows * static_cast<std::size_t>(c.o.inputs) * 4);
+      device_y_ = shardopt::DeviceBuffer(rows * static_cast<std::size_t>(c.o.outputs) * 4);
+      device_dy_ = shardopt::DeviceBuffer(rows * static_cast<std::size_t>(c.o.outputs) * 4);
+    }
   }
 
   bool make_optimizer();
@@ -132,6 +145,9 @@ class Training {
   Teacher teacher_;
   std::vector<train::LayerParams> params_;
   std::vector<train::LayerGrads> grads_;
+  // --device cuda: the student's passes and their device buffers.
+  std::unique_ptr<DeviceNet> device_net_;
+  shardopt::DeviceBuffer device_x_, device_y_, device_dy_;
 
   shardopt::OptimizerConfig config_;
   shardopt::ZeroOptions zopt_;
@@ -217,7 +233,7 @@ void Training::start() {
              train::stream_key(o.seed, kEvalStream, static_cast<std::uint64_t>(c_.rank)), teacher_,
              teacher_net_);
   model_.refresh_working();
-  initial_loss_ = mean_over_ranks(evaluate(student_, params_, eval_), c_.stats);
+  initial_loss_ = mean_over_ranks(evaluate(student_, model_.host_layer_params(), eval_), c_.stats);
 
   if (c_.printer) {
     print_start(c_, model_, *engine_, config_);
@@ -248,29 +264,48 @@ double Training::forward_backward(const Batch& batch, std::vector<float>& dy, do
   shardopt::ZeroRedundancyOptimizer& opt = *engine_;
   double loss = 0.0;
   int first = 0;
+  const bool device = device_net_ != nullptr;
+  if (device) {
+    shardopt::device_copy(device_x_.data(), batch.x.data(), batch.x.size() * sizeof(float));
+    shardopt::device_copy(device_y_.data(), batch.y.data(), batch.y.size() * sizeof(float));
+  }
+  const float* xs = device ? static_cast<const float*>(device_x_.data()) : batch.x.data();
+  const float* ys = device ? static_cast<const float*>(device_y_.data()) : batch.y.data();
+  float* dys = device ? static_cast<float*>(device_dy_.data()) : dy.data();
   for (int mb = 0; mb < o.micro_batches; ++mb) {
     // Micro-batch sizes differ by at most one sample.
     const int rows = o.batch / o.micro_batches + (mb < o.batch % o.micro_batches ? 1 : 0);
     const bool last = mb + 1 == o.micro_batches;
-    const float* x = batch.x.data() + static_cast<std::size_t>(first) * o.inputs;
-    const float* y = batch.y.data() + static_cast<std::size_t>(first) * o.outputs;
-    const float* y_hat = student_.forward(params_, x, rows);
+    const float* x = xs + static_cast<std::size_t>(first) * o.inputs;
+    const float* y = ys + static_cast<std::size_t>(first) * o.outputs;
     const std::size_t count = static_cast<std::size_t>(rows) * o.outputs;
-    loss += train::mse(y_hat, y, count, dy.data(), grad_scale) * rows / o.batch;
+    if (device) {
+      const float* y_hat = device_net_->forward(params_, x, rows);
+      loss += device_net_->mse(y_hat, y, count, dys, grad_scale) * rows / o.batch;
+    } else {
+      const float* y_hat = student_.forward(params_, x, rows);
+      loss += train::mse(y_hat, y, count, dys, grad_scale) * rows / o.batch;
+    }
     // Stage 2 reduces every micro-batch as its backward pass runs, into
     // the engine's fp32 gradient shard. Stages 0 and 1 accumulate the
     // micro-batches in the gradient buffers and reduce once, in the last.
     const bool reduce_now = o.stage == 2 || last;
     const bool accumulate = o.stage != 2 && mb > 0;
-    student_.backward(params_, grads_, dy.data(), rows, accumulate, [&](int l) {
+    auto done = [&](int l) {
       if (!reduce_now) return;
-      // The bias, then the weight: descending order, as buckets start.
+      // The bias, then the weight: descending order, as buckets start. On
+      // a device the gradient is written on the default stream, which the
+      // optimizer's work follows.
       for (const std::size_t i :
            {2 * static_cast<std::size_t>(l) + 1, 2 * static_cast<std::size_t>(l)}) {
         model_.publish_grad(i);
         opt.grad_ready(i);
       }
-    });
+    };
+    if (device)
+      device_net_->backward(params_, grads_, dys, rows, accumulate, done);
+    else
+      student_.backward(params_, grads_, dys, rows, accumulate, done);
     if (o.stage == 2 && !last) opt.reduce_gradients();
     first += rows;
   }
@@ -298,7 +333,17 @@ shardopt::StepInfo Training::try_step(const Batch& batch, std::vector<float>& dy
     last_norm_ = opt.clip_grad_norm(*o.clip);
     t.reduce += seconds_since(tc);
   }
-  const shardopt::StepInfo info = opt.step();
+  const std::int64_t applied_before = opt.steps();
+  shardopt::StepInfo info = opt.step();
+  if (info.pending) {
+    // Device parameters: the device decides whether the step applies, and
+    // step() returned before it had. The trainer logs every step's
+    // verdict, so it waits for it here.
+    info.step = opt.steps();
+    info.applied = info.step > applied_before;
+    info.loss_scale = opt.loss_scale();
+    info.pending = false;
+  }
   t.total = seconds_since(t0);
   t.reduce += info.reduce_seconds;
   t.update = info.update_seconds;
@@ -415,7 +460,7 @@ int Training::finish() {
   s.resumed = resumed_.has_value();
   s.initial_loss = initial_loss_;
   model_.refresh_working();
-  s.final_loss = mean_over_ranks(evaluate(student_, params_, eval_), c_.stats);
+  s.final_loss = mean_over_ranks(evaluate(student_, model_.host_layer_params(), eval_), c_.stats);
   s.worst = slowest(all_, c_.stats);
   s.applied = opt.steps() - start_step_;
 

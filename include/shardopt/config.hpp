@@ -21,26 +21,36 @@ enum class CpuIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 
 // How a Communicator moves device buffers (docs/gpu.md):
 //   automatic: the device's own stream-ordered collectives (NCCL) when the
-//              build has them and every rank has a device, else staged;
+//              build has them and every rank has a device of its own, else
+//              a CUDA-aware MPI when every rank's MPI says it is one, else
+//              staged;
 //   nccl:      the device's own collectives; an error where they are not
 //              built or some rank has no device;
+//   mpi:       MPI on the device buffers themselves (a CUDA-aware MPI); an
+//              error where some rank's MPI is not known to be one;
 //   staged:    through pinned host memory with any MPI.
-enum class DeviceComm : int { automatic = 0, nccl = 1, staged = 2 };
+enum class DeviceComm : int { automatic = 0, nccl = 1, staged = 2, mpi = 3 };
+
+// Whether MPI can be given device buffers (SHARDOPT_CUDA_AWARE_MPI):
+// ask asks the MPI library (Open MPI's MPIX_Query_cuda_support, MPICH's
+// MPIX_GPU_query_support); yes and no answer for an MPI that cannot say.
+enum class CudaAwareMpi : int { ask = 0, yes = 1, no = 2 };
 
 struct Settings {
-  LogLevel debug = LogLevel::warn;                 // SHARDOPT_DEBUG
-  std::string debug_file;                          // SHARDOPT_DEBUG_FILE ("" = stderr)
-  bool huge_pages = true;                          // SHARDOPT_HUGE_PAGES
-  std::size_t comm_max_chunk = 2147483647;         // SHARDOPT_COMM_MAX_CHUNK
-  bool check_args = false;                         // SHARDOPT_CHECK_ARGS
-  CpuIsa cpu_isa = CpuIsa::avx512;                 // SHARDOPT_CPU_ISA (avx512: no cap)
-  double bucket_mb = 25.0;                         // SHARDOPT_BUCKET_MB
-  int check_sync = 0;                              // SHARDOPT_CHECK_SYNC (0: never)
-  double timeout = 0.0;                            // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
-  bool desync_check = false;                       // SHARDOPT_DESYNC_CHECK
-  int stats_every = 100;                           // SHARDOPT_STATS_EVERY (0: never)
-  std::size_t staged_chunk_kb = 4096;              // SHARDOPT_STAGED_CHUNK_KB
-  DeviceComm device_comm = DeviceComm::automatic;  // SHARDOPT_DEVICE_COMM
+  LogLevel debug = LogLevel::warn;                  // SHARDOPT_DEBUG
+  std::string debug_file;                           // SHARDOPT_DEBUG_FILE ("" = stderr)
+  bool huge_pages = true;                           // SHARDOPT_HUGE_PAGES
+  std::size_t comm_max_chunk = 2147483647;          // SHARDOPT_COMM_MAX_CHUNK
+  bool check_args = false;                          // SHARDOPT_CHECK_ARGS
+  CpuIsa cpu_isa = CpuIsa::avx512;                  // SHARDOPT_CPU_ISA (avx512: no cap)
+  double bucket_mb = 25.0;                          // SHARDOPT_BUCKET_MB
+  int check_sync = 0;                               // SHARDOPT_CHECK_SYNC (0: never)
+  double timeout = 0.0;                             // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
+  bool desync_check = false;                        // SHARDOPT_DESYNC_CHECK
+  int stats_every = 100;                            // SHARDOPT_STATS_EVERY (0: never)
+  std::size_t staged_chunk_kb = 4096;               // SHARDOPT_STAGED_CHUNK_KB
+  DeviceComm device_comm = DeviceComm::automatic;   // SHARDOPT_DEVICE_COMM
+  CudaAwareMpi cuda_aware_mpi = CudaAwareMpi::ask;  // SHARDOPT_CUDA_AWARE_MPI
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -14,6 +14,13 @@ namespace shardopt {
 SHARDOPT_API int device_count() noexcept;
 // The device runtime in use: "CUDA", or "none" without a device.
 SHARDOPT_API const char* device_runtime_name() noexcept;
+// Makes `device` (0 to device_count() - 1) the calling thread's current
+// device, as cudaSetDevice does: where the buffers below are allocated and
+// where shardopt's communicators and optimizers created afterwards work.
+// With several ranks of a node sharing its devices, give each its own:
+// set_device(local rank % device_count()). InvalidArgument for another
+// number; DeviceError when the process has no device. Local.
+SHARDOPT_API void set_device(int device);
 
 // Memory of the calling thread's current device, not initialized. Throws
 // Error(out_of_memory), or DeviceError when the process has no device.

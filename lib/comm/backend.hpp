@@ -124,6 +124,25 @@ class DeviceBackend : public Backend {
   std::unique_ptr<Backend> host_;
 };
 
+// The device transports of this process's live communicators, counted so
+// that NCCL and a CUDA-aware MPI never move device buffers side by side
+// (NCCL documents a deadlock when both run collectives on one device
+// concurrently). A backend holds a claim from construction to free().
+enum class DeviceTransport { nccl, mpi };
+int live_device_transports(DeviceTransport t) noexcept;
+class TransportClaim {
+ public:
+  explicit TransportClaim(DeviceTransport t) noexcept;
+  ~TransportClaim() { release(); }
+  TransportClaim(const TransportClaim&) = delete;
+  TransportClaim& operator=(const TransportClaim&) = delete;
+  void release() noexcept;
+
+ private:
+  DeviceTransport t_;
+  bool held_ = true;
+};
+
 // Duplicates `comm` (collective) and uses it with MPI on host buffers.
 std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_chunk);
 
@@ -131,9 +150,12 @@ std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_ch
 // through pinned host memory and moved by MPI on a duplicate of `comm`
 // (collective), driven by a progress thread (lib/comm/staged/). A rank
 // without a device (runtime null) takes part in the duplicate and passes
-// every buffer to `host`.
+// every buffer to `host`. direct: MPI takes device buffers (a CUDA-aware
+// MPI), and moves them itself without staging, on the same thread, except
+// the reductions of 16-bit floats (MPI reduces those with operations of
+// shardopt's, which run on the host), which stay staged.
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
-                                             DeviceRuntime* runtime);
+                                             DeviceRuntime* runtime, bool direct = false);
 
 // Host buffers through `host`; device buffers by `collectives`, the
 // device's own stream-ordered ones (lib/comm/native/).

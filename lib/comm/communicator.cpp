@@ -78,7 +78,21 @@ std::string shared_device(MPI_Comm comm, const std::string& identity) {
   return "";
 }
 
+std::atomic<int> g_live_transports[2];
+
 }  // namespace
+
+int live_device_transports(DeviceTransport t) noexcept {
+  return g_live_transports[static_cast<int>(t)].load();
+}
+TransportClaim::TransportClaim(DeviceTransport t) noexcept : t_(t) {
+  g_live_transports[static_cast<int>(t_)].fetch_add(1);
+}
+void TransportClaim::release() noexcept {
+  if (held_) g_live_transports[static_cast<int>(t_)].fetch_sub(1);
+  held_ = false;
+}
+
 }  // namespace detail
 
 using detail::Backend;
@@ -181,54 +195,102 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   detail::at_mpi_finalize(nullptr);
 }
 
-// Device buffers: the ranks agree whether any has a device and whether all
-// have the device's own collectives, then take the same transport, each
-// making the duplicates it needs on every rank alike (a rank without a
-// device takes part in them).
+// Device buffers: the ranks agree on what each can use, then take the same
+// transport, each making the duplicates it needs on every rank alike (a
+// rank without a device takes part in them).
 void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
+  using detail::DeviceTransport;
   detail::DeviceRuntime* rt = detail::device_runtime();
-  // {some rank has a device, some rank lacks the device's collectives}
-  int facts[2] = {rt != nullptr ? 1 : 0, rt != nullptr && rt->has_collectives() ? 0 : 1};
-  SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, facts, 2, MPI_INT, MPI_MAX, backend_->mpi_comm()),
-                     "Communicator: agreeing on the transport of device buffers");
-  bool native_everywhere = facts[1] == 0;
+  // Each fact true on some rank (the maximum over the ranks).
+  enum { kSomeDevice, kNoDevice, kNoNative, kMpiNotAware, kLiveNccl, kLiveMpi, kFacts };
+  int facts[kFacts] = {};
+  facts[kSomeDevice] = rt != nullptr;
+  facts[kNoDevice] = rt == nullptr;
+  facts[kNoNative] = rt == nullptr || !rt->has_collectives();
+  facts[kMpiNotAware] = !detail::mpi_takes_device_buffers();
+  facts[kLiveNccl] = detail::live_device_transports(DeviceTransport::nccl) > 0;
+  facts[kLiveMpi] = detail::live_device_transports(DeviceTransport::mpi) > 0;
+  const int mine[kFacts] = {facts[0], facts[1], facts[2], facts[3], facts[4], facts[5]};
+  SHARDOPT_CHECK_MPI(
+      MPI_Allreduce(MPI_IN_PLACE, facts, kFacts, MPI_INT, MPI_MAX, backend_->mpi_comm()),
+      "Communicator: agreeing on the transport of device buffers");
   // Collectives of one device per rank (NCCL) refuse ranks that share one:
   // two ranks that do, if any (the same two on every rank).
   std::string shared;
-  if (native_everywhere) {
+  if (!facts[kNoNative])
     shared = detail::shared_device(backend_->mpi_comm(), rt->device_identity());
-    native_everywhere = shared.empty();
-  }
-  if (choice == DeviceComm::nccl && !native_everywhere) {
-    const std::string why = !shared.empty() ? shared + ", and NCCL takes one device per rank"
-                            : facts[0] == 0 ? "no rank has a device"
-                            : rt == nullptr ? "this rank has no device"
-                            : !rt->has_collectives()
-                                ? std::string(
-                                      "this shardopt build has no NCCL collectives "
-                                      "for the ") +
-                                      rt->name()
-                                : "some rank has no device or no NCCL";
+  const bool native_ok = !facts[kNoNative] && shared.empty() && !facts[kLiveMpi];
+  const bool mpi_ok = !facts[kNoDevice] && !facts[kMpiNotAware] && !facts[kLiveNccl];
+  constexpr const char* kDeadlock =
+      ", and NCCL and a CUDA-aware MPI must not run collectives on one device side by side "
+      "(NCCL documents a deadlock)";
+  auto refuse = [&](const char* asked, const std::string& why, const char* fix) {
     backend_->free();
     SHARDOPT_THROW(unsupported,
-                   "Communicator: device_comm = nccl (CommOptions::device_comm or "
-                   "SHARDOPT_DEVICE_COMM) cannot be used: " +
-                       why,
-                   "give every rank a device and a shardopt built with NCCL, or choose staged "
-                   "(any MPI) or auto");
+                   std::string("Communicator: device_comm = ") + asked +
+                       " (CommOptions::device_comm or SHARDOPT_DEVICE_COMM) cannot be used: " + why,
+                   fix);
+  };
+  if (choice == DeviceComm::nccl && !native_ok) {
+    const std::string why =
+        !shared.empty()       ? shared + ", and NCCL takes one device per rank"
+        : !facts[kSomeDevice] ? "no rank has a device"
+        : rt == nullptr       ? "this rank has no device"
+        : !rt->has_collectives()
+            ? std::string("this shardopt build has no NCCL collectives for the ") + rt->name()
+        : facts[kNoNative] ? "some rank has no device or no NCCL"
+        : mine[kLiveMpi]   ? std::string(
+                                 "another Communicator of this process moves device "
+                                   "buffers over a CUDA-aware MPI") +
+                               kDeadlock
+                         : std::string(
+                               "another Communicator of some rank moves device buffers "
+                               "over a CUDA-aware MPI") +
+                               kDeadlock;
+    refuse("nccl", why,
+           "give every rank a device and a shardopt built with NCCL, use one device_comm for "
+           "every Communicator of the job, or choose staged (any MPI) or auto");
   }
-  if (facts[0] == 0) return;
-  if (choice == DeviceComm::nccl || (choice == DeviceComm::automatic && native_everywhere)) {
+  if (choice == DeviceComm::mpi && !mpi_ok) {
+    const std::string why =
+        !facts[kSomeDevice] ? "no rank has a device"
+        : mine[kNoDevice]   ? "this rank has no device"
+        : facts[kNoDevice]  ? "some rank has no device"
+        : mine[kMpiNotAware]
+            ? "this rank's MPI is not known to take device buffers (it says it is not "
+              "CUDA-aware, cannot say, or SHARDOPT_CUDA_AWARE_MPI=no)"
+        : facts[kMpiNotAware] ? "some rank's MPI is not known to take device buffers"
+        : mine[kLiveNccl]     ? std::string(
+                                    "another Communicator of this process moves device "
+                                        "buffers over NCCL") +
+                                kDeadlock
+                          : std::string(
+                                "another Communicator of some rank moves device buffers "
+                                "over NCCL") +
+                                kDeadlock;
+    refuse("mpi", why,
+           "run with a CUDA-aware MPI on every rank (SHARDOPT_CUDA_AWARE_MPI=yes for one that "
+           "cannot say so), use one device_comm for every Communicator of the job, or choose "
+           "staged (any MPI) or auto");
+  }
+  if (!facts[kSomeDevice]) return;
+  const bool nccl = choice == DeviceComm::nccl || (choice == DeviceComm::automatic && native_ok);
+  const bool mpi =
+      !nccl && (choice == DeviceComm::mpi || (choice == DeviceComm::automatic && mpi_ok));
+  if (nccl) {
     auto collectives = rt->collectives(comm, backend_->max_chunk());
     backend_ = detail::make_native_backend(std::move(backend_), rt, std::move(collectives));
   } else {
-    backend_ = detail::make_staged_backend(std::move(backend_), comm, rt);
+    backend_ = detail::make_staged_backend(std::move(backend_), comm, rt, mpi);
   }
   if (backend_->rank() == 0) {
     const char* why = choice != DeviceComm::automatic ? "asked for"
-                      : native_everywhere ? "auto: every rank has a device with its own collectives"
-                      : !shared.empty()   ? "auto: two ranks share a device"
-                                          : "auto: some rank has no device or no NCCL";
+                      : nccl            ? "auto: every rank has a device with its own collectives"
+                      : mpi             ? "auto: every rank's MPI takes device buffers"
+                      : !shared.empty() ? "auto: two ranks share a device, and MPI is not "
+                                          "known to take device buffers"
+                                        : "auto: no NCCL on every rank, and MPI is not known "
+                                          "to take device buffers";
     SHARDOPT_LOG(info, "Communicator of " << backend_->size() << " ranks: device buffers over "
                                           << backend_->device_name() << " (" << why << ")");
   }

@@ -6,6 +6,7 @@
 
 #include "build_config.hpp"
 #include "common/device.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 
 #if SHARDOPT_HAVE_MPIX_CUDA
@@ -13,6 +14,34 @@
 #endif
 
 namespace shardopt {
+
+namespace detail {
+
+bool mpi_library_cuda_aware() noexcept {
+  if (!mpi_is_initialized() || mpi_is_finalized()) return false;
+#if SHARDOPT_HAVE_MPIX_CUDA
+  return MPIX_Query_cuda_support() == 1;
+#elif SHARDOPT_HAVE_MPIX_GPU_QUERY
+  int supported = 0;
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS && supported != 0;
+#else
+  return false;
+#endif
+}
+
+bool mpi_takes_device_buffers() {
+  switch (settings().cuda_aware_mpi) {
+    case CudaAwareMpi::yes:
+      return true;
+    case CudaAwareMpi::no:
+      return false;
+    case CudaAwareMpi::ask:
+      break;
+  }
+  return mpi_library_cuda_aware();
+}
+
+}  // namespace detail
 
 BuildInfo build_info() noexcept {
   BuildInfo info;
@@ -30,10 +59,7 @@ BuildInfo build_info() noexcept {
       const auto cut = s.find_first_of(",\n");
       info.mpi_library = s.substr(0, cut);
     }
-#if SHARDOPT_HAVE_MPIX_CUDA
-    if (mpi_is_initialized() && !mpi_is_finalized())
-      info.mpi_cuda_aware = MPIX_Query_cuda_support() == 1;
-#endif
+    info.mpi_cuda_aware = detail::mpi_library_cuda_aware();
   } catch (...) {
   }
   return info;

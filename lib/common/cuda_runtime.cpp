@@ -17,6 +17,9 @@ namespace shardopt::detail {
 // lib/common/wait_flag.cu: a one-thread kernel on s that spins until
 // *flag >= value (flag: the device's view of mapped pinned memory).
 void launch_wait_flag(const std::uint32_t* flag, std::uint32_t value, cudaStream_t s);
+// lib/common/wait_flag.cu: the division of avg, n elements of t by divisor,
+// enqueued on s.
+void launch_divide(void* buf, std::size_t n, DType t, int divisor, cudaStream_t s);
 
 #if SHARDOPT_HAVE_NCCL
 // lib/common/nccl_collectives.cpp: NCCL over `comm`, on the current device.
@@ -62,6 +65,9 @@ class CudaRuntime final : public DeviceRuntime {
     int d = 0;
     SHARDOPT_CHECK_CUDA(cudaGetDevice(&d), "the current device");
     return d;
+  }
+  void set_current_device(int d) override {
+    SHARDOPT_CHECK_CUDA(cudaSetDevice(d), "choosing the current device");
   }
 
   void* allocate(std::size_t bytes, const char* what) override {
@@ -161,6 +167,9 @@ class CudaRuntime final : public DeviceRuntime {
     SHARDOPT_CHECK_CUDA(cudaHostGetDevicePointer(&dev, const_cast<std::uint32_t*>(flag), 0),
                         "the device's address of a host flag");
     launch_wait_flag(static_cast<const std::uint32_t*>(dev), value, as_stream(s));
+  }
+  void divide(void* buf, std::size_t count, DType t, int divisor, StreamHandle s) override {
+    launch_divide(buf, count, t, divisor, as_stream(s));
   }
   void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept override {
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);

@@ -27,6 +27,14 @@ const char* memory_kind_name(MemoryKind kind) noexcept;
 std::string location_name(const MemoryLocation& where);
 
 int cuda_runtime_version() noexcept;
+
+// Whether the MPI library says it takes CUDA device buffers (Open MPI's
+// MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support); false when it
+// cannot say, or MPI is not running. Local.
+bool mpi_library_cuda_aware() noexcept;
+// Whether shardopt may give MPI device buffers: SHARDOPT_CUDA_AWARE_MPI's
+// answer, or the library's when it says ask. Local.
+bool mpi_takes_device_buffers();
 int nccl_version() noexcept;
 
 }  // namespace shardopt::detail

@@ -1,5 +1,6 @@
 // shardopt: device memory for programs without the CUDA headers
 // (include/shardopt/device.hpp), on the process's device runtime.
+#include <string>
 #include <utility>
 
 #include "common/check.hpp"
@@ -29,6 +30,18 @@ int device_count() noexcept {
 const char* device_runtime_name() noexcept {
   const detail::DeviceRuntime* rt = detail::device_runtime();
   return rt == nullptr ? "none" : rt->name();
+}
+
+void set_device(int device) {
+  detail::DeviceRuntime& rt = runtime("set_device");
+  if (device < 0 || device >= rt.device_count())
+    detail::throw_error(ErrorCode::invalid_argument,
+                        "set_device(" + std::to_string(device) + "): this process sees " +
+                            std::to_string(rt.device_count()) + " device(s), numbered from 0",
+                        "pass a number from 0 to device_count() - 1 (CUDA_VISIBLE_DEVICES "
+                        "decides which devices a process sees)",
+                        __FILE__, __LINE__);
+  rt.set_current_device(device);
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {

@@ -75,8 +75,10 @@ class DeviceRuntime {
   virtual int device_count() const noexcept = 0;
   // Where p points: device (or managed) memory of this runtime, else host.
   virtual MemoryLocation locate(const void* p) const noexcept = 0;
-  // The device the calling thread works on.
+  // The device the calling thread works on, and its choice (d from 0 to
+  // device_count() - 1, checked by the caller).
   virtual int current_device() const = 0;
+  virtual void set_current_device(int d) = 0;
 
   // Device memory of the current device (not initialized), and pinned host
   // memory. Throw Error(out_of_memory) naming `what` when there is none.
@@ -119,6 +121,11 @@ class DeviceRuntime {
   // From any host thread: *flag = value, visible to waiting streams.
   virtual void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept = 0;
 
+  // The division of avg after a sum: each of count elements of buf (f32,
+  // f64, bf16 or f16, device memory) divided by divisor, bitwise as the
+  // host transport divides, enqueued on s.
+  virtual void divide(void* buf, std::size_t count, DType t, int divisor, StreamHandle s) = 0;
+
   // The device's own collectives over `comm` (collective over comm; null
   // where the device has none, on every rank alike: ask has_collectives()
   // and agree first). max_chunk: the largest count one call of the
@@ -131,6 +138,12 @@ class DeviceRuntime {
   // throws.
   virtual std::string device_identity() const { return {}; }
   virtual std::unique_ptr<DeviceCollectives> collectives(MPI_Comm comm, std::size_t max_chunk);
+
+  // The address MPI is given for device memory p when it moves device
+  // buffers itself (a CUDA-aware MPI, DeviceComm::mpi): p on CUDA; on an
+  // emulated device the host memory behind p, which stands in for a
+  // CUDA-aware MPI's own access to the device.
+  virtual void* mpi_view(const void* p) const noexcept { return const_cast<void*>(p); }
 
   // Whether kernels run as host code on the streams (the simulated device)
   // rather than as CUDA kernels.

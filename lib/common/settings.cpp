@@ -193,16 +193,29 @@ const VarSpec kVars[] = {
        s.staged_chunk_kb = static_cast<std::size_t>(*n);
        return true;
      }},
-    {"SHARDOPT_DEVICE_COMM", "auto", "auto, nccl, staged (any case)",
+    {"SHARDOPT_DEVICE_COMM", "auto", "auto, nccl, mpi, staged (any case)",
      "How communicators move device buffers: nccl the device's own stream-ordered "
-     "collectives (NCCL), staged through pinned host memory with any MPI, auto nccl when "
-     "shardopt has it and every rank has a device, else staged. A forced choice that cannot "
-     "be used is an error on every rank. CommOptions::device_comm overrides it.",
+     "collectives (NCCL), mpi MPI on the device buffers themselves (a CUDA-aware MPI), staged "
+     "through pinned host memory with any MPI; auto nccl when shardopt has it and every rank "
+     "has a device of its own, else mpi when every rank's MPI is CUDA-aware "
+     "(SHARDOPT_CUDA_AWARE_MPI), else staged. A forced choice that cannot be used is an error "
+     "on every rank. CommOptions::device_comm overrides it.",
      [](Settings& s, const std::string& v) {
        return apply_choice(s.device_comm, v,
                            {{"AUTO", DeviceComm::automatic},
                             {"NCCL", DeviceComm::nccl},
+                            {"MPI", DeviceComm::mpi},
                             {"STAGED", DeviceComm::staged}});
+     }},
+    {"SHARDOPT_CUDA_AWARE_MPI", "ask", "ask, yes, no (any case)",
+     "Whether MPI can be given device buffers. ask: as the MPI library says at run time (Open "
+     "MPI's MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support; an MPI that has neither "
+     "is taken as not CUDA-aware). yes or no: for an MPI that cannot say, or says wrongly. "
+     "Decides whether SHARDOPT_DEVICE_COMM=auto may take mpi and whether mpi may be forced.",
+     [](Settings& s, const std::string& v) {
+       return apply_choice(
+           s.cuda_aware_mpi, v,
+           {{"ASK", CudaAwareMpi::ask}, {"YES", CudaAwareMpi::yes}, {"NO", CudaAwareMpi::no}});
      }},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "

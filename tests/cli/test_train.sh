@@ -165,6 +165,22 @@ expect_usage_error() {  # TEXT ARGS...
 expect_usage_error "bad value 'adamx' for -o (--optimizer); accepted: sgd adam adamw" -o adamx
 expect_usage_error "--param-remainders needs -p (--precision) bf16" -p f16 --param-remainders
 expect_usage_error "unknown option '--bogus'" --bogus
+expect_usage_error "--scattered is a host layout: --device cuda keeps the parameters" \
+  --device cuda --scattered
+expect_usage_error "bad value 'gpu' for --device; accepted: host cuda" --device gpu
+
+# --device cuda where this process sees no CUDA device (this test runs
+# without one; scripts/device-check trains on a GPU): exit code 1 on every
+# rank before training, saying why and what to do, no hang.
+if [ "${SHARDOPT_TEST_HAS_GPU:-0}" = 0 ]; then
+  out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" "${small[@]}" --device cuda 2>&1)
+  rc=$?
+  if [ $rc -eq 1 ] && [ "$(grep -c -- "--device cuda: this" <<<"$out")" -eq 2 ]; then
+    passed=$((passed + 1)); echo "ok: --device cuda without a device is an error on every rank"
+  else
+    fail "--device cuda without a device: exit code $rc (expected 1 and the reason twice)" "$out"
+  fi
+fi
 
 # An unwritable --save-params file: exit code 1 before training, no hang.
 out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" --save-params "$tmp/no/such/dir/p.bin" \

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/backend.hpp"
+#include "comm/mpi/mpi_types.hpp"
 #include "common/check.hpp"
 
 namespace shardopt::sim {
@@ -165,6 +166,7 @@ class SimDevice final : public detail::DeviceRuntime {
     return {MemoryKind::device, static_cast<int>(std::size_t(c - base_) / kDeviceSpan)};
   }
   int current_device() const override { return current; }
+  void set_current_device(int d) override { current = d; }
 
   void* allocate(std::size_t bytes, const char* what) override {
     if (bytes == 0) return nullptr;
@@ -371,6 +373,12 @@ class SimDevice final : public detail::DeviceRuntime {
   }
 
   bool emulated() const noexcept override { return true; }
+  void* mpi_view(const void* p) const noexcept override { return translate(p); }
+  void divide(void* buf, std::size_t count, DType t, int divisor, StreamHandle s) override {
+    stream(s).enqueue([this, buf, count, t, divisor] {
+      detail::divide_elements(translate(buf), count, t, divisor);
+    });
+  }
   void emulate(StreamHandle s, std::function<void(const detail::Translate&)> f) override {
     stream(s).enqueue(
         [this, f = std::move(f)] { f([this](const void* p) -> void* { return translate(p); }); });

@@ -62,6 +62,7 @@ class NativeBackend final : public DeviceBackend {
   void free() override {
     if (!host_->freed()) coll_->free();
     host_->free();
+    claim_.release();
   }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
@@ -124,6 +125,7 @@ class NativeBackend final : public DeviceBackend {
 
   DeviceRuntime* rt_;
   std::unique_ptr<DeviceCollectives> coll_;
+  TransportClaim claim_{DeviceTransport::nccl};
 };
 
 }  // namespace

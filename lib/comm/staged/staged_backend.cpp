@@ -24,6 +24,17 @@
 // operation). Its collectives run on their own duplicate of the
 // communicator, in the order the operations were issued, the same on every
 // rank.
+//
+// Direct (DeviceComm::mpi, a CUDA-aware MPI): the same thread runs each
+// collective on the device buffers themselves, whole, with no slot and no
+// copy. The caller's stream's work so far is its `ready`; up waits for the
+// flag, then does what MPI's form leaves to do on the device (the move of
+// an in-place reduce-scatter's block, avg's division: the host backend's
+// forms are chosen so that it never touches the buffers itself), and
+// records the operation's event. The thread makes blocking MPI calls:
+// CUDA-aware MPIs reduce device buffers in blocking collectives, not always
+// in non-blocking ones. Reductions of bf16 and f16 stay staged: MPI reduces
+// them with operations of shardopt's, which run on the host.
 #include <mpi.h>
 
 #include <algorithm>
@@ -33,6 +44,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +73,28 @@ struct Chunk {
   std::vector<Piece> down, up;
   std::function<void(char* slot)> mpi;
 };
+
+// A copy between two places of device memory.
+struct DeviceCopy {
+  void* to = nullptr;
+  const void* from = nullptr;
+  std::size_t bytes = 0;
+};
+
+// A direct operation: MPI on the device buffers, and what the device does
+// before (on down) and after (on up).
+struct Direct {
+  DeviceCopy before, after;
+  std::function<void()> mpi;
+  // avg's division of the result, after: the buffer (null: none).
+  void* average = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+};
+
+// Whether a reduction of `t` runs with an MPI operation of shardopt's
+// (mpi_types.cpp), which reduces host memory only.
+bool host_reduction(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // The MPI side: a thread that runs each chunk's collective once its copy
 // down has completed, in order.
@@ -192,16 +226,17 @@ char* at(const void* p, std::size_t elems, std::size_t es) {
 
 class StagedBackend final : public DeviceBackend {
  public:
-  StagedBackend(std::unique_ptr<Backend> host, MPI_Comm comm, DeviceRuntime* rt)
-      : DeviceBackend(std::move(host)), rt_(rt), progress_(rt) {
+  StagedBackend(std::unique_ptr<Backend> host, MPI_Comm comm, DeviceRuntime* rt, bool direct)
+      : DeviceBackend(std::move(host)), rt_(rt), progress_(rt), direct_(direct && rt != nullptr) {
     // The progress thread's own communicator: its collectives never meet
     // the application's or the host backend's.
     wire_ = make_mpi_host_backend(comm, host_->max_chunk());
     chunk_bytes_ = settings().staged_chunk_kb * 1024;
+    if (direct_) claim_.emplace(DeviceTransport::mpi);
   }
   ~StagedBackend() override { shutdown(); }
 
-  const char* device_name() const noexcept override { return "staged"; }
+  const char* device_name() const noexcept override { return direct_ ? "mpi" : "staged"; }
   bool accepts(const MemoryLocation& where) const noexcept override {
     return where.kind == MemoryKind::host || (rt_ != nullptr && where.kind == MemoryKind::device);
   }
@@ -209,14 +244,22 @@ class StagedBackend final : public DeviceBackend {
     shutdown();
     wire_->free();
     host_->free();
+    if (claim_) claim_->release();
   }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                        ReduceOp op, bool blocking, StreamHandle s) override {
     if (!on_device("allreduce", {send, recv}, count, s))
       return host_->allreduce(send, recv, count, dtype, op, blocking, s);
-    const std::size_t es = dtype_size(dtype), step = piece_elems(es, 1);
     Backend& w = *wire_;
+    if (direct_ && !host_reduction(dtype)) {
+      Direct d = averaged(op, recv, count, dtype);
+      d.mpi = [&w, vs = view(send), vr = view(recv), count, dtype, op = summed(op)] {
+        w.allreduce(vs, vr, count, dtype, op, true, nullptr);
+      };
+      return run_direct("allreduce", blocking, s, std::move(d));
+    }
+    const std::size_t es = dtype_size(dtype), step = piece_elems(es, 1);
     return run("allreduce", count, step, blocking, s,
                [&](std::size_t off, std::size_t n, Chunk& c) {
                  c.down.push_back({at(send, off, es), nullptr, 0, n * es});
@@ -236,8 +279,37 @@ class StagedBackend final : public DeviceBackend {
     if (!on_device("reduce_scatter", {send, recv}, count, s))
       return host_->reduce_scatter(send, recv, count, dtype, op, place, blocking, s);
     const std::size_t es = dtype_size(dtype), ranks = std::size_t(size());
-    const std::size_t step = piece_elems(es, ranks);
     Backend& w = *wire_;
+    if (direct_ && !host_reduction(dtype)) {
+      Direct d = averaged(op, recv, count, dtype);
+      // The host backend moves an in-place result between the start of the
+      // buffer and this rank's block itself (with memmove) in two cases:
+      // those take the other in-place form, and the device moves it.
+      const std::size_t me = std::size_t(rank()), bytes = count * es;
+      const bool one_call = count * ranks <= w.max_chunk();  // else one reduce per rank
+      char* whole = place == ScatterPlace::at_own_block ? at(recv, 0, es) - me * bytes
+                                                        : static_cast<char*>(recv);
+      const void* wsend = send;
+      void* wrecv = recv;
+      ScatterPlace wplace = place;
+      if (me != 0 && bytes != 0) {
+        if (place == ScatterPlace::at_own_block && one_call) {
+          wsend = wrecv = whole;
+          wplace = ScatterPlace::at_start;
+          d.after = {recv, whole, bytes};
+        } else if (place == ScatterPlace::at_start && !one_call) {
+          wsend = whole;
+          wrecv = whole + me * bytes;
+          wplace = ScatterPlace::at_own_block;
+          d.after = {whole, whole + me * bytes, bytes};
+        }
+      }
+      d.mpi = [&w, vs = view(wsend), vr = view(wrecv), count, dtype, op = summed(op), wplace] {
+        w.reduce_scatter(vs, vr, count, dtype, op, wplace, true, nullptr);
+      };
+      return run_direct("reduce_scatter", blocking, s, std::move(d));
+    }
+    const std::size_t step = piece_elems(es, ranks);
     return run(
         "reduce_scatter", count, step, blocking, s, [&](std::size_t off, std::size_t n, Chunk& c) {
           for (std::size_t r = 0; r < ranks; ++r)
@@ -255,9 +327,26 @@ class StagedBackend final : public DeviceBackend {
     if (!on_device("allgather", {send, recv}, count, s))
       return host_->allgather(send, recv, count, dtype, in_place, blocking, s);
     const std::size_t es = dtype_size(dtype), ranks = std::size_t(size());
-    const std::size_t step = piece_elems(es, ranks);
     const std::size_t me = std::size_t(rank());
     Backend& w = *wire_;
+    if (direct_) {
+      // Past one call the host backend first copies this rank's block into
+      // place itself (with memcpy): the device copies it, and MPI gathers
+      // in place.
+      Direct d;
+      const void* wsend = send;
+      bool wplace = in_place;
+      if (!in_place && count * ranks > w.max_chunk() && count != 0) {
+        wsend = at(recv, me * count, es);
+        wplace = true;
+        d.before = {at(recv, me * count, es), send, count * es};
+      }
+      d.mpi = [&w, vs = view(wsend), vr = view(recv), count, dtype, wplace] {
+        w.allgather(vs, vr, count, dtype, wplace, true, nullptr);
+      };
+      return run_direct("allgather", blocking, s, std::move(d));
+    }
+    const std::size_t step = piece_elems(es, ranks);
     return run("allgather", count, step, blocking, s,
                [&](std::size_t off, std::size_t n, Chunk& c) {
                  c.down.push_back({at(send, off, es), nullptr, me * n * es, n * es});
@@ -274,6 +363,13 @@ class StagedBackend final : public DeviceBackend {
                                        bool blocking, StreamHandle s) override {
     if (!on_device("broadcast", {buf}, count, s))
       return host_->broadcast(buf, count, dtype, root, blocking, s);
+    if (direct_) {
+      Direct d;
+      d.mpi = [&w = *wire_, vb = view(buf), count, dtype, root] {
+        w.broadcast(vb, count, dtype, root, true, nullptr);
+      };
+      return run_direct("broadcast", blocking, s, std::move(d));
+    }
     const std::size_t es = dtype_size(dtype), step = piece_elems(es, 1);
     const bool mine = rank() == root;
     Backend& w = *wire_;
@@ -300,6 +396,20 @@ class StagedBackend final : public DeviceBackend {
   // Elements per rank's block in one chunk.
   std::size_t piece_elems(std::size_t es, std::size_t blocks) const {
     return std::max<std::size_t>(1, chunk_bytes_ / es / (blocks > 0 ? blocks : 1));
+  }
+
+  // Where MPI reaches device memory p.
+  void* view(const void* p) const { return p != nullptr ? rt_->mpi_view(p) : nullptr; }
+  // avg reduces as a sum; the device divides afterwards.
+  static ReduceOp summed(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+  Direct averaged(ReduceOp op, void* recv, std::size_t count, DType dtype) const {
+    Direct d;
+    if (op == ReduceOp::avg && size() > 1 && count != 0) {
+      d.average = recv;
+      d.count = count;
+      d.dtype = dtype;
+    }
+    return d;
   }
 
   // The first device operation: the thread level, the streams, the slots
@@ -329,9 +439,10 @@ class StagedBackend final : public DeviceBackend {
     flag_ = rt_->allocate_flags(1);
     progress_.start(flag_);
     started_ = true;
-    SHARDOPT_LOG(info, "Communicator: device buffers staged through "
-                           << kSlots << " pinned slots of " << slot << " bytes over "
-                           << rt_->name());
+    SHARDOPT_LOG(info, "Communicator: device buffers "
+                           << (direct_ ? "moved by MPI itself, 16-bit reductions " : "")
+                           << "staged through " << kSlots << " pinned slots of " << slot
+                           << " bytes over " << rt_->name());
   }
 
   void rethrow(const char* op) {
@@ -373,6 +484,28 @@ class StagedBackend final : public DeviceBackend {
       for (const Piece& p : c.up) rt_->copy(p.to, slot + p.slot_off, p.bytes, up_);
       rt_->record(slot_free_[k], up_);
     }
+    return complete(op, blocking, s);
+  }
+
+  // One direct operation (the header's "Direct").
+  std::unique_ptr<PendingOp> run_direct(const char* op, bool blocking, StreamHandle s, Direct d) {
+    rt_->record(start_, s);
+    rt_->wait_event(down_, start_);
+    rt_->wait_event(up_, start_);
+    if (d.before.bytes != 0) rt_->copy(d.before.to, d.before.from, d.before.bytes, down_);
+    EventHandle ready = progress_.event();
+    rt_->record(ready, down_);
+    const std::uint32_t seq = static_cast<std::uint32_t>(++chunks_);
+    progress_.push({ready, std::move(d.mpi), seq});
+    rt_->wait_flag(up_, flag_, seq);
+    if (d.after.bytes != 0) rt_->copy(d.after.to, d.after.from, d.after.bytes, up_);
+    if (d.average != nullptr) rt_->divide(d.average, d.count, d.dtype, size(), up_);
+    return complete(op, blocking, s);
+  }
+
+  // The operation's event, recorded on up after its last work: the caller
+  // waits for it, on the host (blocking) or on its stream (the request).
+  std::unique_ptr<PendingOp> complete(const char* op, bool blocking, StreamHandle s) {
     EventHandle done = rt_->create_event();
     rt_->record(done, up_);
     auto pending = std::make_unique<StagedPending>(rt_, done, s, [this, op] { rethrow(op); });
@@ -414,13 +547,15 @@ class StagedBackend final : public DeviceBackend {
   EventHandle slot_free_[kSlots] = {};
   std::uint32_t* flag_ = nullptr;
   std::uint64_t chunks_ = 0;  // chunks issued; the flag counts those done
+  bool direct_;
+  std::optional<TransportClaim> claim_;  // direct: the CUDA-aware MPI's
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
-                                             DeviceRuntime* runtime) {
-  return std::make_unique<StagedBackend>(std::move(host), comm, runtime);
+                                             DeviceRuntime* runtime, bool direct) {
+  return std::make_unique<StagedBackend>(std::move(host), comm, runtime, direct);
 }
 
 }  // namespace shardopt::detail
