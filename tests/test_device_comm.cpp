@@ -302,6 +302,36 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
       rt().release(other);
     }
   }
+  SECTION("buffers and stream of another device than the communicator's") {
+    if (rt().device_count() < 2) {
+      SUCCEED("one device");
+    } else {
+      // The device's own collectives (NCCL) are bound to the device that was
+      // current when the communicator was made: buffers of another device
+      // fail on every rank. The staged and MPI transports take any device.
+      sim::set_device(1);
+      void* other_stream = rt().create_stream();
+      auto* other = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+      rt().zero(other, n * 4, other_stream);
+      comm.set_stream(other_stream);
+      const bool native = comm.device_backend_name() == std::string("nccl (simulated)");
+      if (native) {
+        CHECK(all_ranks_true(throws_error<DeviceError>(
+            [&] { comm.allreduce(other, other, n, DType::f32, ReduceOp::sum); },
+            ErrorCode::wrong_device,
+            "the buffers are on device 1, but this communicator's collectives work on device 0 "
+            "(the current device when it was created)")));
+      } else {
+        CHECK(all_ranks_true(
+            no_throw([&] { comm.allreduce(other, other, n, DType::f32, ReduceOp::sum); })));
+      }
+      rt().synchronize(other_stream);
+      comm.set_stream(nullptr);
+      rt().release(other);
+      rt().destroy_stream(other_stream);
+      sim::set_device(0);
+    }
+  }
   // Usable afterwards, on device buffers.
   comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
   std::vector<float> back(n);

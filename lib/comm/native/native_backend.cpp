@@ -50,7 +50,10 @@ class NativeBackend final : public DeviceBackend {
  public:
   NativeBackend(std::unique_ptr<Backend> host, DeviceRuntime* rt,
                 std::unique_ptr<DeviceCollectives> coll)
-      : DeviceBackend(std::move(host)), rt_(rt), coll_(std::move(coll)) {
+      : DeviceBackend(std::move(host)),
+        rt_(rt),
+        coll_(std::move(coll)),
+        device_(rt->current_device()) {
     SHARDOPT_LOG(info,
                  "Communicator: device buffers by " << coll_->name() << " on " << rt_->name());
   }
@@ -109,6 +112,18 @@ class NativeBackend final : public DeviceBackend {
   bool on_device(const char* op, std::initializer_list<const void*> bufs, std::size_t count,
                  StreamHandle s) {
     if (!device_operation(rt_, op, bufs, count, s)) return false;
+    // The device's collectives (an NCCL communicator) were made for one
+    // device; the buffers are all on one (device_operation checked).
+    const int device = locate(*bufs.begin()).device;
+    if (device != device_)
+      throw_error(ErrorCode::wrong_device,
+                  std::string(op) + ": the buffers are on device " + std::to_string(device) +
+                      ", but this communicator's collectives work on device " +
+                      std::to_string(device_) + " (the current device when it was created)",
+                  "make the buffers' device current (cudaSetDevice, shardopt::set_device) before "
+                  "creating the Communicator, one Communicator per device; or use the staged "
+                  "transport (SHARDOPT_DEVICE_COMM=staged), which takes any device",
+                  __FILE__, __LINE__);
     coll_->check(op);  // an earlier collective's failure stops this one
     return true;
   }
@@ -125,6 +140,7 @@ class NativeBackend final : public DeviceBackend {
 
   DeviceRuntime* rt_;
   std::unique_ptr<DeviceCollectives> coll_;
+  int device_;  // the device the collectives were made for
   TransportClaim claim_{DeviceTransport::nccl};
 };
 
