@@ -132,7 +132,9 @@ TEST_CASE("device buffers: the transport is the one asked for, the same on every
   std::vector<std::pair<DeviceComm, std::string>> choices = {
       {DeviceComm::nccl, "nccl"}, {DeviceComm::staged, "staged"}, {DeviceComm::automatic, "auto"}};
   if (settings().cuda_aware_mpi == CudaAwareMpi::yes) choices.push_back({DeviceComm::mpi, "mpi"});
-  for (const auto& [dc, name_asked] : choices) {
+  for (const auto& choice : choices) {
+    const DeviceComm dc = choice.first;  // named, not bound: lambdas capture it
+    const std::string& name_asked = choice.second;
     // NCCL and MPI on device buffers never side by side: where the test
     // runner's communicators use one, the other is refused.
     const auto other = dc == DeviceComm::nccl  ? detail::DeviceTransport::mpi

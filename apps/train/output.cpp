@@ -148,6 +148,7 @@ void print_start(const RunContext& c, const ModelTensors& m,
         "\"params\":%zu,\"tensors\":%zu,\"layers\":%d,\"inputs\":%d,\"hidden\":%d,"
         "\"outputs\":%d,\"teacher_hidden\":%d,\"batch\":%d,\"global_batch\":%lld,"
         "\"micro_batches\":%d,\"steps\":%d,\"bucket_mb\":%s,\"scattered\":%s,\"seed\":%llu,"
+        "\"device\":\"%s\",\"device_comm\":\"%s\","
         "\"memory\":{\"master_params\":%zu,\"optimizer_state\":%zu,\"grad_shard\":%zu,"
         "\"reduced_grads\":%zu,\"owned_grads\":%zu,\"buckets\":%zu,\"allocated\":%zu,"
         "\"user_params\":%zu,\"user_grads\":%zu,\"working_copies\":%zu,"
@@ -158,9 +159,10 @@ void print_start(const RunContext& c, const ModelTensors& m,
         o.inputs, o.hidden, o.outputs, o.teacher_hidden, o.batch,
         static_cast<long long>(o.batch) * c.ranks, o.micro_batches, o.steps,
         json_number(bucket_mb).c_str(), o.scattered ? "true" : "false",
-        static_cast<unsigned long long>(o.seed), mem.master_params, mem.optimizer_state,
-        mem.grad_shard, mem.reduced_grads, mem.owned_grads, mem.buckets, mem.allocated(),
-        mem.user_params, mem.user_grads, m.working_bytes(), comparable, formula);
+        static_cast<unsigned long long>(o.seed), o.device ? "cuda" : "host",
+        c.comm.device_backend_name(), mem.master_params, mem.optimizer_state, mem.grad_shard,
+        mem.reduced_grads, mem.owned_grads, mem.buckets, mem.allocated(), mem.user_params,
+        mem.user_grads, m.working_bytes(), comparable, formula);
     std::fflush(stdout);
     return;
   }
@@ -172,9 +174,13 @@ void print_start(const RunContext& c, const ModelTensors& m,
               o.schedule == Schedule::cosine ? "cosine" : "constant", precision_name(o.precision),
               o.param_remainders ? " with remainders" : "",
               o.reduce_in_fp32 ? ", reduced in fp32" : "");
-  std::printf("# loss scale %s, clip %s, buckets %g MiB, %s buffers\n", scaling,
+  std::printf("# loss scale %s, clip %s, buckets %g MiB, %s buffers in %s\n", scaling,
               o.clip ? json_number(*o.clip).c_str() : "none", bucket_mb,
-              o.scattered ? "scattered" : "contiguous");
+              o.scattered ? "scattered" : "contiguous", o.device ? "device memory" : "host memory");
+  if (o.device) {
+    std::printf("# device runtime %s, device collectives %s\n", shardopt::device_runtime_name(),
+                c.comm.device_backend_name());
+  }
   std::printf("# model %s (%zu parameters in %zu tensors), teacher hidden width %d\n", dims.c_str(),
               m.numel(), m.count(), o.teacher_hidden);
   std::printf("# batch %d per rank (%lld in all), %d micro-batch%s, %d steps, seed %llu\n", o.batch,
