@@ -33,6 +33,16 @@
 // in chunks of at most CommOptions::max_chunk_elements elements.
 #pragma once
 
+// mpi.h without Open MPI's and MPICH's deprecated C++ bindings, which need a
+// library of their own (libmpi_cxx) at link time: shardopt and its users
+// need MPI's C API only. (Where the program includes mpi.h first, its own
+// flags decide: pkg-config --cflags shardopt gives these two definitions.)
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <cstddef>

@@ -48,4 +48,57 @@ LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/exam
   >"$work/run.log" 2>&1 || { cat "$work/run.log"; fail "running the README example under mpirun"; }
 
 echo "ok: installed, built the README example with pkg-config ($flags), ran it at 2 ranks"
-echo "install: 1 passed, 0 failed"
+
+# A consumer's machine with no .pc file but shardopt's and its MPI's (no
+# xxhash, nlohmann-json, OpenBLAS or CUDA ones): pkg-config still answers,
+# and neither answer names the library's own dependencies or a path of
+# this build machine (the static one names them only by -l).
+ompi_pc=$(pkg-config --variable=pcfiledir ompi-c)/ompi-c.pc
+mkdir -p "$work/bare"
+cp "$work/pc/shardopt.pc" "$ompi_pc" "$work/bare/"
+dyn=$(PKG_CONFIG_PATH='' PKG_CONFIG_LIBDIR="$work/bare" pkg-config --cflags --libs shardopt 2>&1) ||
+  fail "pkg-config with only shardopt.pc and ompi-c.pc present: $dyn"
+static=$(PKG_CONFIG_PATH='' PKG_CONFIG_LIBDIR="$work/bare" pkg-config --static --libs shardopt 2>&1) ||
+  fail "pkg-config --static with only shardopt.pc and ompi-c.pc present: $static"
+for word in xxhash nlohmann json openblas cuda nccl gomp; do
+  if grep -qi -- "$word" <<<"$dyn"; then fail "pkg-config --cflags --libs shardopt names $word: $dyn"; fi
+done
+mpi_libdir=$(pkg-config --variable=libdir ompi-c)
+for path in $static; do
+  case "$path" in
+    -L"$work"/* | -I"$work"/* | -L"$mpi_libdir" | -L"$mpi_libdir"/*) ;;
+    -L* | -I* | /*)
+      fail "pkg-config --static --libs shardopt writes a path of this machine: $path ($static)"
+      ;;
+  esac
+done
+echo "ok: pkg-config with only shardopt.pc and ompi-c.pc: $dyn; --static: $static"
+
+# A plain make project, as an outside code builds one: pkg-config for the
+# flags, the compiler and MPI's library, nothing else.
+mkdir -p "$work/make"
+cp "$work/example.cpp" "$work/make/main.cpp"
+# shellcheck disable=SC2016
+printf '%b\n' \
+  'CXXFLAGS += -std=c++20 -Wall -Wextra -Werror $(shell pkg-config --cflags shardopt)' \
+  'LDLIBS += $(shell pkg-config --libs shardopt)' \
+  'main: main.cpp' \
+  '\t$(CXX) $(CXXFLAGS) $< $(LDLIBS) -o $@' >"$work/make/Makefile"
+make -C "$work/make" CXX="${cxx[*]}" >"$work/make.log" 2>&1 ||
+  { cat "$work/make.log"; fail "make with pkg-config"; }
+LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/make/main" \
+  >"$work/run2.log" 2>&1 || { cat "$work/run2.log"; fail "running the make-built example"; }
+echo "ok: a make project built the README example with pkg-config and ran it at 2 ranks"
+
+# By hand, with MPI's own flags and -lshardopt, no definition of ours (the
+# README's example includes shardopt's header first): the public headers
+# keep mpi.h's C++ bindings, which need libmpi_cxx, out.
+incdir=$(dirname "$(dirname "$header")")
+# shellcheck disable=SC2046
+"${cxx[@]}" -std=c++20 -Wall -Wextra -Werror -I"$incdir" $(pkg-config --cflags ompi-c) \
+  "$work/example.cpp" -L"$libdir" -lshardopt $(pkg-config --libs ompi-c) -o "$work/hand" \
+  >"$work/hand.log" 2>&1 || { cat "$work/hand.log"; fail "compiling by hand with MPI's flags"; }
+LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/hand" \
+  >"$work/run3.log" 2>&1 || { cat "$work/run3.log"; fail "running the hand-built example"; }
+echo "ok: built by hand with MPI's flags and -lshardopt alone, ran at 2 ranks"
+echo "install: 4 passed, 0 failed"
