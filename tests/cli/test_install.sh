@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs shardopt into a scratch directory, then builds the README's usage
 # example against the installed headers and library through pkg-config alone
-# (as a user's code would), and runs it under mpirun at 2 ranks.
+# (as a user's code would), and runs it under mpirun at 2 ranks; the same
+# for the README's C and Fortran examples (with the system's gcc and
+# gfortran, so not when a sanitizer build passes its own compiler).
 # Usage: test_install.sh SOURCE_ROOT BUILD_ROOT MPIEXEC [COMPILER [FLAG...]]
 # COMPILER and its flags default to g++; a sanitizer build passes its own
 # compiler and -fsanitize flags, which a program linking it needs too.
@@ -11,6 +13,7 @@ build=$2
 mpiexec=$3
 shift 3
 cxx=("$@")
+own_compiler=${#cxx[@]}
 [ ${#cxx[@]} -gt 0 ] || cxx=(g++)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -36,7 +39,9 @@ awk '/^```cpp$/ { on = 1; next } /^```$/ { if (on) exit } on' "$src/README.md" >
 # (Open MPI's own .pc is found where the system keeps it).
 prefix=$(pkg-config --variable=prefix "$pc")
 mkdir -p "$work/pc"
-sed "s|^prefix=.*|prefix=$work/root$prefix|" "$pc" >"$work/pc/shardopt.pc"
+for f in "$(dirname "$pc")"/*.pc; do
+  sed "s|^prefix=.*|prefix=$work/root$prefix|" "$f" >"$work/pc/$(basename "$f")"
+done
 export PKG_CONFIG_PATH="$work/pc"
 flags=$(pkg-config --cflags --libs shardopt) || fail "pkg-config --cflags --libs shardopt"
 # shellcheck disable=SC2086
@@ -101,4 +106,38 @@ incdir=$(dirname "$(dirname "$header")")
 LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/hand" \
   >"$work/run3.log" 2>&1 || { cat "$work/run3.log"; fail "running the hand-built example"; }
 echo "ok: built by hand with MPI's flags and -lshardopt alone, ran at 2 ranks"
-echo "install: 4 passed, 0 failed"
+passed=4
+
+# The README's C and Fortran examples (its first c and fortran blocks),
+# through pkg-config's shardopt and shardopt-fortran.
+if [ "$own_compiler" -eq 0 ]; then
+  awk '/^```c$/ { on = 1; next } /^```$/ { if (on) exit } on' "$src/README.md" >"$work/example.c"
+  [ -s "$work/example.c" ] || fail "no C example found in README.md"
+  # shellcheck disable=SC2046
+  gcc -std=c11 -Wall -Wextra -pedantic -Werror "$work/example.c" \
+    $(pkg-config --cflags --libs shardopt) -o "$work/example_c" >"$work/c.log" 2>&1 ||
+    { cat "$work/c.log"; fail "compiling the README's C example"; }
+  LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/example_c" \
+    >"$work/run_c.log" 2>&1 || { cat "$work/run_c.log"; fail "running the README's C example"; }
+  grep -q '^w\[0\] = ' "$work/run_c.log" || { cat "$work/run_c.log"; fail "the C example printed no result"; }
+  echo "ok: the README's C example built with pkg-config shardopt and ran at 2 ranks"
+  passed=$((passed + 1))
+  if [ -f "$work/pc/shardopt-fortran.pc" ]; then
+    awk '/^```fortran$/ { on = 1; next } /^```$/ { if (on) exit } on' "$src/README.md" \
+      >"$work/example.f90"
+    [ -s "$work/example.f90" ] || fail "no Fortran example found in README.md"
+    # shellcheck disable=SC2046
+    gfortran -std=f2008 -Wall -Werror "$work/example.f90" \
+      $(pkg-config --cflags --libs shardopt-fortran) -o "$work/example_f" >"$work/f.log" 2>&1 ||
+      { cat "$work/f.log"; fail "compiling the README's Fortran example"; }
+    LD_LIBRARY_PATH="$libdir" timeout 60 "$mpiexec" -n 2 --oversubscribe "$work/example_f" \
+      >"$work/run_f.log" 2>&1 || { cat "$work/run_f.log"; fail "running the README's Fortran example"; }
+    grep -q 'w(1,1) =' "$work/run_f.log" ||
+      { cat "$work/run_f.log"; fail "the Fortran example printed no result"; }
+    echo "ok: the README's Fortran example built with pkg-config shardopt-fortran and ran at 2 ranks"
+    passed=$((passed + 1))
+  else
+    echo "SKIP: no shardopt-fortran.pc installed (built without the Fortran module)"
+  fi
+fi
+echo "install: $passed passed, 0 failed"

@@ -10,7 +10,7 @@ if ! command -v clang-format >/dev/null; then
   exit 77
 fi
 mapfile -t files < <(find include lib kernels apps tests \
-  -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+  -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.c' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 bad=0
 for f in "${files[@]}"; do
   if ! clang-format --dry-run -Werror "$f" >/dev/null 2>&1; then

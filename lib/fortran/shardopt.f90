@@ -1,0 +1,2505 @@
+! shardopt: the Fortran module (docs/fortran.md).
+!
+! module shardopt gives Fortran codes the ZeRO optimizer and the
+! communicator of the C API (include/shardopt/shardopt.h) with Fortran
+! arrays: the user never computes an address. Conventions:
+!
+! - Every procedure takes an optional `integer, intent(out) :: ierr`: the
+!   status (SHARDOPT_SUCCESS = 0, else a SHARDOPT_ERR_* code), whose message
+!   shardopt_error_message() returns. Without ierr a failure stops the
+!   program (error stop) with the message and its hint, on the failing rank.
+! - Parameters and parameter groups are numbered from 1, as Fortran arrays
+!   are; ranks (and the broadcast root) from 0, as MPI numbers them.
+! - Collective procedures are called by every rank of the communicator, in
+!   the same order, as in the C API.
+module shardopt
+  use, intrinsic :: iso_c_binding
+  use, intrinsic :: iso_fortran_env, only: output_unit
+  use mpi_f08, only: MPI_Comm, MPI_COMM_WORLD, MPI_Initialized, MPI_Finalized, MPI_Comm_rank
+  implicit none
+  private
+
+  ! shardopt_status_t (include/shardopt/status.h): stable values.
+  integer, parameter, public :: SHARDOPT_SUCCESS = 0
+  integer, parameter, public :: SHARDOPT_ERR_INVALID_ARGUMENT = 1
+  integer, parameter, public :: SHARDOPT_ERR_INVALID_CONFIG = 2
+  integer, parameter, public :: SHARDOPT_ERR_MPI_NOT_INITIALIZED = 3
+  integer, parameter, public :: SHARDOPT_ERR_MPI_FINALIZED = 4
+  integer, parameter, public :: SHARDOPT_ERR_MPI = 5
+  integer, parameter, public :: SHARDOPT_ERR_CUDA = 6
+  integer, parameter, public :: SHARDOPT_ERR_NCCL = 7
+  integer, parameter, public :: SHARDOPT_ERR_NOT_COMPILED = 8
+  integer, parameter, public :: SHARDOPT_ERR_UNSUPPORTED = 9
+  integer, parameter, public :: SHARDOPT_ERR_LAYOUT_MISMATCH = 10
+  integer, parameter, public :: SHARDOPT_ERR_WRONG_DEVICE = 11
+  integer, parameter, public :: SHARDOPT_ERR_OUT_OF_MEMORY = 12
+  integer, parameter, public :: SHARDOPT_ERR_IO = 13
+  integer, parameter, public :: SHARDOPT_ERR_CHECKPOINT = 14
+  integer, parameter, public :: SHARDOPT_ERR_NON_FINITE = 15
+  integer, parameter, public :: SHARDOPT_ERR_DESYNC = 16
+  integer, parameter, public :: SHARDOPT_ERR_TIMEOUT = 17
+  integer, parameter, public :: SHARDOPT_ERR_INVALID_STATE = 18
+  integer, parameter, public :: SHARDOPT_ERR_INTERNAL = 19
+
+  ! shardopt_dtype_t.
+  integer, parameter, public :: SHARDOPT_F32 = 0
+  integer, parameter, public :: SHARDOPT_F64 = 1
+  integer, parameter, public :: SHARDOPT_BF16 = 2
+  integer, parameter, public :: SHARDOPT_F16 = 3
+  integer, parameter, public :: SHARDOPT_I32 = 4
+  integer, parameter, public :: SHARDOPT_I64 = 5
+
+  ! shardopt_op_t.
+  integer, parameter, public :: SHARDOPT_SUM = 0
+  integer, parameter, public :: SHARDOPT_AVG = 1
+  integer, parameter, public :: SHARDOPT_MAX = 2
+  integer, parameter, public :: SHARDOPT_MIN = 3
+
+  ! shardopt_zero_options_t%non_finite.
+  integer, parameter, public :: SHARDOPT_NON_FINITE_AUTO = 0
+  integer, parameter, public :: SHARDOPT_NON_FINITE_SKIP = 1
+  integer, parameter, public :: SHARDOPT_NON_FINITE_ERROR = 2
+  integer, parameter, public :: SHARDOPT_NON_FINITE_IGNORE = 3
+
+  ! The C structs, field for field (shardopt.h documents each field).
+  type, bind(c), public :: shardopt_zero_options_t
+    integer(c_int) :: stage
+    real(c_double) :: bucket_mb
+    integer(c_int) :: reduce_sum
+    real(c_double) :: predivide_factor
+    integer(c_int) :: reduce_in_fp32
+    integer(c_int) :: param_remainders
+    integer(c_int) :: stream_grads
+    integer(c_int) :: check_sync_every
+    integer(c_int) :: non_finite
+    type(c_ptr) :: stream
+    integer(c_int) :: loss_scaler
+    real(c_double) :: init_scale
+    real(c_double) :: growth_factor
+    real(c_double) :: backoff_factor
+    integer(c_int) :: growth_interval
+    integer(c_int) :: hysteresis
+    real(c_double) :: min_scale
+  end type
+
+  type, bind(c), public :: shardopt_step_info_t
+    integer(c_int) :: applied
+    integer(c_int) :: grads_finite
+    integer(c_int) :: pending
+    real(c_double) :: grad_norm
+    real(c_double) :: loss_scale
+    integer(c_int64_t) :: step
+    real(c_double) :: reduce_seconds, update_seconds, gather_seconds
+    integer(c_int64_t) :: reduce_bytes, gather_bytes
+    real(c_double) :: reduce_span_seconds, exposed_comm_seconds
+    real(c_double) :: reduce_busbw_gbps, gather_busbw_gbps
+  end type
+
+  type, bind(c), public :: shardopt_memory_report_t
+    integer(c_size_t) :: master_params, optimizer_state, grad_shard, reduced_grads, owned_grads, buckets
+    integer(c_size_t) :: user_params, user_grads
+    integer(c_size_t) :: device_bytes, host_bytes
+    integer(c_size_t) :: allocated
+  end type
+
+  type, bind(c), public :: shardopt_load_report_t
+    integer(c_int64_t) :: step
+    integer(c_int) :: saved_ranks
+    integer(c_int) :: hyper_parameters
+    integer(c_size_t) :: loaded, missing, unexpected, mismatched
+  end type
+
+  ! Filled by shardopt_optimizer_create from the parameter list.
+  type, bind(c), public :: shardopt_param_t
+    type(c_ptr) :: name
+    type(c_ptr) :: data
+    integer(c_size_t) :: count
+    integer(c_int) :: dtype
+    type(c_ptr) :: grad
+    integer(c_int) :: group
+    type(c_ptr) :: shape
+    integer(c_int) :: ndim
+  end type
+
+  type, bind(c) :: comm_options_t
+    integer(c_size_t) :: max_chunk_elements
+    integer(c_int) :: check_arguments
+    type(c_ptr) :: stream
+    type(c_ptr) :: device_comm
+  end type
+
+  type, bind(c) :: step_options_t
+    real(c_double) :: grad_mul
+    type(c_ptr) :: param_out
+    integer(c_int) :: param_out_dtype
+    type(c_ptr) :: stream
+    integer(c_int) :: skip_nonfinite
+    type(c_ptr) :: remainders
+  end type
+
+  ! The handles. ptr is the C API's handle (shardopt_comm_t,
+  ! shardopt_optimizer_t), for codes that call the C functions too.
+  type, public :: shardopt_comm
+    type(c_ptr) :: ptr = c_null_ptr
+  end type
+
+  type, public :: shardopt_optimizer
+    type(c_ptr) :: ptr = c_null_ptr
+    integer, private :: num_groups = 0
+    character(len=:), allocatable, private :: names(:)
+  end type
+
+  ! One registered array, kept until the optimizer is created.
+  type :: param_entry
+    character(len=:), allocatable :: name
+    type(c_ptr) :: data = c_null_ptr
+    type(c_ptr) :: grad = c_null_ptr
+    integer(c_size_t) :: count = 0
+    integer(c_int) :: dtype = SHARDOPT_F32
+    integer :: group = 1
+    integer :: ndim = 1
+    integer(c_size_t) :: shape(3) = 0 ! C order: the last Fortran extent first
+  end type
+
+  ! The parameter list that shardopt_optimizer_create registers.
+  type, public :: shardopt_params
+    private
+    integer :: n = 0
+    type(param_entry), allocatable :: e(:)
+  end type
+
+  public :: shardopt_version_string, shardopt_version
+  public :: shardopt_error_message, shardopt_error_hint, shardopt_error_status, shardopt_status_name
+  public :: shardopt_clear_error
+  public :: shardopt_device_count, shardopt_set_device
+  public :: shardopt_comm_create, shardopt_comm_destroy, shardopt_comm_rank, shardopt_comm_size
+  public :: shardopt_comm_mpi
+  public :: shardopt_allreduce, shardopt_reduce_scatter, shardopt_allgather, shardopt_broadcast
+  public :: shardopt_barrier
+  public :: shardopt_params_add, shardopt_params_count, shardopt_params_clear
+  public :: shardopt_zero_options_init, shardopt_optimizer_create, shardopt_optimizer_destroy
+  public :: shardopt_zero_grad, shardopt_grad_ready, shardopt_reduce_gradients
+  public :: shardopt_clip_grad_norm, shardopt_step, shardopt_loss_scale, shardopt_steps
+  public :: shardopt_num_params, shardopt_param_info, shardopt_param_grad
+  public :: shardopt_set_lr, shardopt_set_hparams, shardopt_get_hparam
+  public :: shardopt_memory_report, shardopt_gather_state, shardopt_check_sync
+  public :: shardopt_save, shardopt_load, shardopt_load_metadata, shardopt_export
+  public :: shardopt_functional_step, shardopt_functional_slots, shardopt_functional_slot_name
+
+  interface shardopt_comm_create
+    module procedure comm_create_f08, comm_create_int
+  end interface
+
+  interface shardopt_comm_mpi
+    module procedure comm_mpi_f08, comm_mpi_int
+  end interface
+
+  interface shardopt_allreduce
+    module procedure allreduce_r4, allreduce_r8, allreduce_i4, allreduce_i8
+    module procedure allreduce_r4_in, allreduce_r8_in, allreduce_i4_in, allreduce_i8_in
+  end interface
+
+  interface shardopt_reduce_scatter
+    module procedure reduce_scatter_r4, reduce_scatter_r8, reduce_scatter_i4, reduce_scatter_i8
+    module procedure reduce_scatter_r4_in, reduce_scatter_r8_in, reduce_scatter_i4_in
+    module procedure reduce_scatter_i8_in
+  end interface
+
+  interface shardopt_allgather
+    module procedure allgather_r4, allgather_r8, allgather_i4, allgather_i8
+    module procedure allgather_r4_in, allgather_r8_in, allgather_i4_in, allgather_i8_in
+  end interface
+
+  interface shardopt_broadcast
+    module procedure broadcast_r4, broadcast_r8, broadcast_i4, broadcast_i8
+  end interface
+
+  ! real(4) arrays (f32), integer(2) arrays holding bf16 or f16 bits (with
+  ! dtype), and real(8) arrays, which are refused with a message: the
+  ! optimizer keeps f32 master values and takes f32/bf16/f16 parameters.
+  interface shardopt_params_add
+    module procedure params_add_r4_1, params_add_r4_2, params_add_r4_3
+    module procedure params_add_h_1, params_add_h_2, params_add_h_3
+    module procedure params_add_r8_1, params_add_r8_2, params_add_r8_3
+  end interface
+
+  interface shardopt_optimizer_create
+    module procedure optimizer_create_groups, optimizer_create_one
+  end interface
+
+  interface shardopt_grad_ready
+    module procedure grad_ready_buffer
+    module procedure grad_ready_r4_1, grad_ready_r4_2, grad_ready_r4_3
+    module procedure grad_ready_h_1, grad_ready_h_2, grad_ready_h_3
+    module procedure grad_ready_r8_1, grad_ready_r8_2, grad_ready_r8_3
+  end interface
+
+  interface shardopt_param_grad
+    module procedure param_grad_r4, param_grad_h
+  end interface
+
+  interface shardopt_gather_state
+    module procedure gather_state_1, gather_state_2, gather_state_3
+  end interface
+
+  ! The C functions.
+  interface
+    function c_strlen(s) bind(c, name='strlen') result(n)
+      import
+      type(c_ptr), value :: s
+      integer(c_size_t) :: n
+    end function
+    function c_version_string() bind(c, name='shardopt_version_string') result(s)
+      import
+      type(c_ptr) :: s
+    end function
+    function c_version(major, minor, patch) bind(c, name='shardopt_version') result(st)
+      import
+      integer(c_int), intent(out) :: major, minor, patch
+      integer(c_int) :: st
+    end function
+    function c_last_error() bind(c, name='shardopt_last_error') result(s)
+      import
+      type(c_ptr) :: s
+    end function
+    function c_last_error_hint() bind(c, name='shardopt_last_error_hint') result(s)
+      import
+      type(c_ptr) :: s
+    end function
+    function c_last_status() bind(c, name='shardopt_last_status') result(st)
+      import
+      integer(c_int) :: st
+    end function
+    subroutine c_clear_error() bind(c, name='shardopt_clear_error')
+    end subroutine
+    function c_status_name(status) bind(c, name='shardopt_status_name') result(s)
+      import
+      integer(c_int), value :: status
+      type(c_ptr) :: s
+    end function
+    function c_device_count(count) bind(c, name='shardopt_device_count') result(st)
+      import
+      integer(c_int), intent(out) :: count
+      integer(c_int) :: st
+    end function
+    function c_set_device(device) bind(c, name='shardopt_set_device') result(st)
+      import
+      integer(c_int), value :: device
+      integer(c_int) :: st
+    end function
+    function c_comm_options_init(options) bind(c, name='shardopt_comm_options_init') result(st)
+      import
+      type(comm_options_t), intent(out) :: options
+      integer(c_int) :: st
+    end function
+    function c_comm_create_f(comm, options, out) bind(c, name='shardopt_comm_create_f') result(st)
+      import
+      integer(c_int), value :: comm
+      type(comm_options_t), intent(in) :: options
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: st
+    end function
+    function c_comm_destroy(comm) bind(c, name='shardopt_comm_destroy') result(st)
+      import
+      type(c_ptr), intent(inout) :: comm
+      integer(c_int) :: st
+    end function
+    function c_comm_rank(comm, rank) bind(c, name='shardopt_comm_rank') result(st)
+      import
+      type(c_ptr), value :: comm
+      integer(c_int), intent(out) :: rank
+      integer(c_int) :: st
+    end function
+    function c_comm_size(comm, size) bind(c, name='shardopt_comm_size') result(st)
+      import
+      type(c_ptr), value :: comm
+      integer(c_int), intent(out) :: size
+      integer(c_int) :: st
+    end function
+    function c_comm_mpi_f(comm, out) bind(c, name='shardopt_comm_mpi_f') result(st)
+      import
+      type(c_ptr), value :: comm
+      integer(c_int), intent(out) :: out
+      integer(c_int) :: st
+    end function
+    function c_allreduce(comm, send, recv, count, dtype, op) bind(c, name='shardopt_allreduce') result(st)
+      import
+      type(c_ptr), value :: comm, send, recv
+      integer(c_size_t), value :: count
+      integer(c_int), value :: dtype, op
+      integer(c_int) :: st
+    end function
+    function c_reduce_scatter(comm, send, recv, count, dtype, op) &
+        bind(c, name='shardopt_reduce_scatter') result(st)
+      import
+      type(c_ptr), value :: comm, send, recv
+      integer(c_size_t), value :: count
+      integer(c_int), value :: dtype, op
+      integer(c_int) :: st
+    end function
+    function c_allgather(comm, send, recv, count, dtype) bind(c, name='shardopt_allgather') result(st)
+      import
+      type(c_ptr), value :: comm, send, recv
+      integer(c_size_t), value :: count
+      integer(c_int), value :: dtype
+      integer(c_int) :: st
+    end function
+    function c_broadcast(comm, buf, count, dtype, root) bind(c, name='shardopt_broadcast') result(st)
+      import
+      type(c_ptr), value :: comm, buf
+      integer(c_size_t), value :: count
+      integer(c_int), value :: dtype, root
+      integer(c_int) :: st
+    end function
+    function c_barrier(comm) bind(c, name='shardopt_barrier') result(st)
+      import
+      type(c_ptr), value :: comm
+      integer(c_int) :: st
+    end function
+    function c_zero_options_init(options) bind(c, name='shardopt_zero_options_init') result(st)
+      import
+      type(shardopt_zero_options_t), intent(out) :: options
+      integer(c_int) :: st
+    end function
+    function c_optimizer_create(comm, params, num_params, groups, num_groups, options, out) &
+        bind(c, name='shardopt_optimizer_create') result(st)
+      import
+      type(c_ptr), value :: comm, params
+      integer(c_size_t), value :: num_params
+      type(c_ptr), value :: groups
+      integer(c_int), value :: num_groups
+      type(shardopt_zero_options_t), intent(in) :: options
+      type(c_ptr), intent(out) :: out
+      integer(c_int) :: st
+    end function
+    function c_optimizer_destroy(opt) bind(c, name='shardopt_optimizer_destroy') result(st)
+      import
+      type(c_ptr), intent(inout) :: opt
+      integer(c_int) :: st
+    end function
+    function c_zero_grad(opt) bind(c, name='shardopt_zero_grad') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int) :: st
+    end function
+    function c_grad_ready(opt, index, grad) bind(c, name='shardopt_grad_ready') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_size_t), value :: index
+      type(c_ptr), value :: grad
+      integer(c_int) :: st
+    end function
+    function c_reduce_gradients(opt) bind(c, name='shardopt_reduce_gradients') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int) :: st
+    end function
+    function c_clip_grad_norm(opt, max_norm, norm) bind(c, name='shardopt_clip_grad_norm') result(st)
+      import
+      type(c_ptr), value :: opt
+      real(c_double), value :: max_norm
+      real(c_double), intent(out) :: norm
+      integer(c_int) :: st
+    end function
+    function c_step(opt, info) bind(c, name='shardopt_step') result(st)
+      import
+      type(c_ptr), value :: opt
+      type(shardopt_step_info_t), intent(out) :: info
+      integer(c_int) :: st
+    end function
+    function c_loss_scale(opt, scale) bind(c, name='shardopt_loss_scale') result(st)
+      import
+      type(c_ptr), value :: opt
+      real(c_double), intent(out) :: scale
+      integer(c_int) :: st
+    end function
+    function c_steps(opt, steps, skipped) bind(c, name='shardopt_steps') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int64_t), intent(out) :: steps, skipped
+      integer(c_int) :: st
+    end function
+    function c_num_params(opt, count) bind(c, name='shardopt_num_params') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_size_t), intent(out) :: count
+      integer(c_int) :: st
+    end function
+    function c_param_info(opt, index, count, dtype) bind(c, name='shardopt_param_info') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_size_t), value :: index
+      integer(c_size_t), intent(out) :: count
+      integer(c_int), intent(out) :: dtype
+      integer(c_int) :: st
+    end function
+    function c_param_grad(opt, index, grad) bind(c, name='shardopt_param_grad') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_size_t), value :: index
+      type(c_ptr), intent(out) :: grad
+      integer(c_int) :: st
+    end function
+    function c_set_lr(opt, lr, group) bind(c, name='shardopt_set_lr') result(st)
+      import
+      type(c_ptr), value :: opt
+      real(c_double), value :: lr
+      integer(c_int), value :: group
+      integer(c_int) :: st
+    end function
+    function c_set_hparams(opt, group, pairs) bind(c, name='shardopt_set_hparams') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int), value :: group
+      character(kind=c_char), intent(in) :: pairs(*)
+      integer(c_int) :: st
+    end function
+    function c_get_hparam(opt, group, name, value) bind(c, name='shardopt_get_hparam') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int), value :: group
+      character(kind=c_char), intent(in) :: name(*)
+      real(c_double), intent(out) :: value
+      integer(c_int) :: st
+    end function
+    function c_memory_report(opt, report) bind(c, name='shardopt_memory_report') result(st)
+      import
+      type(c_ptr), value :: opt
+      type(shardopt_memory_report_t), intent(out) :: report
+      integer(c_int) :: st
+    end function
+    function c_gather_state(opt, name, index, out, count) bind(c, name='shardopt_gather_state') result(st)
+      import
+      type(c_ptr), value :: opt
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_size_t), value :: index
+      type(c_ptr), value :: out
+      integer(c_size_t), value :: count
+      integer(c_int) :: st
+    end function
+    function c_check_sync(opt, in_sync, message, message_size) bind(c, name='shardopt_check_sync') result(st)
+      import
+      type(c_ptr), value :: opt
+      integer(c_int), intent(out) :: in_sync
+      character(kind=c_char), intent(out) :: message(*)
+      integer(c_size_t), value :: message_size
+      integer(c_int) :: st
+    end function
+    function c_save(opt, path, keep_last, keys, values, num) bind(c, name='shardopt_save') result(st)
+      import
+      type(c_ptr), value :: opt
+      character(kind=c_char), intent(in) :: path(*)
+      integer(c_int), value :: keep_last
+      type(c_ptr), value :: keys, values
+      integer(c_size_t), value :: num
+      integer(c_int) :: st
+    end function
+    function c_load(opt, path, strict, hyper_parameters, report) bind(c, name='shardopt_load') result(st)
+      import
+      type(c_ptr), value :: opt
+      character(kind=c_char), intent(in) :: path(*)
+      integer(c_int), value :: strict, hyper_parameters
+      type(shardopt_load_report_t), intent(out) :: report
+      integer(c_int) :: st
+    end function
+    function c_load_metadata(opt, key, value, value_size) bind(c, name='shardopt_load_metadata') result(st)
+      import
+      type(c_ptr), value :: opt
+      character(kind=c_char), intent(in) :: key(*)
+      character(kind=c_char), intent(out) :: value(*)
+      integer(c_size_t), value :: value_size
+      integer(c_int) :: st
+    end function
+    function c_export(opt, path, fp32) bind(c, name='shardopt_export') result(st)
+      import
+      type(c_ptr), value :: opt
+      character(kind=c_char), intent(in) :: path(*)
+      integer(c_int), value :: fp32
+      integer(c_int) :: st
+    end function
+    function c_step_options_init(options) bind(c, name='shardopt_step_options_init') result(st)
+      import
+      type(step_options_t), intent(out) :: options
+      integer(c_int) :: st
+    end function
+    function c_functional_step(spec, params, param_dtype, grads, grad_dtype, count, states, num_states, &
+                               step, options, applied, grads_finite) &
+        bind(c, name='shardopt_functional_step') result(st)
+      import
+      character(kind=c_char), intent(in) :: spec(*)
+      type(c_ptr), value :: params
+      integer(c_int), value :: param_dtype
+      type(c_ptr), value :: grads
+      integer(c_int), value :: grad_dtype
+      integer(c_size_t), value :: count
+      type(c_ptr), value :: states
+      integer(c_int), value :: num_states
+      integer(c_int64_t), value :: step
+      type(step_options_t), intent(in) :: options
+      integer(c_int), intent(out) :: applied, grads_finite
+      integer(c_int) :: st
+    end function
+    function c_functional_slots(spec, num_states, k, name, name_size) &
+        bind(c, name='shardopt_functional_slots') result(st)
+      import
+      character(kind=c_char), intent(in) :: spec(*)
+      integer(c_int), intent(out) :: num_states
+      integer(c_int), value :: k
+      type(c_ptr), value :: name
+      integer(c_size_t), value :: name_size
+      integer(c_int) :: st
+    end function
+    function c_functional_slot_used(spec, k, used) bind(c, name='shardopt_functional_slot_used') result(st)
+      import :: c_char, c_int
+      character(kind=c_char), intent(in) :: spec(*)
+      integer(c_int), value :: k
+      integer(c_int), intent(out) :: used
+      integer(c_int) :: st
+    end function
+  end interface
+
+  ! The last failure the module found itself (bad Fortran arguments, found
+  ! before any C call). A later failing C call takes over: the message of
+  ! the latest failure is the one shardopt_error_message() returns.
+  logical :: own_error = .false.
+  integer :: own_status = SHARDOPT_SUCCESS
+  character(len=:), allocatable :: own_message, own_hint
+
+
+  integer, parameter :: OP_ALLREDUCE = 1, OP_REDUCE_SCATTER = 2, OP_ALLGATHER = 3, OP_BROADCAST = 4
+
+contains
+
+  ! ------------------------------------------------------------------
+  ! Strings and errors.
+
+  ! The C string at p as a Fortran string ('' for NULL).
+  function from_c(p) result(s)
+    type(c_ptr), intent(in) :: p
+    character(len=:), allocatable :: s
+    character(kind=c_char), pointer :: chars(:)
+    integer :: n, i
+    if (.not. c_associated(p)) then
+      s = ''
+      return
+    end if
+    n = int(c_strlen(p))
+    allocate (character(len=n) :: s)
+    if (n == 0) return
+    call c_f_pointer(p, chars, [n])
+    do i = 1, n
+      s(i:i) = chars(i)
+    end do
+  end function
+
+  ! The text of a NUL-terminated buffer.
+  function from_buffer(buf) result(s)
+    character(kind=c_char), intent(in) :: buf(:)
+    character(len=:), allocatable :: s
+    integer :: n, i
+    n = 0
+    do while (n < size(buf))
+      if (buf(n + 1) == c_null_char) exit
+      n = n + 1
+    end do
+    allocate (character(len=n) :: s)
+    do i = 1, n
+      s(i:i) = buf(i)
+    end do
+  end function
+
+  function itoa(i) result(s)
+    integer(c_int64_t), intent(in) :: i
+    character(len=:), allocatable :: s
+    character(len=24) :: b
+    write (b, '(i0)') i
+    s = trim(b)
+  end function
+
+  function str(i) result(s)
+    integer, intent(in) :: i
+    character(len=:), allocatable :: s
+    s = itoa(int(i, c_int64_t))
+  end function
+
+  function logical_int(flag) result(v)
+    logical, intent(in) :: flag
+    integer(c_int) :: v
+    v = 0
+    if (flag) v = 1
+  end function
+
+  !> The message of the last failing call (found by the module's own checks
+  !> or by the C API), followed by its hint: '' if none failed yet.
+  function shardopt_error_message() result(s)
+    character(len=:), allocatable :: s
+    character(len=:), allocatable :: hint
+    if (own_error) then
+      s = own_message
+    else
+      s = from_c(c_last_error())
+    end if
+    hint = shardopt_error_hint()
+    if (len(hint) > 0) s = s//' (hint: '//hint//')'
+  end function
+
+  !> How to fix the last failure ('' if there is no hint).
+  function shardopt_error_hint() result(s)
+    character(len=:), allocatable :: s
+    if (own_error) then
+      s = own_hint
+    else
+      s = from_c(c_last_error_hint())
+    end if
+  end function
+
+  !> The status of the last failing call (SHARDOPT_SUCCESS if none).
+  function shardopt_error_status() result(status)
+    integer :: status
+    if (own_error) then
+      status = own_status
+    else
+      status = int(c_last_status())
+    end if
+  end function
+
+  !> A status as its name ("SHARDOPT_ERR_INVALID_ARGUMENT").
+  function shardopt_status_name(status) result(s)
+    integer, intent(in) :: status
+    character(len=:), allocatable :: s
+    s = from_c(c_status_name(int(status, c_int)))
+  end function
+
+  !> Forgets the last failure.
+  subroutine shardopt_clear_error()
+    own_error = .false.
+    own_status = SHARDOPT_SUCCESS
+    call c_clear_error()
+  end subroutine
+
+  ! " (rank N)" in MPI_COMM_WORLD while MPI runs, for messages that end the job.
+  function rank_text() result(s)
+    character(len=:), allocatable :: s
+    logical :: initialized, finalized
+    integer :: rank
+    s = ''
+    call MPI_Initialized(initialized)
+    if (.not. initialized) return
+    call MPI_Finalized(finalized)
+    if (finalized) return
+    call MPI_Comm_rank(MPI_COMM_WORLD, rank)
+    s = ' (rank '//str(rank)//')'
+  end function
+
+  ! Ends the program with the last failure's message: what a call without
+  ! ierr does when it fails.
+  subroutine stop_with_message()
+    character(len=:), allocatable :: text
+    text = 'shardopt'//rank_text()//': '//shardopt_error_message()
+    flush (output_unit)
+    error stop text
+  end subroutine
+
+  ! The outcome of a C call: into ierr, or the program stops.
+  subroutine done(status, ierr)
+    integer(c_int), intent(in) :: status
+    integer, intent(out), optional :: ierr
+    if (status /= SHARDOPT_SUCCESS) own_error = .false.
+    if (present(ierr)) then
+      ierr = int(status)
+    else if (status /= SHARDOPT_SUCCESS) then
+      call stop_with_message()
+    end if
+  end subroutine
+
+  ! A failure found by the module itself.
+  subroutine fail(status, message, hint, ierr)
+    integer, intent(in) :: status
+    character(len=*), intent(in) :: message, hint
+    integer, intent(out), optional :: ierr
+    own_error = .true.
+    own_status = status
+    own_message = message
+    own_hint = hint
+    if (present(ierr)) then
+      ierr = status
+    else
+      call stop_with_message()
+    end if
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! Version and devices (local).
+
+  !> The library's version at run time ("0.4.0").
+  function shardopt_version_string() result(s)
+    character(len=:), allocatable :: s
+    s = from_c(c_version_string())
+  end function
+
+  !> The library's version at run time, by part.
+  subroutine shardopt_version(major, minor, patch, ierr)
+    integer, intent(out) :: major, minor, patch
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: a, b, c
+    call done(c_version(a, b, c), ierr)
+    major = int(a)
+    minor = int(b)
+    patch = int(c)
+  end subroutine
+
+  !> The CUDA devices this process sees (0 without CUDA).
+  subroutine shardopt_device_count(count, ierr)
+    integer, intent(out) :: count
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: n
+    n = 0
+    call done(c_device_count(n), ierr)
+    count = int(n)
+  end subroutine
+
+  !> Makes CUDA device `device` (numbered from 0, as CUDA does) current.
+  subroutine shardopt_set_device(device, ierr)
+    integer, intent(in) :: device
+    integer, intent(out), optional :: ierr
+    call done(c_set_device(int(device, c_int)), ierr)
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The communicator.
+
+  subroutine comm_create_handle(fhandle, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+    integer, intent(in) :: fhandle
+    type(shardopt_comm), intent(out) :: comm
+    integer(c_int64_t), intent(in), optional :: max_chunk_elements
+    logical, intent(in), optional :: check_arguments
+    character(len=*), intent(in), optional :: device_comm
+    integer, intent(out), optional :: ierr
+    type(comm_options_t) :: options
+    character(kind=c_char), allocatable, target :: dc(:)
+    integer :: i, status
+    status = c_comm_options_init(options)
+    if (present(max_chunk_elements)) then
+      if (max_chunk_elements < 0) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_comm_create: max_chunk_elements = '// &
+                  itoa(max_chunk_elements)//' is negative', &
+                  'pass a positive element count, or 0 for the default', ierr)
+        return
+      end if
+      options%max_chunk_elements = int(max_chunk_elements, c_size_t)
+    end if
+    if (present(check_arguments)) options%check_arguments = logical_int(check_arguments)
+    if (present(device_comm)) then
+      allocate (dc(len_trim(device_comm) + 1))
+      do i = 1, len_trim(device_comm)
+        dc(i) = device_comm(i:i)
+      end do
+      dc(size(dc)) = c_null_char
+      options%device_comm = c_loc(dc)
+    end if
+    call done(c_comm_create_f(int(fhandle, c_int), options, comm%ptr), ierr)
+  end subroutine
+
+  !> Collective over base: a shardopt communicator on a duplicate of it.
+  !> Options: max_chunk_elements (largest count per MPI call), check_arguments
+  !> (agree on every operation's arguments first), device_comm ("auto",
+  !> "nccl", "staged", "mpi").
+  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+    type(MPI_Comm), intent(in) :: base
+    type(shardopt_comm), intent(out) :: comm
+    integer(c_int64_t), intent(in), optional :: max_chunk_elements
+    logical, intent(in), optional :: check_arguments
+    character(len=*), intent(in), optional :: device_comm
+    integer, intent(out), optional :: ierr
+    call comm_create_handle(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+  end subroutine
+
+  !> The same from the integer handle of `use mpi` (or mpif.h).
+  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+    integer, intent(in) :: base
+    type(shardopt_comm), intent(out) :: comm
+    integer(c_int64_t), intent(in), optional :: max_chunk_elements
+    logical, intent(in), optional :: check_arguments
+    character(len=*), intent(in), optional :: device_comm
+    integer, intent(out), optional :: ierr
+    call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+  end subroutine
+
+  !> Collective: frees the communicator (its optimizers first).
+  subroutine shardopt_comm_destroy(comm, ierr)
+    type(shardopt_comm), intent(inout) :: comm
+    integer, intent(out), optional :: ierr
+    call done(c_comm_destroy(comm%ptr), ierr)
+  end subroutine
+
+  !> This process's rank (from 0).
+  subroutine shardopt_comm_rank(comm, rank, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer, intent(out) :: rank
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: r
+    r = -1
+    call done(c_comm_rank(comm%ptr, r), ierr)
+    rank = int(r)
+  end subroutine
+
+  !> The number of ranks.
+  subroutine shardopt_comm_size(comm, size, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer, intent(out) :: size
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: n
+    n = 0
+    call done(c_comm_size(comm%ptr, n), ierr)
+    size = int(n)
+  end subroutine
+
+  !> The duplicated MPI communicator (owned by comm: do not free it).
+  subroutine comm_mpi_f08(comm, dup, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    type(MPI_Comm), intent(out) :: dup
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: h
+    h = 0
+    call done(c_comm_mpi_f(comm%ptr, h), ierr)
+    dup%MPI_VAL = int(h)
+  end subroutine
+
+  subroutine comm_mpi_int(comm, dup, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer, intent(out) :: dup
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: h
+    h = 0
+    call done(c_comm_mpi_f(comm%ptr, h), ierr)
+    dup = int(h)
+  end subroutine
+
+  !> Collective: waits for every rank.
+  subroutine shardopt_barrier(comm, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer, intent(out), optional :: ierr
+    call done(c_barrier(comm%ptr), ierr)
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! Collectives. Each specific passes its arrays' addresses and sizes to
+  ! collective(), which checks count against them (the C API cannot see a
+  ! Fortran array's size) and calls the C function.
+
+  function op_name(what) result(s)
+    integer, intent(in) :: what
+    character(len=:), allocatable :: s
+    select case (what)
+    case (OP_ALLREDUCE)
+      s = 'shardopt_allreduce'
+    case (OP_REDUCE_SCATTER)
+      s = 'shardopt_reduce_scatter'
+    case (OP_ALLGATHER)
+      s = 'shardopt_allgather'
+    case default
+      s = 'shardopt_broadcast'
+    end select
+  end function
+
+  ! Checks that an array of `have` elements holds `need` (count, or count
+  ! times the rank count when per_rank); false after reporting it.
+  function fits(what, array, have, need, count, per_rank, nranks, ierr) result(ok)
+    integer, intent(in) :: what
+    character(len=*), intent(in) :: array
+    integer(c_int64_t), intent(in) :: have, need
+    integer, intent(in) :: count, nranks
+    logical, intent(in) :: per_rank
+    integer, intent(out), optional :: ierr
+    logical :: ok
+    character(len=:), allocatable :: needed
+    ok = have >= need
+    if (ok) return
+    if (per_rank) then
+      needed = 'count * ranks = '//str(count)//' * '//str(nranks)//' = '//itoa(need)
+    else
+      needed = 'count = '//str(count)
+    end if
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': '//array//' has '//itoa(have)// &
+              ' elements, fewer than '//needed, &
+              'pass a smaller count or a larger array ('//array//' needs '//itoa(need)//' elements)', ierr)
+  end function
+
+  ! in_place: send and recv are one array (buf). For allgather, this rank's
+  ! block is read from its place in buf, as the C API's in-place form wants.
+  subroutine collective(what, comm, send, nsend, recv, nrecv, in_place, elem_bytes, count, dtype, op, ierr)
+    integer, intent(in) :: what
+    type(shardopt_comm), intent(in) :: comm
+    type(c_ptr), intent(in) :: send, recv
+    integer, intent(in) :: nsend, nrecv
+    logical, intent(in) :: in_place
+    integer, intent(in) :: elem_bytes, count, dtype, op
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: st, nranks, rank
+    integer(c_int64_t) :: need_send, need_recv
+    type(c_ptr) :: s
+    character(len=:), allocatable :: send_name, recv_name
+    if (count < 0) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': count = '//str(count)//' is negative', &
+                'pass the number of elements per rank (>= 0)', ierr)
+      return
+    end if
+    nranks = 1
+    if (what == OP_REDUCE_SCATTER .or. what == OP_ALLGATHER) then
+      st = c_comm_size(comm%ptr, nranks)
+      ! A bad handle: the C function reports it under its own name.
+      if (st /= SHARDOPT_SUCCESS) nranks = 1
+    end if
+    need_send = count
+    need_recv = count
+    if (what == OP_REDUCE_SCATTER) need_send = int(count, c_int64_t)*nranks
+    if (what == OP_ALLGATHER) need_recv = int(count, c_int64_t)*nranks
+    send_name = 'send'
+    recv_name = 'recv'
+    if (in_place) then
+      send_name = 'buf'
+      recv_name = 'buf'
+      need_send = max(need_send, need_recv)
+      need_recv = need_send
+    end if
+    if (what == OP_BROADCAST) send_name = 'buf'
+    if (.not. fits(what, send_name, int(nsend, c_int64_t), need_send, count, &
+                   what == OP_REDUCE_SCATTER .or. (in_place .and. what == OP_ALLGATHER), int(nranks), &
+                   ierr)) return
+    if (what /= OP_BROADCAST .and. .not. in_place) then
+      if (.not. fits(what, recv_name, int(nrecv, c_int64_t), need_recv, count, what == OP_ALLGATHER, &
+                     int(nranks), ierr)) return
+    end if
+    select case (what)
+    case (OP_ALLREDUCE)
+      st = c_allreduce(comm%ptr, send, recv, int(count, c_size_t), int(dtype, c_int), int(op, c_int))
+    case (OP_REDUCE_SCATTER)
+      st = c_reduce_scatter(comm%ptr, send, recv, int(count, c_size_t), int(dtype, c_int), int(op, c_int))
+    case (OP_ALLGATHER)
+      s = send
+      if (in_place .and. count > 0) then
+        st = c_comm_rank(comm%ptr, rank)
+        if (st == SHARDOPT_SUCCESS) s = advance(recv, int(rank, c_int64_t)*count*elem_bytes)
+      end if
+      st = c_allgather(comm%ptr, s, recv, int(count, c_size_t), int(dtype, c_int))
+    case default
+      st = c_broadcast(comm%ptr, send, int(count, c_size_t), int(dtype, c_int), int(op, c_int))
+    end select
+    call done(st, ierr)
+  end subroutine
+
+  ! p + bytes.
+  function advance(p, bytes) result(q)
+    type(c_ptr), intent(in) :: p
+    integer(c_int64_t), intent(in) :: bytes
+    type(c_ptr) :: q
+    integer(c_intptr_t) :: a
+    a = transfer(p, a)
+    a = a + int(bytes, c_intptr_t)
+    q = transfer(a, q)
+  end function
+
+  ! The address of a contiguous array, NULL when it is empty (c_loc needs
+  ! a non-empty array).
+  function addr_r4(a) result(p)
+    real(c_float), intent(in), target, contiguous :: a(:)
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(a) > 0) p = c_loc(a)
+  end function
+
+  function addr_r8(a) result(p)
+    real(c_double), intent(in), target, contiguous :: a(:)
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(a) > 0) p = c_loc(a)
+  end function
+
+  function addr_i4(a) result(p)
+    integer(c_int32_t), intent(in), target, contiguous :: a(:)
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(a) > 0) p = c_loc(a)
+  end function
+
+  function addr_i8(a) result(p)
+    integer(c_int64_t), intent(in), target, contiguous :: a(:)
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(a) > 0) p = c_loc(a)
+  end function
+
+  !> Collective: recv(1:count) = op over ranks of send(1:count).
+  subroutine allreduce_r4(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(in), target, contiguous :: send(:)
+    real(c_float), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
+                    count, SHARDOPT_F32, op, ierr)
+  end subroutine
+
+  subroutine allreduce_r8(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(in), target, contiguous :: send(:)
+    real(c_double), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
+                    count, SHARDOPT_F64, op, ierr)
+  end subroutine
+
+  subroutine allreduce_i4(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(in), target, contiguous :: send(:)
+    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
+                    count, SHARDOPT_I32, op, ierr)
+  end subroutine
+
+  subroutine allreduce_i8(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(in), target, contiguous :: send(:)
+    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
+                    count, SHARDOPT_I64, op, ierr)
+  end subroutine
+
+  !> Collective, in place: buf(1:count) = op over ranks of buf(1:count).
+  subroutine allreduce_r4_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_F32, op, ierr)
+  end subroutine
+
+  subroutine allreduce_r8_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_F64, op, ierr)
+  end subroutine
+
+  subroutine allreduce_i4_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_I32, op, ierr)
+  end subroutine
+
+  subroutine allreduce_i8_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLREDUCE, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_I64, op, ierr)
+  end subroutine
+
+  !> Collective: recv(1:count) = op over ranks of this rank's block of send
+  !> (send holds count * ranks elements; rank r's block starts at r*count+1).
+  subroutine reduce_scatter_r4(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(in), target, contiguous :: send(:)
+    real(c_float), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., &
+                    4, count, SHARDOPT_F32, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_r8(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(in), target, contiguous :: send(:)
+    real(c_double), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., &
+                    8, count, SHARDOPT_F64, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_i4(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(in), target, contiguous :: send(:)
+    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., &
+                    4, count, SHARDOPT_I32, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_i8(comm, send, recv, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(in), target, contiguous :: send(:)
+    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., &
+                    8, count, SHARDOPT_I64, op, ierr)
+  end subroutine
+
+  !> Collective, in place (MPI's form): buf holds count * ranks elements;
+  !> this rank's reduced block is written to buf(1:count).
+  subroutine reduce_scatter_r4_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_F32, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_r8_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_F64, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_i4_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_I32, op, ierr)
+  end subroutine
+
+  subroutine reduce_scatter_i8_in(comm, buf, count, op, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, op
+    integer, intent(out), optional :: ierr
+    call collective(OP_REDUCE_SCATTER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_I64, op, ierr)
+  end subroutine
+
+  !> Collective: recv(r*count+1 : (r+1)*count) = rank r's send(1:count).
+  subroutine allgather_r4(comm, send, recv, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(in), target, contiguous :: send(:)
+    real(c_float), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
+                    count, SHARDOPT_F32, 0, ierr)
+  end subroutine
+
+  subroutine allgather_r8(comm, send, recv, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(in), target, contiguous :: send(:)
+    real(c_double), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
+                    count, SHARDOPT_F64, 0, ierr)
+  end subroutine
+
+  subroutine allgather_i4(comm, send, recv, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(in), target, contiguous :: send(:)
+    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
+                    count, SHARDOPT_I32, 0, ierr)
+  end subroutine
+
+  subroutine allgather_i8(comm, send, recv, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(in), target, contiguous :: send(:)
+    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
+                    count, SHARDOPT_I64, 0, ierr)
+  end subroutine
+
+  !> Collective, in place: buf holds count * ranks elements; this rank's
+  !> block is read from its place, buf(rank*count+1 : (rank+1)*count).
+  subroutine allgather_r4_in(comm, buf, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_F32, 0, ierr)
+  end subroutine
+
+  subroutine allgather_r8_in(comm, buf, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_F64, 0, ierr)
+  end subroutine
+
+  subroutine allgather_i4_in(comm, buf, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_I32, 0, ierr)
+  end subroutine
+
+  subroutine allgather_i8_in(comm, buf, count, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count
+    integer, intent(out), optional :: ierr
+    call collective(OP_ALLGATHER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_I64, 0, ierr)
+  end subroutine
+
+  !> Collective: buf(1:count) of rank `root` (from 0) on every rank.
+  subroutine broadcast_r4(comm, buf, count, root, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_float), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, root
+    integer, intent(out), optional :: ierr
+    call collective(OP_BROADCAST, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_F32, root, ierr)
+  end subroutine
+
+  subroutine broadcast_r8(comm, buf, count, root, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    real(c_double), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, root
+    integer, intent(out), optional :: ierr
+    call collective(OP_BROADCAST, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_F64, root, ierr)
+  end subroutine
+
+  subroutine broadcast_i4(comm, buf, count, root, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, root
+    integer, intent(out), optional :: ierr
+    call collective(OP_BROADCAST, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
+                    count, SHARDOPT_I32, root, ierr)
+  end subroutine
+
+  subroutine broadcast_i8(comm, buf, count, root, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
+    integer, intent(in) :: count, root
+    integer, intent(out), optional :: ierr
+    call collective(OP_BROADCAST, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
+                    count, SHARDOPT_I64, root, ierr)
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The parameter list.
+
+  ! Appends one array. data and grad are the addresses the optimizer will
+  ! use for its whole life: the arrays must be contiguous (no temporary
+  ! copy may stand in for them).
+  subroutine add_entry(params, name, data, data_contiguous, count, fshape, dtype, has_grad, grad, &
+                       grad_contiguous, grad_count, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    type(c_ptr), intent(in) :: data, grad
+    logical, intent(in) :: data_contiguous, has_grad, grad_contiguous
+    integer(c_size_t), intent(in) :: count, grad_count
+    integer(c_size_t), intent(in) :: fshape(:)
+    integer, intent(in) :: dtype
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(param_entry), allocatable :: grown(:)
+    type(param_entry) :: e
+    integer :: k, nd
+    character(len=:), allocatable :: who
+    who = 'shardopt_params_add: parameter '''//trim(name)//''''
+    if (len_trim(name) == 0) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_params_add: the name is empty', &
+                'give every parameter a unique, non-empty name (checkpoints store it)', ierr)
+      return
+    end if
+    if (.not. data_contiguous) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//': the array is not contiguous', &
+                'pass a whole array (or a contiguous section of one) with the target attribute: the '// &
+                'optimizer reads and writes it in place for its whole life', ierr)
+      return
+    end if
+    if (has_grad) then
+      if (.not. grad_contiguous) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//': its grad array is not contiguous', &
+                  'pass a whole array with the target attribute as grad, or no grad (the optimizer '// &
+                  'then keeps the gradient: shardopt_param_grad)', ierr)
+        return
+      end if
+      if (grad_count /= count) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//' has '//itoa(int(count, c_int64_t))// &
+                  ' elements but its grad array has '//itoa(int(grad_count, c_int64_t)), &
+                  'pass a gradient array of the parameter''s size', ierr)
+        return
+      end if
+    end if
+    e%group = 1
+    if (present(group)) e%group = group
+    if (e%group < 1) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//': group = '//str(e%group)//' is not a group', &
+                'groups are numbered from 1 (the first optimizer spec) in Fortran', ierr)
+      return
+    end if
+    e%name = trim(name)
+    e%data = data
+    e%grad = c_null_ptr
+    if (has_grad) e%grad = grad
+    e%count = count
+    e%dtype = int(dtype, c_int)
+    nd = size(fshape)
+    e%ndim = nd
+    do k = 1, nd
+      e%shape(k) = fshape(nd - k + 1)
+    end do
+    if (.not. allocated(params%e)) allocate (params%e(8))
+    if (params%n == size(params%e)) then
+      allocate (grown(2*size(params%e)))
+      grown(1:params%n) = params%e(1:params%n)
+      call move_alloc(grown, params%e)
+    end if
+    params%n = params%n + 1
+    params%e(params%n) = e
+    if (present(ierr)) ierr = SHARDOPT_SUCCESS
+  end subroutine
+
+  !> Adds a real(4) array to the parameter list, under a unique name, in
+  !> parameter group `group` (from 1; default 1). The array (and grad, the
+  !> gradient array the code writes, if given; otherwise the optimizer keeps
+  !> one) must be contiguous, have the target attribute and outlive the
+  !> optimizer: the optimizer updates it in place.
+  subroutine params_add_r4_1(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_float), intent(inout), target :: data(:)
+    real(c_float), intent(inout), target, optional :: grad(:)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  subroutine params_add_r4_2(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_float), intent(inout), target :: data(:, :)
+    real(c_float), intent(inout), target, optional :: grad(:, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  subroutine params_add_r4_3(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_float), intent(inout), target :: data(:, :, :)
+    real(c_float), intent(inout), target, optional :: grad(:, :, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  ! 16-bit parameters: integer(2) arrays holding the bits of bf16 or f16
+  ! values, dtype SHARDOPT_BF16 or SHARDOPT_F16.
+  function half_dtype_ok(name, dtype, ierr) result(ok)
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: dtype
+    integer, intent(out), optional :: ierr
+    logical :: ok
+    ok = dtype == SHARDOPT_BF16 .or. dtype == SHARDOPT_F16
+    if (.not. ok) call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_params_add: parameter '''//trim(name)// &
+                            ''' is an integer(2) array with dtype = '//str(dtype), &
+                            'integer(2) arrays hold 16-bit values: pass dtype = SHARDOPT_BF16 or '// &
+                            'SHARDOPT_F16 (real(4) arrays are SHARDOPT_F32)', ierr)
+  end function
+
+  !> Adds an integer(2) array holding bf16 or f16 values (dtype
+  !> SHARDOPT_BF16 or SHARDOPT_F16); as for real(4) arrays otherwise.
+  subroutine params_add_h_1(params, name, data, dtype, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    integer(c_int16_t), intent(inout), target :: data(:)
+    integer, intent(in) :: dtype
+    integer(c_int16_t), intent(inout), target, optional :: grad(:)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    if (.not. half_dtype_ok(name, dtype, ierr)) return
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   dtype, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  subroutine params_add_h_2(params, name, data, dtype, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    integer(c_int16_t), intent(inout), target :: data(:, :)
+    integer, intent(in) :: dtype
+    integer(c_int16_t), intent(inout), target, optional :: grad(:, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    if (.not. half_dtype_ok(name, dtype, ierr)) return
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   dtype, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  subroutine params_add_h_3(params, name, data, dtype, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    integer(c_int16_t), intent(inout), target :: data(:, :, :)
+    integer, intent(in) :: dtype
+    integer(c_int16_t), intent(inout), target, optional :: grad(:, :, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: d, g
+    logical :: gc
+    integer(c_size_t) :: gn
+    if (.not. half_dtype_ok(name, dtype, ierr)) return
+    d = c_null_ptr
+    g = c_null_ptr
+    gc = .true.
+    gn = 0
+    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
+    if (present(grad)) then
+      gc = is_contiguous(grad)
+      gn = size(grad, kind=c_size_t)
+      if (gc .and. size(grad) > 0) g = c_loc(grad)
+    end if
+    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
+                   dtype, present(grad), g, gc, gn, group, ierr)
+  end subroutine
+
+  subroutine refuse_real8(name, position, n, group, ierr)
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: position, n
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    character(len=:), allocatable :: where
+    where = ' (number '//str(position)//' of the list'
+    if (present(group)) where = where//', group '//str(group)
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_params_add: parameter '''//trim(name)// &
+              ''''//where//') is a real(8) array ('//str(n)// &
+              ' elements): the optimizer takes real(4) '// &
+              'parameters (f32, or bf16/f16 as integer(2))', &
+              'keep a real(4) copy of the parameters for the optimizer (it keeps fp32 master values '// &
+              'and optimizer state); real(8) arrays go to the collectives', ierr)
+  end subroutine
+
+  !> real(8) arrays are refused with a message (the optimizer works in f32).
+  subroutine params_add_r8_1(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_double), intent(in) :: data(:)
+    real(c_double), intent(in), optional :: grad(:)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer :: n
+    n = size(data)
+    if (present(grad)) n = max(n, size(grad))
+    call refuse_real8(name, params%n + 1, n, group, ierr)
+  end subroutine
+
+  subroutine params_add_r8_2(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_double), intent(in) :: data(:, :)
+    real(c_double), intent(in), optional :: grad(:, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer :: n
+    n = size(data)
+    if (present(grad)) n = max(n, size(grad))
+    call refuse_real8(name, params%n + 1, n, group, ierr)
+  end subroutine
+
+  subroutine params_add_r8_3(params, name, data, grad, group, ierr)
+    type(shardopt_params), intent(inout) :: params
+    character(len=*), intent(in) :: name
+    real(c_double), intent(in) :: data(:, :, :)
+    real(c_double), intent(in), optional :: grad(:, :, :)
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer :: n
+    n = size(data)
+    if (present(grad)) n = max(n, size(grad))
+    call refuse_real8(name, params%n + 1, n, group, ierr)
+  end subroutine
+
+  !> The number of arrays in the list.
+  function shardopt_params_count(params) result(n)
+    type(shardopt_params), intent(in) :: params
+    integer :: n
+    n = params%n
+  end function
+
+  !> Empties the list (the optimizers made from it are not affected).
+  subroutine shardopt_params_clear(params)
+    type(shardopt_params), intent(inout) :: params
+    params%n = 0
+    if (allocated(params%e)) deallocate (params%e)
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The optimizer.
+
+  !> The default options (stage 1, ...), to change before
+  !> shardopt_optimizer_create(..., options=...).
+  subroutine shardopt_zero_options_init(options, ierr)
+    type(shardopt_zero_options_t), intent(out) :: options
+    integer, intent(out), optional :: ierr
+    call done(c_zero_options_init(options), ierr)
+  end subroutine
+
+  !> Collective over comm: registers the list's arrays (the same on every
+  !> rank, in the same order) with one optimizer spec per parameter group
+  !> (groups(1) is group 1: "adamw lr=1e-3 weight_decay=0.01"; one kind for
+  !> all groups). Options: a whole options value, or the common ones by
+  !> keyword (which take precedence): stage (0, 1, 2), bucket_mb,
+  !> reduce_sum (sum rather than average gradients over ranks),
+  !> check_sync_every, non_finite (SHARDOPT_NON_FINITE_*), loss_scaler.
+  subroutine optimizer_create_groups(comm, params, groups, opt, options, stage, bucket_mb, reduce_sum, &
+                                     check_sync_every, non_finite, loss_scaler, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    type(shardopt_params), intent(in) :: params
+    character(len=*), intent(in) :: groups(:)
+    type(shardopt_optimizer), intent(out) :: opt
+    type(shardopt_zero_options_t), intent(in), optional :: options
+    integer, intent(in), optional :: stage
+    real(c_double), intent(in), optional :: bucket_mb
+    logical, intent(in), optional :: reduce_sum
+    integer, intent(in), optional :: check_sync_every, non_finite
+    logical, intent(in), optional :: loss_scaler
+    integer, intent(out), optional :: ierr
+    type(shardopt_zero_options_t) :: o
+    type(shardopt_param_t), allocatable, target :: cp(:)
+    character(kind=c_char), allocatable, target :: names(:), specs(:)
+    type(c_ptr), allocatable, target :: spec_ptrs(:)
+    integer(c_size_t), allocatable, target :: shapes(:, :)
+    type(c_ptr) :: params_ptr, groups_ptr
+    integer :: i, k, at, total, ng, namelen
+    integer(c_int) :: st
+    ng = size(groups)
+    if (ng < 1) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_optimizer_create: no optimizer spec given', &
+                'pass at least one spec, e.g. ''adamw lr=1e-3''', ierr)
+      return
+    end if
+    do i = 1, params%n
+      if (params%e(i)%group > ng) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_optimizer_create: parameter '''// &
+                  params%e(i)%name//''' is in group '//str(params%e(i)%group)//', but '//str(ng)// &
+                  ' optimizer spec(s) were given', &
+                  'pass one spec per group (groups are numbered from 1), or add the parameter to '// &
+                  'an existing group', ierr)
+        return
+      end if
+    end do
+    st = c_zero_options_init(o)
+    if (present(options)) o = options
+    if (present(stage)) o%stage = int(stage, c_int)
+    if (present(bucket_mb)) o%bucket_mb = bucket_mb
+    if (present(reduce_sum)) o%reduce_sum = logical_int(reduce_sum)
+    if (present(check_sync_every)) o%check_sync_every = int(check_sync_every, c_int)
+    if (present(non_finite)) o%non_finite = int(non_finite, c_int)
+    if (present(loss_scaler)) o%loss_scaler = logical_int(loss_scaler)
+
+    ! The names and specs as NUL-terminated strings, alive until the C call
+    ! returns (the optimizer copies them).
+    total = 0
+    namelen = 1
+    do i = 1, params%n
+      total = total + len(params%e(i)%name) + 1
+      namelen = max(namelen, len(params%e(i)%name))
+    end do
+    allocate (names(max(total, 1)), cp(max(params%n, 1)), shapes(3, max(params%n, 1)))
+    at = 1
+    do i = 1, params%n
+      cp(i)%name = c_loc(names(at))
+      do k = 1, len(params%e(i)%name)
+        names(at) = params%e(i)%name(k:k)
+        at = at + 1
+      end do
+      names(at) = c_null_char
+      at = at + 1
+      cp(i)%data = params%e(i)%data
+      cp(i)%count = params%e(i)%count
+      cp(i)%dtype = params%e(i)%dtype
+      cp(i)%grad = params%e(i)%grad
+      cp(i)%group = int(params%e(i)%group - 1, c_int)
+      shapes(:, i) = params%e(i)%shape
+      cp(i)%shape = c_loc(shapes(1, i))
+      cp(i)%ndim = int(params%e(i)%ndim, c_int)
+    end do
+    total = 0
+    do i = 1, ng
+      total = total + len_trim(groups(i)) + 1
+    end do
+    allocate (specs(total), spec_ptrs(ng))
+    at = 1
+    do i = 1, ng
+      spec_ptrs(i) = c_loc(specs(at))
+      do k = 1, len_trim(groups(i))
+        specs(at) = groups(i)(k:k)
+        at = at + 1
+      end do
+      specs(at) = c_null_char
+      at = at + 1
+    end do
+    params_ptr = c_null_ptr
+    if (params%n > 0) params_ptr = c_loc(cp)
+    groups_ptr = c_loc(spec_ptrs)
+    st = c_optimizer_create(comm%ptr, params_ptr, int(params%n, c_size_t), groups_ptr, int(ng, c_int), o, opt%ptr)
+    if (st == SHARDOPT_SUCCESS) then
+      opt%num_groups = ng
+      allocate (character(len=namelen) :: opt%names(params%n))
+      do i = 1, params%n
+        opt%names(i) = params%e(i)%name
+      end do
+    end if
+    call done(st, ierr)
+  end subroutine
+
+  !> As above with one parameter group.
+  subroutine optimizer_create_one(comm, params, spec, opt, options, stage, bucket_mb, reduce_sum, &
+                                  check_sync_every, non_finite, loss_scaler, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    type(shardopt_params), intent(in) :: params
+    character(len=*), intent(in) :: spec
+    type(shardopt_optimizer), intent(out) :: opt
+    type(shardopt_zero_options_t), intent(in), optional :: options
+    integer, intent(in), optional :: stage
+    real(c_double), intent(in), optional :: bucket_mb
+    logical, intent(in), optional :: reduce_sum
+    integer, intent(in), optional :: check_sync_every, non_finite
+    logical, intent(in), optional :: loss_scaler
+    integer, intent(out), optional :: ierr
+    call optimizer_create_groups(comm, params, [spec], opt, options, stage, bucket_mb, reduce_sum, &
+                                 check_sync_every, non_finite, loss_scaler, ierr)
+  end subroutine
+
+  !> Frees the optimizer (waits for communication in flight); opt%ptr
+  !> becomes null, so a later use of opt is reported, never a crash.
+  subroutine shardopt_optimizer_destroy(opt, ierr)
+    type(shardopt_optimizer), intent(inout) :: opt
+    integer, intent(out), optional :: ierr
+    call done(c_optimizer_destroy(opt%ptr), ierr)
+  end subroutine
+
+  ! Parameter i (from 1) as the C API's 0-based index; false after
+  ! reporting an index out of range. When opt itself is bad, true: the C
+  ! function called next reports that under its own name.
+  function param_index(opt, i, where, ierr) result(ok)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    character(len=*), intent(in) :: where
+    integer, intent(out), optional :: ierr
+    logical :: ok
+    integer(c_size_t) :: n
+    ok = .true.
+    if (c_num_params(opt%ptr, n) /= SHARDOPT_SUCCESS) return
+    if (i >= 1 .and. i <= n) return
+    ok = .false.
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, where//': parameter '//str(i)//' does not exist: the optimizer has '// &
+              itoa(int(n, c_int64_t))//' parameters', &
+              'parameters are numbered from 1 to '//itoa(int(n, c_int64_t))// &
+              ' in Fortran, in the order they were added', ierr)
+  end function
+
+  function param_label(opt, i) result(s)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    character(len=:), allocatable :: s
+    s = 'parameter '//str(i)
+    if (allocated(opt%names)) then
+      if (i >= 1 .and. i <= size(opt%names)) s = s//' ('''//trim(opt%names(i))//''')'
+    end if
+  end function
+
+  ! Group g (from 1) as the C API's index (-1: every group, when g is absent
+  ! and all_allowed); false after reporting a group out of range.
+  function group_index(opt, group, all_allowed, where, g, ierr) result(ok)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in), optional :: group
+    logical, intent(in) :: all_allowed
+    character(len=*), intent(in) :: where
+    integer(c_int), intent(out) :: g
+    integer, intent(out), optional :: ierr
+    logical :: ok
+    character(len=:), allocatable :: hint
+    ok = .true.
+    if (.not. present(group)) then
+      g = 0
+      if (all_allowed) g = -1
+      return
+    end if
+    g = int(group - 1, c_int)
+    ! A destroyed or never created optimizer: the C function reports it.
+    if (.not. c_associated(opt%ptr) .or. opt%num_groups == 0) return
+    if (group >= 1 .and. group <= opt%num_groups) return
+    ok = .false.
+    hint = 'groups are numbered from 1 to '//str(opt%num_groups)//' in Fortran'
+    if (all_allowed) hint = hint//', or leave group out for every group'
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, where//': group '//str(group)//' does not exist: the optimizer has '// &
+              str(opt%num_groups)//' parameter group(s)', hint, ierr)
+  end function
+
+  !> Local: zeroes the gradients and forgets what was marked ready.
+  subroutine shardopt_zero_grad(opt, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(out), optional :: ierr
+    call done(c_zero_grad(opt%ptr), ierr)
+  end subroutine
+
+  !> Local: parameter i's gradient (from 1) is complete, in its registered
+  !> or owned gradient buffer.
+  subroutine grad_ready_buffer(opt, i, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer, intent(out), optional :: ierr
+    if (.not. param_index(opt, i, 'shardopt_grad_ready', ierr)) return
+    call done(c_grad_ready(opt%ptr, int(i - 1, c_size_t), c_null_ptr), ierr)
+  end subroutine
+
+  ! The gradient of parameter i in an array of `n` elements of dtype: copied
+  ! by the C call after its size and type are checked against the parameter.
+  subroutine grad_ready_array(opt, i, grad, n, dtype, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    type(c_ptr), intent(in) :: grad
+    integer(c_size_t), intent(in) :: n
+    integer, intent(in) :: dtype
+    integer, intent(out), optional :: ierr
+    integer(c_size_t) :: count
+    integer(c_int) :: pdtype
+    if (.not. param_index(opt, i, 'shardopt_grad_ready', ierr)) return
+    if (c_param_info(opt%ptr, int(i - 1, c_size_t), count, pdtype) == SHARDOPT_SUCCESS) then
+      if (pdtype /= dtype) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_grad_ready: '//param_label(opt, i)//' is '// &
+                  type_name(int(pdtype))//' but the gradient passed is '//type_name(dtype), &
+                  'pass the gradient as '//type_name(int(pdtype))//', the type of the parameter', ierr)
+        return
+      end if
+      if (count /= n) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_grad_ready: '//param_label(opt, i)//' has '// &
+                  itoa(int(count, c_int64_t))//' elements but the gradient passed has '//itoa(int(n, c_int64_t)), &
+                  'pass a gradient array of the parameter''s size, or no array to use its registered '// &
+                  'or owned gradient buffer', ierr)
+        return
+      end if
+    end if
+    call done(c_grad_ready(opt%ptr, int(i - 1, c_size_t), grad), ierr)
+  end subroutine
+
+  function type_name(dtype) result(s)
+    integer, intent(in) :: dtype
+    character(len=:), allocatable :: s
+    select case (dtype)
+    case (SHARDOPT_F32)
+      s = 'real(4) (f32)'
+    case (SHARDOPT_F64)
+      s = 'real(8) (f64)'
+    case (SHARDOPT_BF16)
+      s = 'integer(2) bf16 bits'
+    case (SHARDOPT_F16)
+      s = 'integer(2) f16 bits'
+    case (SHARDOPT_I32)
+      s = 'integer(4)'
+    case default
+      s = 'integer(8)'
+    end select
+  end function
+
+  ! An integer(2) gradient: the parameter's own 16-bit dtype, whichever it is.
+  function half_of(opt, i) result(dtype)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer :: dtype
+    integer(c_size_t) :: count
+    integer(c_int) :: pdtype
+    dtype = SHARDOPT_BF16
+    if (i < 1) return
+    if (c_param_info(opt%ptr, int(i - 1, c_size_t), count, pdtype) /= SHARDOPT_SUCCESS) return
+    if (pdtype == SHARDOPT_F16) dtype = SHARDOPT_F16
+  end function
+
+  !> Local: parameter i's gradient (from 1) is complete, in `grad` (any
+  !> shape of the parameter's size and type), which is copied before the
+  !> call returns.
+  subroutine grad_ready_r4_1(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_float), intent(in), target, contiguous :: grad(:)
+    integer, intent(out), optional :: ierr
+    call grad_ready_array(opt, i, addr_r4(grad), size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
+  end subroutine
+
+  subroutine grad_ready_r4_2(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_float), intent(in), target, contiguous :: grad(:, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
+  end subroutine
+
+  subroutine grad_ready_r4_3(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_float), intent(in), target, contiguous :: grad(:, :, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
+  end subroutine
+
+  subroutine grad_ready_h_1(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer(c_int16_t), intent(in), target, contiguous :: grad(:)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
+  end subroutine
+
+  subroutine grad_ready_h_2(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
+  end subroutine
+
+  subroutine grad_ready_h_3(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
+  end subroutine
+
+  ! real(8) gradients never match a parameter: reported with the
+  ! parameter's type.
+  subroutine grad_ready_r8_1(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_double), intent(in), target, contiguous :: grad(:)
+    integer, intent(out), optional :: ierr
+    call grad_ready_array(opt, i, addr_r8(grad), size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
+  end subroutine
+
+  subroutine grad_ready_r8_2(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_double), intent(in), target, contiguous :: grad(:, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
+  end subroutine
+
+  subroutine grad_ready_r8_3(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_double), intent(in), target, contiguous :: grad(:, :, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(grad) > 0) p = c_loc(grad)
+    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
+  end subroutine
+
+  !> Collective: ends a micro-batch (stage 2 reduces into its gradient shard).
+  subroutine shardopt_reduce_gradients(opt, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(out), optional :: ierr
+    call done(c_reduce_gradients(opt%ptr), ierr)
+  end subroutine
+
+  !> Collective: the global gradient norm (into norm, if given); the next
+  !> step clips the gradients to max_norm.
+  subroutine shardopt_clip_grad_norm(opt, max_norm, norm, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    real(c_double), intent(in) :: max_norm
+    real(c_double), intent(out), optional :: norm
+    integer, intent(out), optional :: ierr
+    real(c_double) :: n
+    n = 0
+    call done(c_clip_grad_norm(opt%ptr, max_norm, n), ierr)
+    if (present(norm)) norm = n
+  end subroutine
+
+  !> Collective: one optimizer step; info (if given) says what it did.
+  subroutine shardopt_step(opt, info, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    type(shardopt_step_info_t), intent(out), optional :: info
+    integer, intent(out), optional :: ierr
+    type(shardopt_step_info_t) :: s
+    integer(c_int) :: st
+    st = c_step(opt%ptr, s)
+    if (present(info)) info = s
+    call done(st, ierr)
+  end subroutine
+
+  !> Local: the loss scale to multiply the loss by (1 without a loss scaler).
+  subroutine shardopt_loss_scale(opt, scale, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    real(c_double), intent(out) :: scale
+    integer, intent(out), optional :: ierr
+    scale = 0
+    call done(c_loss_scale(opt%ptr, scale), ierr)
+  end subroutine
+
+  !> Local: steps applied so far, and (if given) steps skipped for
+  !> non-finite gradients.
+  subroutine shardopt_steps(opt, steps, skipped, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer(c_int64_t), intent(out) :: steps
+    integer(c_int64_t), intent(out), optional :: skipped
+    integer, intent(out), optional :: ierr
+    integer(c_int64_t) :: a, s
+    a = 0
+    s = 0
+    call done(c_steps(opt%ptr, a, s), ierr)
+    steps = a
+    if (present(skipped)) skipped = s
+  end subroutine
+
+  !> Local: the number of parameters.
+  subroutine shardopt_num_params(opt, n, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(out) :: n
+    integer, intent(out), optional :: ierr
+    integer(c_size_t) :: c
+    c = 0
+    call done(c_num_params(opt%ptr, c), ierr)
+    n = int(c)
+  end subroutine
+
+  !> Local: parameter i's (from 1) element count and dtype (SHARDOPT_F32, ...).
+  subroutine shardopt_param_info(opt, i, count, dtype, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer(c_int64_t), intent(out), optional :: count
+    integer, intent(out), optional :: dtype
+    integer, intent(out), optional :: ierr
+    integer(c_size_t) :: c
+    integer(c_int) :: d
+    c = 0
+    d = 0
+    if (present(count)) count = 0
+    if (present(dtype)) dtype = 0
+    if (.not. param_index(opt, i, 'shardopt_param_info', ierr)) return
+    call done(c_param_info(opt%ptr, int(i - 1, c_size_t), c, d), ierr)
+    if (present(count)) count = int(c, c_int64_t)
+    if (present(dtype)) dtype = int(d)
+  end subroutine
+
+  ! Parameter i's gradient buffer with its element count and dtype; false
+  ! after reporting a failure.
+  function grad_buffer(opt, i, want, p, count, ierr) result(ok)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i, want
+    type(c_ptr), intent(out) :: p
+    integer(c_size_t), intent(out) :: count
+    integer, intent(out), optional :: ierr
+    logical :: ok
+    integer(c_int) :: st, dtype
+    ok = .false.
+    p = c_null_ptr
+    count = 0
+    if (.not. param_index(opt, i, 'shardopt_param_grad', ierr)) return
+    st = c_param_grad(opt%ptr, int(i - 1, c_size_t), p)
+    if (st == SHARDOPT_SUCCESS) st = c_param_info(opt%ptr, int(i - 1, c_size_t), count, dtype)
+    if (st /= SHARDOPT_SUCCESS) then
+      call done(st, ierr)
+      return
+    end if
+    if ((want == SHARDOPT_F32) .neqv. (dtype == SHARDOPT_F32)) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_param_grad: '//param_label(opt, i)//' is '// &
+                type_name(int(dtype))//', not '//type_name(want), &
+                'pass a pointer of the parameter''s type: real(4) for f32, integer(2) for bf16/f16', ierr)
+      return
+    end if
+    ok = .true.
+    if (present(ierr)) ierr = SHARDOPT_SUCCESS
+  end function
+
+  !> Local: points grad at parameter i's gradient buffer (from 1), the
+  !> registered or owned one, to write the gradient in place before
+  !> shardopt_grad_ready(opt, i). Not associated for a streamed gradient
+  !> (stage 2 with stream_grads) or an empty parameter.
+  subroutine param_grad_r4(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    real(c_float), pointer, intent(out) :: grad(:)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    integer(c_size_t) :: n
+    nullify (grad)
+    if (.not. grad_buffer(opt, i, SHARDOPT_F32, p, n, ierr)) return
+    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
+  end subroutine
+
+  subroutine param_grad_h(opt, i, grad, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: i
+    integer(c_int16_t), pointer, intent(out) :: grad(:)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    integer(c_size_t) :: n
+    nullify (grad)
+    if (.not. grad_buffer(opt, i, SHARDOPT_BF16, p, n, ierr)) return
+    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
+  end subroutine
+
+  !> Local: the learning rate of group `group` (from 1), or of every group
+  !> when group is absent; between steps, the same on every rank.
+  subroutine shardopt_set_lr(opt, lr, group, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    real(c_double), intent(in) :: lr
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: g
+    if (.not. group_index(opt, group, .true., 'shardopt_set_lr', g, ierr)) return
+    call done(c_set_lr(opt%ptr, lr, g), ierr)
+  end subroutine
+
+  !> Local: hyper-parameters from "name=value ..." pairs ("lr=1e-4
+  !> weight_decay=0") of group `group` (from 1; absent: every group). On an
+  !> error nothing changes.
+  subroutine shardopt_set_hparams(opt, pairs, group, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: pairs
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: g
+    if (.not. group_index(opt, group, .true., 'shardopt_set_hparams', g, ierr)) return
+    call done(c_set_hparams(opt%ptr, g, trim(pairs)//c_null_char), ierr)
+  end subroutine
+
+  !> Local: hyper-parameter `name` ("lr", "betas.1", ...) of group `group`
+  !> (from 1; default 1).
+  subroutine shardopt_get_hparam(opt, name, value, group, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: name
+    real(c_double), intent(out) :: value
+    integer, intent(in), optional :: group
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: g
+    value = 0
+    if (.not. group_index(opt, group, .false., 'shardopt_get_hparam', g, ierr)) return
+    call done(c_get_hparam(opt%ptr, g, trim(name)//c_null_char, value), ierr)
+  end subroutine
+
+  !> Local: bytes allocated by category.
+  subroutine shardopt_memory_report(opt, report, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    type(shardopt_memory_report_t), intent(out) :: report
+    integer, intent(out), optional :: ierr
+    report = shardopt_memory_report_t(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    call done(c_memory_report(opt%ptr, report), ierr)
+  end subroutine
+
+  ! Gathers state `name` of parameter i into `out` (n elements). On a size
+  ! mismatch every rank still takes part in the gather (into a scratch
+  ! array), so that one rank's mistake does not leave the others waiting.
+  subroutine gather_state_into(opt, name, i, out, n, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: i
+    type(c_ptr), intent(in) :: out
+    integer(c_size_t), intent(in) :: n
+    integer, intent(out), optional :: ierr
+    integer(c_size_t) :: count
+    integer(c_int) :: dtype, st
+    real(c_float), allocatable, target :: scratch(:)
+    if (.not. param_index(opt, i, 'shardopt_gather_state', ierr)) return
+    count = n
+    if (c_param_info(opt%ptr, int(i - 1, c_size_t), count, dtype) /= SHARDOPT_SUCCESS) count = n
+    if (count == n) then
+      call done(c_gather_state(opt%ptr, trim(name)//c_null_char, int(i - 1, c_size_t), out, n), ierr)
+      return
+    end if
+    allocate (scratch(max(count, 1_c_size_t)))
+    st = c_gather_state(opt%ptr, trim(name)//c_null_char, int(i - 1, c_size_t), c_loc(scratch), count)
+    if (st /= SHARDOPT_SUCCESS) then
+      call done(st, ierr)
+      return
+    end if
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_gather_state: '//param_label(opt, i)//' has '// &
+              itoa(int(count, c_int64_t))//' elements but out has '//itoa(int(n, c_int64_t)), &
+              'pass a real(4) array of the parameter''s size', ierr)
+  end subroutine
+
+  !> Collective: state `name` ("master", "exp_avg", "exp_avg_sq",
+  !> "momentum_buffer", ...) of parameter i (from 1), gathered from the
+  !> shards into out (a real(4) array of the parameter's size).
+  subroutine gather_state_1(opt, name, i, out, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: i
+    real(c_float), intent(inout), target, contiguous :: out(:)
+    integer, intent(out), optional :: ierr
+    call gather_state_into(opt, name, i, addr_r4(out), size(out, kind=c_size_t), ierr)
+  end subroutine
+
+  subroutine gather_state_2(opt, name, i, out, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: i
+    real(c_float), intent(inout), target, contiguous :: out(:, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(out) > 0) p = c_loc(out)
+    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
+  end subroutine
+
+  subroutine gather_state_3(opt, name, i, out, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: i
+    real(c_float), intent(inout), target, contiguous :: out(:, :, :)
+    integer, intent(out), optional :: ierr
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (size(out) > 0) p = c_loc(out)
+    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
+  end subroutine
+
+  !> Collective: whether every rank's parameters hold the same bytes;
+  !> message (if given) describes the first difference ('' when in sync).
+  subroutine shardopt_check_sync(opt, in_sync, message, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    logical, intent(out) :: in_sync
+    character(len=:), allocatable, intent(out), optional :: message
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: s
+    character(kind=c_char) :: buf(4096)
+    buf = c_null_char
+    s = 1
+    call done(c_check_sync(opt%ptr, s, buf, size(buf, kind=c_size_t)), ierr)
+    in_sync = s /= 0
+    if (present(message)) message = from_buffer(buf)
+  end subroutine
+
+  ! NUL-terminated copies of strings, and their addresses.
+  subroutine c_strings(strings, buf, ptrs)
+    character(len=*), intent(in) :: strings(:)
+    character(kind=c_char), allocatable, target, intent(out) :: buf(:)
+    type(c_ptr), allocatable, intent(out) :: ptrs(:)
+    integer :: i, k, at, total
+    total = 0
+    do i = 1, size(strings)
+      total = total + len_trim(strings(i)) + 1
+    end do
+    allocate (buf(max(total, 1)), ptrs(max(size(strings), 1)))
+    ptrs = c_null_ptr
+    at = 1
+    do i = 1, size(strings)
+      ptrs(i) = c_loc(buf(at))
+      do k = 1, len_trim(strings(i))
+        buf(at) = strings(i)(k:k)
+        at = at + 1
+      end do
+      buf(at) = c_null_char
+      at = at + 1
+    end do
+  end subroutine
+
+  !> Collective: writes a checkpoint to path (docs/checkpoint.md): keep_last
+  !> files (default 1: replace), and metadata_keys(k) = metadata_values(k)
+  !> pairs of the application's (read back by shardopt_load_metadata).
+  subroutine shardopt_save(opt, path, keep_last, metadata_keys, metadata_values, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: path
+    integer, intent(in), optional :: keep_last
+    character(len=*), intent(in), optional :: metadata_keys(:), metadata_values(:)
+    integer, intent(out), optional :: ierr
+    character(kind=c_char), allocatable, target :: kbuf(:), vbuf(:)
+    type(c_ptr), allocatable, target :: kptr(:), vptr(:)
+    integer :: keep, n
+    keep = 1
+    if (present(keep_last)) keep = keep_last
+    if (present(metadata_keys) .neqv. present(metadata_values)) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_save: metadata_keys and metadata_values go together', &
+                'pass both (one value per key) or neither', ierr)
+      return
+    end if
+    n = 0
+    if (present(metadata_keys)) then
+      if (size(metadata_keys) /= size(metadata_values)) then
+        call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_save: '//str(size(metadata_keys))// &
+                  ' metadata_keys but '//str(size(metadata_values))//' metadata_values', &
+                  'pass one value per key', ierr)
+        return
+      end if
+      n = size(metadata_keys)
+      call c_strings(metadata_keys, kbuf, kptr)
+      call c_strings(metadata_values, vbuf, vptr)
+    else
+      allocate (kptr(1), vptr(1))
+      kptr = c_null_ptr
+      vptr = c_null_ptr
+    end if
+    call done(c_save(opt%ptr, trim(path)//c_null_char, int(keep, c_int), c_loc(kptr), c_loc(vptr), &
+                     int(n, c_size_t)), ierr)
+  end subroutine
+
+  !> Collective: restores a checkpoint, at any rank count and stage. strict
+  !> (default .true.): any difference is an error and nothing changes;
+  !> hyper_parameters (default .true.): take the groups' values from the
+  !> file. report (if given) says what was loaded.
+  subroutine shardopt_load(opt, path, strict, hyper_parameters, report, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: path
+    logical, intent(in), optional :: strict, hyper_parameters
+    type(shardopt_load_report_t), intent(out), optional :: report
+    integer, intent(out), optional :: ierr
+    type(shardopt_load_report_t) :: r
+    integer(c_int) :: s, h, st
+    s = 1
+    h = 1
+    if (present(strict)) s = logical_int(strict)
+    if (present(hyper_parameters)) h = logical_int(hyper_parameters)
+    r = shardopt_load_report_t(0, 0, 0, 0, 0, 0, 0)
+    st = c_load(opt%ptr, trim(path)//c_null_char, s, h, r)
+    if (present(report)) report = r
+    call done(st, ierr)
+  end subroutine
+
+  !> Local: the value of metadata key `key` of the last checkpoint loaded.
+  subroutine shardopt_load_metadata(opt, key, value, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: key
+    character(len=:), allocatable, intent(out) :: value
+    integer, intent(out), optional :: ierr
+    character(kind=c_char), allocatable :: buf(:)
+    integer(c_int) :: st
+    integer :: size_bytes
+    ! Values are short; a longer one is read again into a buffer large
+    ! enough for any metadata value a checkpoint header holds.
+    size_bytes = 4096
+    do
+      allocate (buf(size_bytes))
+      buf = c_null_char
+      st = c_load_metadata(opt%ptr, trim(key)//c_null_char, buf, int(size_bytes, c_size_t))
+      if (st == SHARDOPT_SUCCESS .or. size_bytes >= 16*1024*1024) exit
+      if (index(from_c(c_last_error()), 'too small') == 0) exit
+      deallocate (buf)
+      size_bytes = 16*1024*1024
+    end do
+    value = from_buffer(buf)
+    call done(st, ierr)
+  end subroutine
+
+  !> Collective: the parameters alone as a safetensors file: fp32 master
+  !> values (fp32 = .true., the default) or the model's dtype.
+  subroutine shardopt_export(opt, path, fp32, ierr)
+    type(shardopt_optimizer), intent(in) :: opt
+    character(len=*), intent(in) :: path
+    logical, intent(in), optional :: fp32
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: f
+    f = 1
+    if (present(fp32)) f = logical_int(fp32)
+    call done(c_export(opt%ptr, trim(path)//c_null_char, f), ierr)
+  end subroutine
+
+  ! ------------------------------------------------------------------
+  ! Functional optimizers (local): one step over the caller's arrays.
+
+  !> The number of state arrays shardopt_functional_step takes for spec
+  !> (adam: 3, exp_avg, exp_avg_sq, max_exp_avg_sq; lamb: its scratch too).
+  subroutine shardopt_functional_slots(spec, num_states, ierr)
+    character(len=*), intent(in) :: spec
+    integer, intent(out) :: num_states
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: n
+    n = 0
+    call done(c_functional_slots(trim(spec)//c_null_char, n, 0_c_int, c_null_ptr, 0_c_size_t), ierr)
+    num_states = int(n)
+  end subroutine
+
+  !> The name of state slot k (from 1) of spec.
+  subroutine shardopt_functional_slot_name(spec, k, name, ierr)
+    character(len=*), intent(in) :: spec
+    integer, intent(in) :: k
+    character(len=:), allocatable, intent(out) :: name
+    integer, intent(out), optional :: ierr
+    character(kind=c_char), allocatable, target :: buf(:)
+    integer(c_int) :: n
+    allocate (buf(256))
+    buf = c_null_char
+    n = 0
+    call done(c_functional_slots(trim(spec)//c_null_char, n, int(k - 1, c_int), c_loc(buf), &
+                                 size(buf, kind=c_size_t)), ierr)
+    name = from_buffer(buf)
+  end subroutine
+
+  ! Which of spec's nslots state slots its options use (shardopt_functional_slot_used);
+  ! for a bad spec every slot counts as used and the step reports the problem.
+  subroutine slots_in_use(spec, nslots, used)
+    character(len=*), intent(in) :: spec
+    integer, intent(in) :: nslots
+    logical, intent(inout) :: used(:)
+    integer :: k
+    integer(c_int) :: u
+    used(1:nslots) = .true.
+    do k = 1, nslots
+      if (c_functional_slot_used(spec//c_null_char, int(k - 1, c_int), u) == SHARDOPT_SUCCESS) &
+        used(k) = u /= 0
+    end do
+  end subroutine
+
+  !> One step of the optimizer of spec ("adam lr=1e-3") on params (real(4)),
+  !> with grads (real(4), the size of params) and states(:, k), one column
+  !> of the size of params per slot (shardopt_functional_slots), zero before
+  !> the first step; the columns of slots the options do not use (adam's
+  !> max_exp_avg_sq without amsgrad, ...) are left alone. step counts steps including this one. grad_mul
+  !> multiplies the gradients first; skip_nonfinite skips the step when a
+  !> gradient is inf or nan (applied then reports .false.).
+  subroutine shardopt_functional_step(spec, params, grads, states, step, applied, grads_finite, grad_mul, &
+                                      skip_nonfinite, ierr)
+    character(len=*), intent(in) :: spec
+    real(c_float), intent(inout), target, contiguous :: params(:)
+    real(c_float), intent(in), target, contiguous :: grads(:)
+    real(c_float), intent(inout), target, contiguous :: states(:, :)
+    integer, intent(in) :: step
+    logical, intent(out), optional :: applied, grads_finite
+    real(c_double), intent(in), optional :: grad_mul
+    logical, intent(in), optional :: skip_nonfinite
+    integer, intent(out), optional :: ierr
+    type(step_options_t) :: o
+    type(c_ptr), allocatable, target :: ptrs(:)
+    logical, allocatable :: used(:)
+    integer(c_int) :: st, a, f, nslots
+    integer :: k, n
+    n = size(params)
+    if (size(grads) /= n) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_functional_step: grads has '//str(size(grads))// &
+                ' elements but params has '//str(n), 'pass one gradient per parameter', ierr)
+      return
+    end if
+    if (size(states, 2) > 0 .and. size(states, 1) /= n) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_functional_step: states has '// &
+                str(size(states, 1))//' rows but params has '//str(n)//' elements', &
+                'pass states(n, num_states): one column of the parameters'' size per slot', ierr)
+      return
+    end if
+    allocate (ptrs(max(size(states, 2), 1)), used(max(size(states, 2), 1)))
+    ptrs = c_null_ptr
+    used = .true.
+    if (c_functional_slots(trim(spec)//c_null_char, nslots, 0_c_int, c_null_ptr, 0_c_size_t) == SHARDOPT_SUCCESS) then
+      if (nslots == size(states, 2)) call slots_in_use(trim(spec), int(nslots), used)
+    end if
+    do k = 1, size(states, 2)
+      if (n > 0 .and. used(k)) ptrs(k) = c_loc(states(1, k))
+    end do
+    st = c_step_options_init(o)
+    if (present(grad_mul)) o%grad_mul = grad_mul
+    if (present(skip_nonfinite)) o%skip_nonfinite = logical_int(skip_nonfinite)
+    a = 0
+    f = 0
+    st = c_functional_step(trim(spec)//c_null_char, addr_r4(params), int(SHARDOPT_F32, c_int), addr_r4(grads), &
+                           int(SHARDOPT_F32, c_int), int(n, c_size_t), c_loc(ptrs), int(size(states, 2), c_int), &
+                           int(step, c_int64_t), o, a, f)
+    if (present(applied)) applied = a /= 0
+    if (present(grads_finite)) grads_finite = f /= 0
+    call done(st, ierr)
+  end subroutine
+
+end module shardopt
