@@ -49,14 +49,28 @@ shardopt_status_t create(const char* function, MPI_Comm comm,
   });
 }
 
-// A non-blocking operation's request, counted on its communicator so that
-// the communicator is not destroyed under it.
-void add_request(CommObject& c, Request r, shardopt_request_t* out) {
+// Starts a non-blocking operation (start() returns its Request) after the
+// checks every non-blocking form shares, and hands out its request,
+// counted on the communicator so that the communicator is not destroyed
+// under it.
+template <class Start>
+void start_request(CommObject& c, std::size_t count, shardopt_request_t* out, Start&& start) {
+  check_out(out, "request");
+  *out = nullptr;
+  check_count(count, "count");
   auto object = std::make_shared<RequestObject>();
-  object->request = std::move(r);
+  object->request = start();
   object->comm = &c;
   *out = reinterpret_cast<shardopt_request_t>(add_handle(Kind::request, std::move(object)));
   ++c.requests;
+}
+
+// Forgets a request that completed or failed (MPI frees a request whose
+// operation failed, and so does shardopt), and sets the caller's handle NULL.
+void end_request(RequestObject& r, shardopt_request_t* handle) noexcept {
+  --r.comm->requests;
+  remove_handle(reinterpret_cast<std::uintptr_t>(*handle));
+  *handle = nullptr;
 }
 
 }  // namespace
@@ -202,12 +216,9 @@ SHARDOPT_API shardopt_status_t shardopt_iallreduce(shardopt_comm_t comm, const v
                                                    shardopt_op_t op, shardopt_request_t* request) {
   return guard("shardopt_iallreduce", [&] {
     CommObject& c = comm_of(comm);
-    check_out(request, "request");
-    *request = nullptr;
-    check_count(count, "count");
-    add_request(c,
-                c.comm.iallreduce(send, recv, count, dtype_of_code(dtype, "dtype"), op_of_code(op)),
-                request);
+    start_request(c, count, request, [&] {
+      return c.comm.iallreduce(send, recv, count, dtype_of_code(dtype, "dtype"), op_of_code(op));
+    });
   });
 }
 
@@ -217,12 +228,10 @@ SHARDOPT_API shardopt_status_t shardopt_ireduce_scatter(shardopt_comm_t comm, co
                                                         shardopt_request_t* request) {
   return guard("shardopt_ireduce_scatter", [&] {
     CommObject& c = comm_of(comm);
-    check_out(request, "request");
-    *request = nullptr;
-    check_count(count, "count");
-    add_request(
-        c, c.comm.ireduce_scatter(send, recv, count, dtype_of_code(dtype, "dtype"), op_of_code(op)),
-        request);
+    start_request(c, count, request, [&] {
+      return c.comm.ireduce_scatter(send, recv, count, dtype_of_code(dtype, "dtype"),
+                                    op_of_code(op));
+    });
   });
 }
 
@@ -231,10 +240,9 @@ SHARDOPT_API shardopt_status_t shardopt_iallgather(shardopt_comm_t comm, const v
                                                    shardopt_request_t* request) {
   return guard("shardopt_iallgather", [&] {
     CommObject& c = comm_of(comm);
-    check_out(request, "request");
-    *request = nullptr;
-    check_count(count, "count");
-    add_request(c, c.comm.iallgather(send, recv, count, dtype_of_code(dtype, "dtype")), request);
+    start_request(c, count, request, [&] {
+      return c.comm.iallgather(send, recv, count, dtype_of_code(dtype, "dtype"));
+    });
   });
 }
 
@@ -243,10 +251,9 @@ SHARDOPT_API shardopt_status_t shardopt_ibroadcast(shardopt_comm_t comm, void* b
                                                    shardopt_request_t* request) {
   return guard("shardopt_ibroadcast", [&] {
     CommObject& c = comm_of(comm);
-    check_out(request, "request");
-    *request = nullptr;
-    check_count(count, "count");
-    add_request(c, c.comm.ibroadcast(buf, count, dtype_of_code(dtype, "dtype"), root), request);
+    start_request(c, count, request, [&] {
+      return c.comm.ibroadcast(buf, count, dtype_of_code(dtype, "dtype"), root);
+    });
   });
 }
 
@@ -255,16 +262,10 @@ SHARDOPT_API shardopt_status_t shardopt_wait(shardopt_request_t* request) {
     check_out(request, "request");
     if (!*request) return;
     RequestObject& r = request_of(*request, "*request");
-    // Completed or failed, the request is done with: MPI frees a request
-    // whose operation failed, and so does shardopt.
     struct Done {
       RequestObject& r;
       shardopt_request_t* handle;
-      ~Done() {
-        --r.comm->requests;
-        remove_handle(reinterpret_cast<std::uintptr_t>(*handle));
-        *handle = nullptr;
-      }
+      ~Done() { end_request(r, handle); }
     } done{r, request};
     r.request.wait();
   });
@@ -281,17 +282,11 @@ SHARDOPT_API shardopt_status_t shardopt_test(shardopt_request_t* request, int* d
     try {
       complete = r.request.test();
     } catch (...) {
-      --r.comm->requests;
-      remove_handle(reinterpret_cast<std::uintptr_t>(*request));
-      *request = nullptr;
+      end_request(r, request);
       throw;
     }
     *done = complete ? 1 : 0;
-    if (complete) {
-      --r.comm->requests;
-      remove_handle(reinterpret_cast<std::uintptr_t>(*request));
-      *request = nullptr;
-    }
+    if (complete) end_request(r, request);
   });
 }
 

@@ -45,6 +45,7 @@
 #include <variant>
 #include <vector>
 
+#include "ckpt_helpers.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/optim.hpp"
@@ -742,29 +743,8 @@ std::string functional_case(const O& o, DType grad_type, bool remainders, bool s
 
 // ---------------------------------------------------------- checkpoints
 
-// Collective: a new scratch folder, the same on every rank, removed at the
-// end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[512] = "";
-    if (world_rank() == 0) {
-      const auto base = std::filesystem::temp_directory_path() / "shardopt-capi-XXXXXX";
-      std::snprintf(buf, sizeof buf, "%s", base.c_str());
-      if (mkdtemp(buf) == nullptr) buf[0] = '\0';
-    }
-    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0 && !path.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+// A scratch folder every rank sees (the checkpoint tests').
+using zero::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -986,7 +966,7 @@ TEST_CASE("the C collectives equal the C++ Communicator's bitwise", "[capi][comm
 TEST_CASE("checkpoints cross between the C and the C++ API", "[capi][ckpt]") {
   CComm comm;
   TempDir dir;
-  REQUIRE(all_ranks_true(comm.h != nullptr && !dir.path.empty()));
+  REQUIRE(all_ranks_true(comm.h != nullptr && !dir.path().empty()));
   const std::vector<OptimizerConfig> groups = all_group_pairs()[2];  // AdamW
   for (const Variant& v : {Variant{.stage = 1, .dtype = DType::f32},
                            Variant{.stage = 2, .dtype = DType::bf16, .loss_scaler = true}}) {

@@ -20,6 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 # shellcheck source=lib/prefix.sh
 . "$here/lib/prefix.sh"
+# shellcheck source=lib/example.sh
+. "$here/lib/example.sh"
 require make:make pkg-config:pkg-config cmp:diffutils gfortran:gfortran
 
 finish() {
@@ -80,34 +82,11 @@ for n in 2 3; do
     run "$program" "$n" "$stage" 400 "$out" "$tmp/run-np$n-stage$stage.log" &&
       ok "$n ranks, stage $stage: ${line#river_source: }"
   done
-  if cmp -s "$tmp/coeffs-np$n-stage0.txt" "$tmp/coeffs-np$n-stage1.txt" &&
-    cmp -s "$tmp/coeffs-np$n-stage0.txt" "$tmp/coeffs-np$n-stage2.txt"; then
-    ok "$n ranks: stages 0, 1 and 2 wrote byte-identical coefficients"
-  else
-    fail "$n ranks: the stages' coefficient files differ"
-  fi
+  example_stages_identical "$n"
 done
 
-# Fifty steps are far from enough: the threshold is missed, exit status 1.
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$program" 1 50 "$tmp/short.txt" >"$tmp/short.log" 2>&1
-status=$?
-if [ "$status" -eq 1 ] && grep -q 'NOT reached' "$tmp/short.log"; then
-  ok "50 steps miss the threshold: exit status 1"
-else
-  fail "50 steps: exit status $status, expected 1 with 'NOT reached'" "$tmp/short.log"
-fi
-
-# Bad arguments: a usage message and exit status 2.
-for args in "3 400 $tmp/x.txt" "1 400"; do
-  # shellcheck disable=SC2086
-  timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" $args >"$tmp/bad.log" 2>&1
-  status=$?
-  if [ "$status" -eq 2 ] && grep -q '^usage:' "$tmp/bad.log"; then
-    ok "arguments '$args': usage and exit status 2"
-  else
-    fail "arguments '$args': exit status $status, expected 2 with a usage line" "$tmp/bad.log"
-  fi
-done
+example_too_few_steps "$program" 50
+example_bad_arguments "$program" 400
 
 # docs/fortran.md's complete program (its first Fortran block), built with
 # pkg-config alone and run at 3 ranks: it converges (exit 0) and reports
