@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <iterator>
 #include <limits>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "../cli.hpp"
@@ -85,6 +87,12 @@ const char* const kUsage =
     "      --resume PATH      load the checkpoint PATH (written at any rank count and stage)\n"
     "                         and go on from its step count to --steps steps in all\n"
     "      --export PATH      write the final fp32 parameters to PATH, for inference\n"
+    "      --stop-on SIGNALS  stop on any of these signals (a comma list of USR1, USR2, TERM,\n"
+    "                         INT): at the next step boundary, agreed by every rank, write\n"
+    "                         the checkpoint (--checkpoint) and exit with status 3, for a job\n"
+    "                         script to requeue; --resume then goes on from it. For Slurm's\n"
+    "                         --signal=B:USR1@SECONDS and scontrol requeue (SIGTERM):\n"
+    "                         scripts/slurm/ (docs/getting-started.md)\n"
     "\n"
     "Each log line shows the step, the training loss of the step's batch averaged over the\n"
     "ranks, the learning rate, and the mean time per step since the previous line of the\n"
@@ -98,7 +106,8 @@ const char* const kUsage =
     "learning rate of step s depend on the seed, the rank and s only, and a run resumed\n"
     "from a checkpoint takes the same steps as one that was never stopped.\n"
     "\n"
-    "Exit status: 0 done, 1 an error, 2 a bad option.\n";
+    "Exit status: 0 done, 1 an error, 2 a bad option, 3 stopped by a --stop-on signal with\n"
+    "the checkpoint written.\n";
 
 double parse_number(const std::string& label, std::string_view s, bool allow_zero) {
   double v = 0.0;
@@ -143,10 +152,33 @@ constexpr OptionSpec kOptionSpecs[] = {
     {0, "keep-last", true},
     {0, "resume", true},
     {0, "export", true},
+    {0, "stop-on", true},
     {'h', "help", false},
 };
 
 constexpr int kMaxDim = 1 << 16;
+
+// --stop-on: "USR1,TERM" (with or without SIG) to signal numbers, each once.
+std::vector<int> parse_signals(const std::string& label, std::string_view v) {
+  static constexpr std::pair<std::string_view, int> kSignals[] = {
+      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"INT", SIGINT}};
+  std::vector<int> out;
+  std::size_t begin = 0;
+  while (begin <= v.size()) {
+    std::size_t end = v.find(',', begin);
+    if (end == std::string_view::npos) end = v.size();
+    std::string_view name = v.substr(begin, end - begin);
+    if (name.starts_with("SIG")) name.remove_prefix(3);
+    const auto* it = std::find_if(std::begin(kSignals), std::end(kSignals),
+                                  [&](const auto& s) { return s.first == name; });
+    if (it == std::end(kSignals)) {
+      bad_value(label, v, "a comma list of USR1, USR2, TERM, INT (e.g. USR1,TERM)");
+    }
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+    begin = end + 1;
+  }
+  return out;
+}
 
 void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
                   std::string_view v) {
@@ -221,6 +253,8 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   } else if (name == "export") {
     if (v.empty()) bad_value(label, v, "a file name");
     o.export_path = std::string(v);
+  } else if (name == "stop-on") {
+    o.stop_signals = parse_signals(label, v);
   } else if (name == "help") {
     o.help = true;
   }
@@ -252,6 +286,11 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "--scattered is a host layout: --device cuda keeps the parameters in one device "
         "buffer and the gradients in another; drop --scattered"};
+  }
+  if (o.checkpoint.empty() && !o.stop_signals.empty()) {
+    throw UsageError{
+        "--stop-on needs --checkpoint PATH: a stopped run writes its checkpoint there, and "
+        "the requeued job resumes from it"};
   }
   if (o.checkpoint.empty() && (o.checkpoint_every > 0 || o.keep_last)) {
     throw UsageError{std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last") +

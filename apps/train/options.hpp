@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "optimizer_options.hpp"
 #include "shardopt/shardopt.hpp"
@@ -45,6 +46,7 @@ struct Options {
   std::optional<int> keep_last;
   std::string resume;  // --resume: the checkpoint to start from
   std::string export_path;
+  std::vector<int> stop_signals;  // --stop-on: signal numbers
   bool json = false;
   Progress progress = Progress::automatic;
   bool help = false;
@@ -55,6 +57,10 @@ struct Options {
            (loss_scale == LossScaling::automatic && precision == shardopt::DType::f16);
   }
 };
+
+// The exit status of a run that a --stop-on signal stopped, its checkpoint
+// written: a job script requeues the job on it.
+inline constexpr int kExitStopped = 3;
 
 // What -h prints.
 extern const char* const kUsage;

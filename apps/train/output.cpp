@@ -120,6 +120,24 @@ void print_written(const RunContext& c, const char* kind, const std::string& pat
   std::fflush(stdout);
 }
 
+void print_stopped(const RunContext& c, const char* signal, std::int64_t step) {
+  const Options& o = c.o;
+  if (o.json) {
+    std::printf(
+        "{\"type\":\"stopped\",\"signal\":\"%s\",\"step\":%lld,\"steps\":%d,"
+        "\"checkpoint\":%s,\"exit_status\":%d}\n",
+        signal, static_cast<long long>(step), o.steps, json_string(o.checkpoint).c_str(),
+        kExitStopped);
+  } else {
+    std::printf(
+        "%s# stopped by %s at step %lld of %d: the checkpoint %s holds it; resume with "
+        "--resume %s (exit status %d)\n",
+        c.live ? "\r\033[K" : "", signal, static_cast<long long>(step), o.steps,
+        o.checkpoint.c_str(), o.checkpoint.c_str(), kExitStopped);
+  }
+  std::fflush(stdout);
+}
+
 void print_start(const RunContext& c, const ModelTensors& m,
                  const shardopt::ZeroRedundancyOptimizer& opt,
                  const shardopt::OptimizerConfig& config) {

@@ -110,4 +110,7 @@ struct Summary {
 
 void print_summary(const RunContext& c, const Summary& s);
 
+// A --stop-on signal stopped the run at `step`; its checkpoint is written.
+void print_stopped(const RunContext& c, const char* signal, std::int64_t step);
+
 }  // namespace train

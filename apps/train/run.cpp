@@ -2,9 +2,12 @@
 // (run.hpp).
 #include "run.hpp"
 
+#include <signal.h>
+
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +31,41 @@ namespace train {
 namespace {
 
 using report::json_number;
+
+// ---------------------------------------------------------------------------
+// --stop-on: the handler only notes the signal; the training loop looks at
+// the note at each step boundary, and the ranks agree on it there.
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void note_stop_signal(int signo) { g_stop_signal = signo; }
+
+// SA_RESTART: a system call the signal interrupts (MPI's polls, file
+// writes) goes on instead of failing with EINTR.
+void install_stop_handlers(const std::vector<int>& signals) {
+  for (const int signo : signals) {
+    struct sigaction sa = {};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(signo, &sa, nullptr);
+  }
+}
+
+const char* signal_name(int signo) {
+  switch (signo) {
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "a signal";
+  }
+}
 
 double scheduled_lr(const Options& o, int step_index) {
   if (o.schedule == Schedule::constant) return o.learning_rate();
@@ -131,8 +169,13 @@ class Training {
   void start();
   bool train();
   int finish();
+  // After train(): the signal that stopped the run (0: none).
+  int stopped_by() const { return stopped_by_; }
+  int stop();
 
  private:
+  bool stop_requested();
+  bool checkpoint_is_current() const;
   bool write_checkpoint();
   double forward_backward(const Batch& batch, std::vector<float>& dy, double grad_scale);
   shardopt::StepInfo try_step(const Batch& batch, std::vector<float>& dy, Times& t, double& loss);
@@ -162,6 +205,7 @@ class Training {
   int checkpoints_ = 0;
   double checkpoint_seconds_ = 0.0;
   std::int64_t last_checkpoint_ = -1;  // the step of the newest one
+  int stopped_by_ = 0;
 
   // The steps tried, and those since the last log line.
   Times all_;
@@ -239,6 +283,28 @@ void Training::start() {
     print_start(c_, model_, *engine_, config_);
     if (resumed_) print_resumed(c_, *resumed_);
   }
+}
+
+// True if the file at --checkpoint holds this very state: this run wrote
+// it at the current step, or took no step from the checkpoint it resumed
+// at that very path.
+bool Training::checkpoint_is_current() const {
+  const Options& o = c_.o;
+  const std::int64_t step = engine_->steps();
+  if (last_checkpoint_ == step) return true;
+  std::error_code ec;
+  return step == start_step_ && !o.resume.empty() &&
+         std::filesystem::equivalent(o.resume, o.checkpoint, ec);
+}
+
+// Collective: whether a --stop-on signal reached any rank; the same answer
+// on every rank, so that all stop at the same step.
+bool Training::stop_requested() {
+  if (c_.o.stop_signals.empty()) return false;
+  int signo = g_stop_signal;
+  MPI_Allreduce(MPI_IN_PLACE, &signo, 1, MPI_INT, MPI_MAX, c_.stats.mpi_comm());
+  stopped_by_ = signo;
+  return signo != 0;
 }
 
 bool Training::write_checkpoint() {
@@ -391,6 +457,7 @@ bool Training::train() {
   std::vector<float> dy(static_cast<std::size_t>(o.batch) * static_cast<std::size_t>(o.outputs));
   last_redraw_ = std::chrono::steady_clock::now();
   while (opt.steps() < o.steps) {
+    if (stop_requested()) return true;
     const int s = static_cast<int>(opt.steps());
     // The data is drawn outside the timed step: it stands for the input
     // pipeline, which a real code overlaps with training.
@@ -474,15 +541,8 @@ int Training::finish() {
   }
   s.saved = shardopt::all_ranks(c_.stats, s.save_error.empty());
 
-  // The checkpoint at the end, unless this run already wrote it, or the
-  // run took no step from the checkpoint it resumed at that very path.
-  std::error_code same_ec;
-  const bool unchanged_resume = s.applied == 0 && !o.resume.empty() && !o.checkpoint.empty() &&
-                                std::filesystem::equivalent(o.resume, o.checkpoint, same_ec);
-  if (!o.checkpoint.empty() && last_checkpoint_ != opt.steps() && !unchanged_resume &&
-      !write_checkpoint()) {
-    return 1;
-  }
+  // The checkpoint at the end, unless the file holds this state already.
+  if (!o.checkpoint.empty() && !checkpoint_is_current() && !write_checkpoint()) return 1;
   if (!o.export_path.empty()) {
     shardopt::ExportOptions eo;
     eo.fp32 = true;
@@ -502,13 +562,24 @@ int Training::finish() {
   return s.saved ? 0 : 1;
 }
 
+// A --stop-on signal stopped the run at a step boundary: the checkpoint,
+// and the status a job script requeues on. No final loss, parameter file or
+// export: the run is not over.
+int Training::stop() {
+  if (!checkpoint_is_current() && !write_checkpoint()) return 1;
+  if (c_.printer) print_stopped(c_, signal_name(stopped_by_), engine_->steps());
+  return kExitStopped;
+}
+
 }  // namespace
 
 int run(const RunContext& c) {
+  install_stop_handlers(c.o.stop_signals);
   Training t(c);  // the model and the data
   if (!t.make_optimizer() || !t.resume()) return 1;
   t.start();  // the initial loss, the configuration and the banner
   if (!t.train()) return 1;
+  if (t.stopped_by() != 0) return t.stop();
   return t.finish();  // the final loss, the files, the summary
 }
 

@@ -11,7 +11,10 @@
 # - --checkpoint-every 10 --keep-last 3 leaves PATH, PATH.1 and PATH.2 of
 #   steps 40, 30 and 20, and nothing else;
 # - a missing, foreign, truncated or corrupted checkpoint, or one of another
-#   model, stops every rank with a message and exit status 1, no hang.
+#   model, stops every rank with a message and exit status 1, no hang;
+# - --stop-on: SIGUSR1 to mpirun, or SIGTERM to one rank, stops every rank
+#   at one step with the checkpoint written and exit status 3, and the run
+#   resumed from it ends bitwise as a straight one.
 # Usage: test_train_resume.sh MPIEXEC PROGRAM
 set -u
 mpiexec=$1
@@ -32,6 +35,7 @@ train() {  # RANKS OUT ARGS...
 }
 
 # Checks a --json output: each EXPR (Python) must hold, with start, resume,
+# stopped,
 # summary (the objects of those types, None if absent), steps, checkpoints
 # (lists of the objects of those types) and isfinite in scope.
 expect() {  # OUT EXPR...
@@ -42,6 +46,7 @@ objs = [json.loads(l) for l in open(path) if l.startswith("{")]
 def first(t):
     return next((o for o in objs if o["type"] == t), None)
 scope = {"start": first("start"), "resume": first("resume"), "summary": first("summary"),
+         "stopped": first("stopped"),
          "steps": [o for o in objs if o["type"] == "step"],
          "checkpoints": [o for o in objs if o["type"] == "checkpoint"],
          "isfinite": lambda x: x is not None and math.isfinite(x)}
@@ -280,6 +285,76 @@ expect_save_error() {
   fi
 }
 expect_save_error
+
+# (f) --stop-on: a signal mid-run stops every rank at the same step boundary
+# with the checkpoint written and exit status 3; resumed to 20 steps past it,
+# the run ends bitwise where a straight run of as many steps does. USR1 to
+# mpirun (which forwards it to every rank), then TERM to one rank only (the
+# ranks agree on the stop). The run is long; the signal goes out once it
+# has logged its first step.
+stop_and_resume() {  # NAME SIGNAL TARGET(mpirun|one-rank) ARGS...
+  local name=$1 sig=$2 target=$3
+  shift 3
+  local d="$tmp/$name" pid rc step msg
+  mkdir -p "$d"
+  timeout 120 "$mpiexec" -n 2 --oversubscribe "$program" --json "${small[@]}" "$@" \
+    --schedule constant --steps 1000000 --stop-on USR1,TERM --checkpoint "$d/C" \
+    >"$d/stop.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do
+    grep -q '"type":"step"' "$d/stop.out" && break
+    sleep 0.1
+  done
+  # timeout's child is mpirun, whose children are the ranks.
+  local launcher
+  launcher=$(pgrep -P "$pid")
+  if [ "$target" = mpirun ]; then
+    kill -s "$sig" "$launcher"
+  else
+    kill -s "$sig" "$(pgrep -P "$launcher" | tail -1)"
+  fi
+  wait "$pid"
+  rc=$?
+  if [ "$rc" -ne 3 ]; then
+    fail "$name: exit status $rc after SIG$sig (expected 3)" "$d/stop.out"; return
+  fi
+  step=$(ckpt_step "$d/C")
+  if ! [ "$step" -ge 1 ] 2>/dev/null; then
+    fail "$name: no checkpoint after the stop" "$d/stop.out"; return
+  fi
+  if ! msg=$(expect "$d/stop.out" "stopped['signal'] == 'SIG$sig'" "stopped['step'] == $step" \
+               'stopped["exit_status"] == 3' 'summary is None' 2>&1); then
+    fail "$name: $msg" "$d/stop.out"; return
+  fi
+  if ! train 2 "$d/b.out" "$@" --schedule constant --steps $((step + 20)) --stop-on USR1,TERM \
+         --checkpoint "$d/C" --resume "$d/C" --save-params "$d/B" ||
+     ! train 2 "$d/a.out" "$@" --schedule constant --steps $((step + 20)) --save-params "$d/A"; then
+    fail "$name: the resumed or the straight run failed" "$d/b.out"; return
+  fi
+  if ! cmp "$d/A" "$d/B"; then
+    fail "$name: stopped at step $step and resumed, the parameters differ from a straight run's" \
+      "$d/b.out"
+    return
+  fi
+  ok "$name: SIG$sig to $target stopped every rank at step $step (exit 3, checkpoint written); resumed, bitwise"
+}
+stop_and_resume usr1-mpirun USR1 mpirun -s 2
+stop_and_resume term-one-rank TERM one-rank -s 1 -p bf16
+out="$tmp/usage.out"
+train 2 "$out" --stop-on USR1
+rc=$?
+if [ $rc -eq 2 ] && grep -qF -- "--stop-on needs --checkpoint PATH" "$out"; then
+  ok "--stop-on without --checkpoint is a usage error"
+else
+  fail "--stop-on without --checkpoint: exit status $rc" "$out"
+fi
+train 2 "$out" --stop-on USR1,HUP --checkpoint "$tmp/C"
+rc=$?
+if [ $rc -eq 2 ] && grep -qF -- "bad value 'USR1,HUP' for --stop-on" "$out"; then
+  ok "--stop-on with a signal it does not take is a usage error"
+else
+  fail "--stop-on USR1,HUP: exit status $rc" "$out"
+fi
 
 # Bad options: exit status 2 (usage) or 1 (an unwritable directory), at once.
 out="$tmp/usage.out"
