@@ -155,13 +155,26 @@ void print_start(const RunContext& c, const ModelTensors& m,
   const double bucket_mb = o.bucket_mb > 0.0 ? o.bucket_mb : shardopt::settings().bucket_mb;
   const char* scaling = o.uses_scaler() ? "dynamic" : "none";
   const train::Shape shape = student_shape(o);
+  // Which ranks share a node: "2 nodes (2 per node)" (NodeLayout::summary()
+  // after its rank count), and the most ranks a node holds.
+  const shardopt::NodeLayout& nodes = c.comm.nodes();
+  const std::string layout = nodes.summary();
+  const std::string on_nodes = layout.substr(layout.find(" on ") + 4);
+  const int most_per_node =
+      *std::max_element(nodes.ranks_per_node.begin(), nodes.ranks_per_node.end());
+  std::string per_node_json;
+  for (const int k : nodes.ranks_per_node) {
+    if (!per_node_json.empty()) per_node_json += ',';
+    per_node_json += std::to_string(k);
+  }
   std::string dims;
   for (std::size_t i = 0; i < shape.dims.size(); ++i) {
     dims += (i == 0 ? "" : " -> ") + std::to_string(shape.dims[i]);
   }
   if (o.json) {
     std::printf(
-        "{\"type\":\"start\",\"ranks\":%d,\"stage\":%d,\"optimizer\":\"%s\",\"lr\":%s,"
+        "{\"type\":\"start\",\"ranks\":%d,\"nodes\":%d,\"ranks_per_node\":[%s],\"stage\":%d,"
+        "\"optimizer\":\"%s\",\"lr\":%s,"
         "\"schedule\":\"%s\",\"precision\":\"%s\",\"loss_scale\":\"%s\",\"clip\":%s,"
         "\"params\":%zu,\"tensors\":%zu,\"layers\":%d,\"inputs\":%d,\"hidden\":%d,"
         "\"outputs\":%d,\"teacher_hidden\":%d,\"batch\":%d,\"global_batch\":%lld,"
@@ -171,7 +184,8 @@ void print_start(const RunContext& c, const ModelTensors& m,
         "\"reduced_grads\":%zu,\"owned_grads\":%zu,\"buckets\":%zu,\"allocated\":%zu,"
         "\"user_params\":%zu,\"user_grads\":%zu,\"working_copies\":%zu,"
         "\"comparable\":%.0f,\"formula\":%.0f}}\n",
-        c.ranks, o.stage, o.optimizer.name(), json_number(o.learning_rate()).c_str(),
+        c.ranks, nodes.nodes, per_node_json.c_str(), o.stage, o.optimizer.name(),
+        json_number(o.learning_rate()).c_str(),
         o.schedule == Schedule::cosine ? "cosine" : "constant", precision_name(o.precision),
         scaling, o.clip ? json_number(*o.clip).c_str() : "null", m.numel(), m.count(), o.layers,
         o.inputs, o.hidden, o.outputs, o.teacher_hidden, o.batch,
@@ -187,8 +201,8 @@ void print_start(const RunContext& c, const ModelTensors& m,
   std::printf("# %s: a data-parallel MLP learning a teacher network, on shardopt's ZeRO engine\n",
               kProgram);
   std::printf("# %s\n", shardopt::build_info_string().c_str());
-  std::printf("# ranks %d, stage %d, optimizer %s (lr %g, %s schedule), precision %s%s%s\n",
-              c.ranks, o.stage, o.optimizer.name(), o.learning_rate(),
+  std::printf("# ranks %d on %s, stage %d, optimizer %s (lr %g, %s schedule), precision %s%s%s\n",
+              c.ranks, on_nodes.c_str(), o.stage, o.optimizer.name(), o.learning_rate(),
               o.schedule == Schedule::cosine ? "cosine" : "constant", precision_name(o.precision),
               o.param_remainders ? " with remainders" : "",
               o.reduce_in_fp32 ? ", reduced in fp32" : "");
@@ -223,6 +237,14 @@ void print_start(const RunContext& c, const ModelTensors& m,
       o.stage, m.numel(), c.ranks, precision_name(o.precision),
       shardopt::state_bytes_per_param(config), format_bytes(formula).c_str(),
       o.stage < 2 ? " and grads" : "", format_bytes(comparable).c_str());
+  if (most_per_node > 1) {
+    // memory_report() is one rank's; a node holds the sum over its ranks
+    // (each rank's about rank 0's).
+    std::printf("#   a node holds its ranks' sum: about %d x %s = %s allocated by shardopt%s\n",
+                most_per_node, b(mem.allocated()).c_str(),
+                format_bytes(static_cast<double>(mem.allocated()) * most_per_node).c_str(),
+                nodes.uniform ? "" : " on the largest node");
+  }
   std::printf("#\n");
   std::printf("# %6s %11s %9s %9s %9s %9s %9s %9s %10s\n", "step", "loss", "lr", "compute",
               "reduce", "update", "gather", "step", "samples/s");

@@ -49,6 +49,8 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "shardopt/config.hpp"
 #include "shardopt/export.h"
@@ -106,11 +108,40 @@ struct CommOptions {
   std::optional<DeviceComm> device_comm = std::nullopt;
 };
 
+// Which ranks of a communicator share a node: a shared-memory domain, as
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) finds them (one host, or one
+// host's part its launcher made a node of). Nodes are numbered in the order
+// of their lowest rank, so node 0 holds rank 0; a node's ranks are numbered
+// (local_rank) in rank order. All but node and local_rank are the same on
+// every rank.
+struct SHARDOPT_API NodeLayout {
+  int node = 0;                     // this rank's node
+  int nodes = 1;                    // how many nodes the communicator spans
+  int local_rank = 0;               // this rank's place among its node's ranks
+  int local_ranks = 1;              // how many ranks this rank's node holds
+  std::vector<int> ranks_per_node;  // per node, by node index
+  std::vector<int> node_of_rank;    // per rank of the communicator, its node
+  bool uniform = true;              // every node holds as many ranks as node 0
+
+  // "4 ranks on 2 nodes (2 per node)", "1 rank on 1 node", or, uneven,
+  // "5 ranks on 2 nodes (per node: 3, 2)" (the first 16 nodes' counts, then
+  // the range). Local.
+  std::string summary() const;
+};
+
 class SHARDOPT_API Communicator {
  public:
-  // Collective over `comm`: duplicates it. Throws MpiStateError if MPI is not
-  // initialized or already finalized, InvalidArgument for MPI_COMM_NULL or an
-  // intercommunicator, ConfigError for a bad SHARDOPT_* variable.
+  // Collective over `comm`: duplicates it, and finds which ranks share a
+  // node (nodes()). Throws MpiStateError if MPI is not initialized or
+  // already finalized, InvalidArgument for MPI_COMM_NULL or an
+  // intercommunicator, ConfigError for a bad SHARDOPT_* variable. The
+  // SHARDOPT_* variables that change what the ranks do together (docs/env.md)
+  // must be the same on every rank: a bad value on some ranks, or values
+  // that differ between ranks, is a ConfigError on every rank naming the
+  // variable, its value on rank 0 and on the first rank that differs, and
+  // that rank's host (before any other collective, so that no rank hangs).
+  // The check and the node layout cost one MPI_Comm_split_type and one
+  // allgather of 16 bytes per rank over `comm`.
   explicit Communicator(MPI_Comm comm, CommOptions options = {});
   Communicator(Communicator&&) noexcept;
   Communicator& operator=(Communicator&&) noexcept;
@@ -127,6 +158,10 @@ class SHARDOPT_API Communicator {
 
   int rank() const;
   int size() const;
+  // Which ranks share a node, found at construction. Local. Memory is a
+  // node's: a node holds the sum over its ranks of what each allocates
+  // (ZeroRedundancyOptimizer::memory_report() is one rank's).
+  const NodeLayout& nodes() const;
   // The duplicated MPI communicator (owned by this object).
   MPI_Comm mpi_comm() const;
   // The name of the backend in use for host buffers ("mpi-host"), and for
@@ -195,6 +230,7 @@ class SHARDOPT_API Communicator {
   void choose_device_backend(MPI_Comm comm, DeviceComm choice);
 
   std::unique_ptr<detail::Backend> backend_;
+  NodeLayout nodes_;
   bool check_args_ = false;
   void* stream_ = nullptr;
 };

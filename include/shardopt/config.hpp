@@ -57,12 +57,15 @@ struct Settings {
 // Local. Throws ConfigError (at every call) if a variable has a bad value.
 SHARDOPT_API const Settings& settings();
 
-// One SHARDOPT_* variable: its name, default, accepted values, meaning.
+// One SHARDOPT_* variable: its name, default, accepted values, meaning, and
+// whether it must be the same on every rank (it changes what the ranks do
+// together; a Communicator's construction checks it).
 struct EnvVarInfo {
   std::string name;
   std::string default_value;
   std::string accepted;
   std::string description;
+  bool same_on_every_rank = false;
 };
 
 // Every SHARDOPT_* variable the library reads.

@@ -139,6 +139,13 @@ SHARDOPT_API shardopt_status_t shardopt_comm_mpi_f(shardopt_comm_t comm, MPI_Fin
  * "mpi", "none"). Static strings. */
 SHARDOPT_API shardopt_status_t shardopt_comm_backends(shardopt_comm_t comm, const char** host,
                                                       const char** device);
+/* Which ranks share a node (shardopt::Communicator::nodes(), found at
+ * creation; local): this rank's node (nodes numbered in the order of their
+ * lowest rank), the number of nodes, this rank's place among its node's
+ * ranks (in rank order) and how many ranks its node holds. Any pointer but
+ * not all may be NULL. */
+SHARDOPT_API shardopt_status_t shardopt_comm_node(shardopt_comm_t comm, int* node, int* nodes,
+                                                  int* local_rank, int* local_ranks);
 /* The stream of device operations (shardopt_comm_options_t::stream). */
 SHARDOPT_API shardopt_status_t shardopt_comm_set_stream(shardopt_comm_t comm, void* stream);
 

@@ -164,6 +164,19 @@ SHARDOPT_API shardopt_status_t shardopt_comm_backends(shardopt_comm_t comm, cons
   });
 }
 
+SHARDOPT_API shardopt_status_t shardopt_comm_node(shardopt_comm_t comm, int* node, int* nodes,
+                                                  int* local_rank, int* local_ranks) {
+  return guard("shardopt_comm_node", [&] {
+    const NodeLayout& n = comm_of(comm).comm.nodes();
+    if (!node && !nodes && !local_rank && !local_ranks)
+      check_out(node, "node, nodes, local_rank and local_ranks");
+    if (node) *node = n.node;
+    if (nodes) *nodes = n.nodes;
+    if (local_rank) *local_rank = n.local_rank;
+    if (local_ranks) *local_ranks = n.local_ranks;
+  });
+}
+
 SHARDOPT_API shardopt_status_t shardopt_comm_set_stream(shardopt_comm_t comm, void* stream) {
   return guard("shardopt_comm_set_stream", [&] { comm_of(comm).comm.set_stream(stream); });
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/backend.hpp"
+#include "comm/survey.hpp"
 #include "common/check.hpp"
 #include "common/device_runtime.hpp"
 #include "common/log.hpp"
@@ -179,6 +180,8 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
     SHARDOPT_THROW(invalid_argument, "Communicator: intercommunicators are not supported",
                    "merge the two groups with MPI_Intercomm_merge and pass the result");
   }
+  // First of all collectives: the settings checked here decide the others.
+  nodes_ = detail::survey_ranks(comm);
   std::size_t chunk = options.max_chunk_elements;
   if (chunk == 0) chunk = settings().comm_max_chunk;
   if (chunk > static_cast<std::size_t>(INT_MAX)) {
@@ -189,6 +192,7 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
+  if (backend_->rank() == 0) SHARDOPT_LOG(info, "Communicator of " << nodes_.summary());
   choose_device_backend(comm, options.device_comm.value_or(settings().device_comm));
   stream_ = options.stream;
   // From here on, the finalize check on every call is one atomic load.
@@ -302,6 +306,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
   if (this != &other) {
     release();
     backend_ = std::move(other.backend_);
+    nodes_ = std::move(other.nodes_);
     check_args_ = other.check_args_;
     stream_ = other.stream_;
   }
@@ -370,6 +375,10 @@ int Communicator::rank() const {
 int Communicator::size() const {
   require_usable("size");
   return backend_->size();
+}
+const NodeLayout& Communicator::nodes() const {
+  require_usable("nodes");
+  return nodes_;
 }
 MPI_Comm Communicator::mpi_comm() const {
   require_usable("mpi_comm");

@@ -4,11 +4,13 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "common/check.hpp"
@@ -26,6 +28,12 @@ struct VarSpec {
   const char* description;
   // Applies `value`; returns false if the value is not accepted.
   bool (*apply)(Settings& s, const std::string& value);
+  // For a variable that must be the same on every rank (it changes what
+  // the ranks do together, so ranks that differ would hang or mismatch
+  // collectives): its parsed value as text, which the ranks compare at
+  // every Communicator's construction (lib/comm/survey.cpp). Null for one
+  // that may differ between ranks; each entry says why.
+  std::string (*agreed)(const Settings& s) = nullptr;
 };
 
 std::string upper(std::string v) {
@@ -79,6 +87,22 @@ bool apply_bool(Settings& s, const std::string& v) {
   return b.has_value();
 }
 
+// VarSpec::agreed: the parsed value of one Settings field as text.
+template <auto Field>
+std::string value_text(const Settings& s) {
+  const auto& v = s.*Field;
+  using T = std::remove_cvref_t<decltype(v)>;
+  if constexpr (std::is_same_v<T, double>) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return text;
+  } else if constexpr (std::is_enum_v<T>) {
+    return std::to_string(static_cast<int>(v));
+  } else {
+    return std::to_string(v);
+  }
+}
+
 template <auto Field>
 bool apply_period(Settings& s, const std::string& v) {
   const auto n = parse_period(v);
@@ -109,7 +133,9 @@ const VarSpec kVars[] = {
                             {"WARN", LogLevel::warn},
                             {"INFO", LogLevel::info},
                             {"TRACE", LogLevel::trace}});
-     }},
+     },
+     // Per rank: what one process logs changes nothing the ranks do together.
+     nullptr},
     {"SHARDOPT_DEBUG_FILE", "(stderr)",
      "a file path; %h is replaced by the host name, %p by the "
      "process id, %r by the rank in MPI_COMM_WORLD",
@@ -118,11 +144,15 @@ const VarSpec kVars[] = {
      [](Settings& s, const std::string& v) {
        s.debug_file = v;
        return true;
-     }},
+     },
+     // Per rank: a path of this process's own (it may name the host and rank).
+     nullptr},
     {"SHARDOPT_HUGE_PAGES", "1", "1, 0 (also true/false, yes/no, on/off)",
      "Ask the kernel for transparent huge pages (madvise) for the library's large host buffers. "
      "Turn off only where huge pages are known to hurt.",
-     apply_bool<&Settings::huge_pages>},
+     apply_bool<&Settings::huge_pages>,
+     // Per rank: advice on this process's own memory; no result changes.
+     nullptr},
     {"SHARDOPT_COMM_MAX_CHUNK", "2147483647", "an integer from 1 to 2147483647",
      "Largest number of elements passed to one MPI call; larger collectives are split into "
      "chunks. Lower it for MPI libraries that fail on messages of 2 GiB or more.",
@@ -131,12 +161,18 @@ const VarSpec kVars[] = {
        if (!n) return false;
        s.comm_max_chunk = static_cast<std::size_t>(*n);
        return true;
-     }},
+     },
+     // Agreed: ranks that cut a large collective into chunks of different
+     // sizes issue different numbers of MPI calls of different counts.
+     value_text<&Settings::comm_max_chunk>},
     {"SHARDOPT_CHECK_ARGS", "0", "1, 0 (also true/false, yes/no, on/off)",
      "Agree on every collective's arguments across ranks before running it, so that a bad "
      "argument on one rank, or ranks that disagree on count, type, op or root, fail on every "
      "rank with a clear error instead of hanging. Costs one small collective per call.",
-     apply_bool<&Settings::check_args>},
+     apply_bool<&Settings::check_args>,
+     // Agreed: a rank that checks arguments adds an allgather before every
+     // collective, which the ranks that do not would never join.
+     value_text<&Settings::check_args>},
     {"SHARDOPT_CPU_ISA", "auto", "auto, avx512, avx2, baseline (any case)",
      "The widest vector unit the CPU optimizer kernels may use: auto (or avx512) the widest "
      "the CPU has, avx2 at most AVX2 with FMA and F16C, baseline the x86-64 baseline (SSE2). A "
@@ -148,7 +184,11 @@ const VarSpec kVars[] = {
                             {"AVX512", CpuIsa::avx512},
                             {"AVX2", CpuIsa::avx2},
                             {"BASELINE", CpuIsa::baseline}});
-     }},
+     },
+     // Per rank: every vector unit gives bitwise the same results (the golden
+     // tests run bitwise at every cap), and nodes of different CPU types
+     // need their own.
+     nullptr},
     {"SHARDOPT_BUCKET_MB", "25", "a number of MiB > 0 and <= 65536, e.g. 25 or 0.5",
      "The size of the ZeRO engine's gradient buckets (of reduced gradients) when "
      "ZeroOptions::bucket_mb is 0: larger buckets mean fewer, larger messages; smaller ones "
@@ -158,7 +198,10 @@ const VarSpec kVars[] = {
        if (!mb) return false;
        s.bucket_mb = *mb;
        return true;
-     }},
+     },
+     // Agreed: the buckets decide the reduce-scatters each step issues (the
+     // engine also agrees on the size in force, but could not say why).
+     value_text<&Settings::bucket_mb>},
     {"SHARDOPT_TIMEOUT", "0", "a number of seconds >= 0 and <= 604800, e.g. 600 or 0.5",
      "The watchdog: when one blocking operation of the library (a collective, or the wait for "
      "one) has not completed after this many seconds, print which operation, the step and "
@@ -169,19 +212,28 @@ const VarSpec kVars[] = {
        if (!t) return false;
        s.timeout = *t;
        return true;
-     }},
+     },
+     // Agreed: an armed watchdog makes collectives of its own (a duplicate
+     // and an allgather at each communicator's construction, questions to
+     // the other ranks on a stall) and turns blocking calls into polled
+     // non-blocking ones; and one job should end at one limit.
+     value_text<&Settings::timeout>},
     {"SHARDOPT_DESYNC_CHECK", "0", "1, 0 (also true/false, yes/no, on/off)",
      "Desync detection: every collective the library issues carries a sequence number and a "
      "fingerprint (operation, count, dtype, op, root) that the ranks compare before any data "
      "moves; ranks that issued different collectives, or a different number of them, get an "
      "error naming the ranks and both operations instead of a hang or a truncation. Turns "
      "SHARDOPT_CHECK_ARGS on; costs one small allgather per collective.",
-     apply_bool<&Settings::desync_check>},
+     apply_bool<&Settings::desync_check>,
+     // Agreed: as SHARDOPT_CHECK_ARGS, which it turns on.
+     value_text<&Settings::desync_check>},
     {"SHARDOPT_STATS_EVERY", "100", "an integer from 0 to 2147483647",
      "At SHARDOPT_DEBUG=INFO, every N optimizer steps each rank logs the mean time of each "
      "phase of its last N steps (reduce, update, gather, exposed communication), the bytes "
      "moved and the achieved bus bandwidths. 0: never.",
-     apply_period<&Settings::stats_every>},
+     apply_period<&Settings::stats_every>,
+     // Per rank: each rank logs its own window of steps, no collective.
+     nullptr},
     {"SHARDOPT_STAGED_CHUNK_KB", "4096", "an integer from 4 to 1048576",
      "The staged backend's pipeline step for device buffers over an MPI that is not "
      "CUDA-aware: each collective moves through pinned host memory in chunks of this many KiB "
@@ -192,7 +244,10 @@ const VarSpec kVars[] = {
        if (!n || *n < 4) return false;
        s.staged_chunk_kb = static_cast<std::size_t>(*n);
        return true;
-     }},
+     },
+     // Agreed: the staged backend's MPI calls move one chunk each, so ranks
+     // with different chunks issue different numbers and sizes of calls.
+     value_text<&Settings::staged_chunk_kb>},
     {"SHARDOPT_DEVICE_COMM", "auto", "auto, nccl, mpi, staged (any case)",
      "How communicators move device buffers: nccl the device's own stream-ordered "
      "collectives (NCCL), mpi MPI on the device buffers themselves (a CUDA-aware MPI), staged "
@@ -206,7 +261,11 @@ const VarSpec kVars[] = {
                             {"NCCL", DeviceComm::nccl},
                             {"MPI", DeviceComm::mpi},
                             {"STAGED", DeviceComm::staged}});
-     }},
+     },
+     // Agreed: each transport makes collectives of its own at construction
+     // and for every operation, and a forced one that cannot be used fails
+     // only on the ranks that forced it.
+     value_text<&Settings::device_comm>},
     {"SHARDOPT_CUDA_AWARE_MPI", "ask", "ask, yes, no (any case)",
      "Whether MPI can be given device buffers. ask: as the MPI library says at run time (Open "
      "MPI's MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support; an MPI that has neither "
@@ -216,13 +275,18 @@ const VarSpec kVars[] = {
        return apply_choice(
            s.cuda_aware_mpi, v,
            {{"ASK", CudaAwareMpi::ask}, {"YES", CudaAwareMpi::yes}, {"NO", CudaAwareMpi::no}});
-     }},
+     },
+     // Per rank: it describes this rank's MPI library (nodes may differ);
+     // the ranks already agree on what it implies (the choice of transport).
+     nullptr},
     {"SHARDOPT_CHECK_SYNC", "0", "an integer from 0 to 2147483647",
      "Check every N applied optimizer steps that the parameters are identical on every rank "
      "(a checksum per parameter compared across ranks, check_sync()); a difference stops every "
      "rank with an error naming the first parameter and element that differ. 0: never. "
      "ZeroOptions::check_sync_every overrides it.",
-     apply_period<&Settings::check_sync>},
+     apply_period<&Settings::check_sync>,
+     // Agreed: the check is a collective every N steps.
+     value_text<&Settings::check_sync>},
 };
 
 }  // namespace
@@ -251,6 +315,16 @@ Settings parse_settings(const EnvLookup& lookup) {
   return s;
 }
 
+std::vector<AgreedSetting> agreed_settings(const Settings& s, const EnvLookup& lookup) {
+  std::vector<AgreedSetting> out;
+  for (const VarSpec& var : kVars) {
+    if (var.agreed == nullptr) continue;
+    const char* raw = lookup(var.name);
+    out.push_back({var.name, raw == nullptr ? "" : raw, var.default_value, var.agreed(s)});
+  }
+  return out;
+}
+
 }  // namespace detail
 
 const Settings& settings() {
@@ -273,7 +347,7 @@ const Settings& settings() {
 std::vector<EnvVarInfo> environment_variables() {
   std::vector<EnvVarInfo> out;
   for (const VarSpec& v : kVars)
-    out.push_back({v.name, v.default_value, v.accepted, v.description});
+    out.push_back({v.name, v.default_value, v.accepted, v.description, v.agreed != nullptr});
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "common/check.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
+#include "common/log.hpp"
 #include "common/settings.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/engine.hpp"
@@ -54,6 +56,26 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
   agree_on_layout();
   build_layout();
   allocate();
+  if (rank_ == 0 && log_enabled(LogLevel::info)) {
+    // memory_report() is one rank's; the node's memory is its ranks' sum.
+    const NodeLayout& nodes = comm_.nodes();
+    const std::size_t buckets = reducer().bucket_count();
+    std::string per_node = "a node holds the sum over its ranks";
+    if (nodes.uniform) {
+      const std::string k = std::to_string(nodes.local_ranks);
+      per_node = "a node of ";
+      per_node.append(k).append(" ranks holds about ").append(k).append(" x that");
+    }
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.2f MiB",
+                  static_cast<double>(memory_report().allocated()) / (1024.0 * 1024.0));
+    SHARDOPT_LOG(info, "ZeRO engine: stage " << opt_.stage << ", " << params_.size()
+                                             << (params_.size() == 1 ? " parameter" : " parameters")
+                                             << " in " << buckets
+                                             << (buckets == 1 ? " bucket, " : " buckets, ")
+                                             << nodes.summary() << "; rank 0 allocated " << mib
+                                             << " (memory_report(), per rank: " << per_node << ")");
+  }
 }
 
 ZeroEngine::~ZeroEngine() = default;

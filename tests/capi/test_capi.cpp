@@ -845,6 +845,16 @@ TEST_CASE("a spec's unset hyper-parameters take the C++ defaults", "[capi][hpara
   }
 }
 
+TEST_CASE("the C node layout is the C++ Communicator's", "[capi][comm]") {
+  CComm comm;
+  REQUIRE(all_ranks_true(comm.h != nullptr));
+  int node = -1, nodes = -1, local_rank = -1, local_ranks = -1;
+  C_OK(shardopt_comm_node(comm.h, &node, &nodes, &local_rank, &local_ranks));
+  const NodeLayout& cpp = world().nodes();
+  CHECK(all_ranks_true(node == cpp.node && nodes == cpp.nodes && local_rank == cpp.local_rank &&
+                       local_ranks == cpp.local_ranks));
+}
+
 TEST_CASE("the C collectives equal the C++ Communicator's bitwise", "[capi][comm]") {
   CComm comm;
   REQUIRE(all_ranks_true(comm.h != nullptr));

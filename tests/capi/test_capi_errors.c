@@ -65,6 +65,7 @@ static const char* const k_functions[] = {
     "shardopt_comm_mpi",
     "shardopt_comm_mpi_f",
     "shardopt_comm_backends",
+    "shardopt_comm_node",
     "shardopt_comm_set_stream",
     "shardopt_allreduce",
     "shardopt_reduce_scatter",
@@ -355,6 +356,32 @@ static shardopt_comm_t test_comm_create(void) {
   return comm;
 }
 
+/* The node layout against MPI's own answer (MPI_Comm_split_type), on one
+ * machine or several. */
+static void test_comm_node(shardopt_comm_t comm) {
+  int node = -1, nodes = -1, local_rank = -1, local_ranks = -1;
+  EXPECT_ERR(shardopt_comm_node(NULL, &node, &nodes, &local_rank, &local_ranks), INVALID_ARGUMENT,
+             "null|comm");
+  EXPECT_ERR(shardopt_comm_node(comm, NULL, NULL, NULL, NULL), INVALID_ARGUMENT, "null|node");
+  EXPECT_OK(shardopt_comm_node(comm, &node, &nodes, &local_rank, &local_ranks));
+  MPI_Comm shared = MPI_COMM_NULL;
+  int mpi_local_rank = -2, mpi_local_size = -2;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &shared);
+  MPI_Comm_rank(shared, &mpi_local_rank);
+  MPI_Comm_size(shared, &mpi_local_size);
+  MPI_Comm_free(&shared);
+  CHECK(local_rank == mpi_local_rank);
+  CHECK(local_ranks == mpi_local_size);
+  CHECK(nodes >= 1 && nodes <= g_size && node >= 0 && node < nodes);
+  CHECK(g_rank != 0 || node == 0); /* nodes are numbered from rank 0's */
+  /* Each part alone, the others NULL. */
+  int only = -1;
+  EXPECT_OK(shardopt_comm_node(comm, NULL, &only, NULL, NULL));
+  CHECK(only == nodes);
+  EXPECT_OK(shardopt_comm_node(comm, NULL, NULL, NULL, &only));
+  CHECK(only == local_ranks);
+}
+
 static void test_comm_queries(shardopt_comm_t comm) {
   g_where = "test_comm_queries";
   int rank = -1, size = -1;
@@ -384,6 +411,7 @@ static void test_comm_queries(shardopt_comm_t comm) {
   EXPECT_OK(shardopt_comm_backends(comm, &host, &device));
   CHECK(host != NULL && strcmp(host, "mpi-host") == 0);
   CHECK(device != NULL && device[0] != '\0');
+  test_comm_node(comm);
   EXPECT_ERR(shardopt_comm_set_stream(NULL, NULL), INVALID_ARGUMENT, "null|comm");
   EXPECT_OK(shardopt_comm_set_stream(comm, NULL));
 }
