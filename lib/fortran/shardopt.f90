@@ -173,6 +173,7 @@ module shardopt
   public :: shardopt_clear_error
   public :: shardopt_device_count, shardopt_set_device
   public :: shardopt_comm_create, shardopt_comm_destroy, shardopt_comm_rank, shardopt_comm_size
+  public :: shardopt_comm_node
   public :: shardopt_comm_mpi
   public :: shardopt_allreduce, shardopt_reduce_scatter, shardopt_allgather, shardopt_broadcast
   public :: shardopt_barrier
@@ -314,6 +315,13 @@ module shardopt
       import
       type(c_ptr), value :: comm
       integer(c_int), intent(out) :: size
+      integer(c_int) :: st
+    end function
+    function c_comm_node(comm, node, nodes, local_rank, local_ranks) &
+        bind(c, name='shardopt_comm_node') result(st)
+      import
+      type(c_ptr), value :: comm
+      integer(c_int), intent(out) :: node, nodes, local_rank, local_ranks
       integer(c_int) :: st
     end function
     function c_comm_mpi_f(comm, out) bind(c, name='shardopt_comm_mpi_f') result(st)
@@ -852,6 +860,26 @@ contains
     n = 0
     call done(c_comm_size(comm%ptr, n), ierr)
     size = int(n)
+  end subroutine
+
+  !> Which ranks share a node (MPI_COMM_TYPE_SHARED), found when comm was
+  !> made: this rank's node (from 0, numbered by their lowest rank), the
+  !> number of nodes, this rank's place among its node's ranks (from 0) and
+  !> how many ranks its node holds.
+  subroutine shardopt_comm_node(comm, node, nodes, local_rank, local_ranks, ierr)
+    type(shardopt_comm), intent(in) :: comm
+    integer, intent(out) :: node, nodes, local_rank, local_ranks
+    integer, intent(out), optional :: ierr
+    integer(c_int) :: n, ns, lr, lrs
+    n = -1
+    ns = 0
+    lr = -1
+    lrs = 0
+    call done(c_comm_node(comm%ptr, n, ns, lr, lrs), ierr)
+    node = int(n)
+    nodes = int(ns)
+    local_rank = int(lr)
+    local_ranks = int(lrs)
   end subroutine
 
   !> The duplicated MPI communicator (owned by comm: do not free it).

@@ -95,12 +95,25 @@ contains
   subroutine test_handles(comm)
     type(shardopt_comm), intent(in) :: comm
     type(shardopt_comm) :: from_int
-    type(MPI_Comm) :: dup
+    type(MPI_Comm) :: dup, shared
     integer :: rank, nranks, dup_int, result
+    integer :: node, nodes, local_rank, local_ranks, shared_rank, shared_size, leader
     call shardopt_comm_rank(comm, rank, ierr)
     call check(ierr == 0 .and. rank == world_rank, 'shardopt_comm_rank is MPI''s rank')
     call shardopt_comm_size(comm, nranks, ierr)
     call check(ierr == 0 .and. nranks == world_size, 'shardopt_comm_size is MPI''s size')
+    ! The node layout is MPI's: the ranks of this rank's shared-memory
+    ! domain, this rank's place among them, as many nodes as domains.
+    call MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, shared)
+    call MPI_Comm_rank(shared, shared_rank)
+    call MPI_Comm_size(shared, shared_size)
+    call MPI_Comm_free(shared)
+    leader = merge(1, 0, shared_rank == 0)
+    call MPI_Allreduce(MPI_IN_PLACE, leader, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD)
+    call shardopt_comm_node(comm, node, nodes, local_rank, local_ranks, ierr)
+    call check(ierr == 0 .and. local_rank == shared_rank .and. local_ranks == shared_size .and. &
+               nodes == leader .and. node >= 0 .and. node < nodes, &
+               'shardopt_comm_node is MPI_COMM_TYPE_SHARED''s layout')
     ! The duplicate shardopt works on: congruent with MPI_COMM_WORLD, not it.
     call shardopt_comm_mpi(comm, dup, ierr)
     call MPI_Comm_compare(dup, MPI_COMM_WORLD, result)
