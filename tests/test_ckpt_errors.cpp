@@ -275,7 +275,28 @@ TEST_CASE("a failed save is an error on every rank; the previous checkpoint stay
       mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") == 0 ? 1 : 0;
     }
     MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    // Ranks on other nodes (scripts/netns-cluster's, each with its own
+    // mounts) do not see rank 0's tmpfs but the directory under it: there
+    // the save must fail at once, on every rank, naming a rank that does not
+    // see the file, and leave nothing behind.
+    bool sees = true;
     if (mounted) {
+      if (world_rank() == 0) write_file(mnt + "/mark", "x");
+      MPI_Barrier(MPI_COMM_WORLD);
+      sees = fs::exists(mnt + "/mark");
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0) fs::remove(mnt + "/mark");
+    }
+    if (mounted && !all_ranks_true(sees)) {
+      Model small(make_layout({100}), DType::f32, false, false, 1);
+      ZeroRedundancyOptimizer s(world(), small.params(), SGD{.lr = 0.1}, ZeroOptions{.stage = 1});
+      CHECK(all_ranks_true(throws_error<IoError>([&] { s.save(mnt + "/c.safetensors"); },
+                                                 ErrorCode::io,
+                                                 "the ranks do not see the same file at")));
+      CHECK(all_ranks_true(fs::is_empty(mnt)));
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0) ::umount(mnt.c_str());
+    } else if (mounted) {
       // A small checkpoint that fits, then a larger one that does not.
       Model small(make_layout({100}), DType::f32, false, false, 1);
       ZeroRedundancyOptimizer s(world(), small.params(), SGD{.lr = 0.1}, ZeroOptions{.stage = 1});
@@ -304,6 +325,131 @@ TEST_CASE("a failed save is an error on every rank; the previous checkpoint stay
     opt.save(path);
     opt.load(path);
   })));
+}
+
+namespace {
+
+// Every rank's host name, in rank order.
+std::vector<std::string> host_names() {
+  char mine[256] = {};
+  ::gethostname(mine, sizeof mine - 1);
+  std::vector<char> all(256 * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(mine, 256, MPI_CHAR, all.data(), 256, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  for (int r = 0; r < world_size(); ++r) out.emplace_back(all.data() + 256 * r);
+  return out;
+}
+
+// Collective: f() must throw an IoError on every rank whose message holds
+// each of `needles` and whose hint sends checkpoints to a shared file system.
+template <class F>
+bool throws_not_shared(F&& f, const std::vector<std::string>& needles) {
+  bool ok = false;
+  try {
+    f();
+    UNSCOPED_INFO("rank " << world_rank() << ": no error");
+  } catch (const IoError& e) {
+    ok = e.hint().find("not in /tmp or node-local scratch") != std::string::npos;
+    for (const std::string& n : needles) ok = ok && e.message().find(n) != std::string::npos;
+    if (!ok) UNSCOPED_INFO("rank " << world_rank() << ": " << e.what());
+  }
+  return all_ranks_true(ok);
+}
+
+}  // namespace
+
+TEST_CASE("ranks that do not see the same file: save and load are errors on every rank, no hang",
+          "[ckpt]") {
+  if (world_size() < 2) {
+    SUCCEED("one rank: every rank sees the same file");
+    return;
+  }
+  // A node-local directory (/tmp, local scratch) at the same path on every
+  // node is another directory on each. Here, on one machine: each process's
+  // /proc/self/fd/N is its own descriptor N, which the ranks below
+  // size/2 open on one directory ("node 1") and the others on another.
+  TempDir dir;
+  const std::string node1 = dir.file("node1"), node2 = dir.file("node2");
+  if (world_rank() == 0) {
+    fs::create_directory(node1);
+    fs::create_directory(node2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int second = world_size() / 2;  // the first rank of "node 2"
+  const bool on_second = world_rank() >= second;
+  constexpr int kFd = 999;
+  bool fd_ok = ::fcntl(kFd, F_GETFD) == -1;  // free, so that dup2 closes nothing
+  const int opened = ::open((on_second ? node2 : node1).c_str(), O_RDONLY | O_DIRECTORY);
+  fd_ok = fd_ok && opened >= 0 && ::dup2(opened, kFd) == kFd;
+  if (opened >= 0) ::close(opened);
+  REQUIRE(all_ranks_true(fd_ok));
+  const std::string path = "/proc/self/fd/" + std::to_string(kFd) + "/c.safetensors";
+  const std::vector<std::string> hosts = host_names();
+  const std::string ranks_not = world_size() - second > 1
+                                    ? " (" + std::to_string(world_size() - second) + " of " +
+                                          std::to_string(world_size()) + " ranks do not see it)"
+                                    : "";
+
+  Model m(ckpt_layout(), DType::f32, false, false, 31);
+  ZeroRedundancyOptimizer opt(world(), m.params(), Adam{.lr = 0.01}, ZeroOptions{.stage = 2});
+  train(opt, m, nullptr, 31, 0, 1, world_size(), world_rank());
+  // The previous checkpoint, at node 1's path (every rank sees node1 itself).
+  opt.save(node1 + "/c.safetensors");
+  const std::string before = world_rank() == 0 ? read_file(node1 + "/c.safetensors") : "";
+  train(opt, m, nullptr, 31, 1, 1, world_size(), world_rank());
+  const auto listing = [](const std::string& d) {
+    std::string out;
+    for (const auto& e : fs::directory_iterator(d)) out += e.path().filename().string() + " ";
+    return out;
+  };
+
+  // Save: rank 0 creates the temporary file in node 1; the ranks of node 2
+  // cannot open it.
+  CHECK(throws_not_shared([&] { opt.save(path); },
+                          {"the ranks do not see the same file at '" + path + "': rank 0 (host " +
+                               hosts[0] + ") created the temporary file '" + path + ".tmp-",
+                           "' there, but rank " + std::to_string(second) + " (host " +
+                               hosts[second] + ") cannot open '" + path + ".tmp-",
+                           "': No such file or directory" + ranks_not}));
+  // The temporary file is gone, the previous checkpoint as it was.
+  if (world_rank() == 0) {
+    CHECK(listing(node1) == "c.safetensors ");
+    CHECK(listing(node2).empty());
+    CHECK(read_file(node1 + "/c.safetensors") == before);
+  }
+
+  // Load: node 2 has no file there, then another checkpoint (of the
+  // state one step later), then a copy of node 1's, which is not the same
+  // file either (Open MPI's MPI_File_open would hang on it).
+  const Snapshot saved = snapshot(opt, m);
+  const std::string read_it = "the ranks do not see the same file at '" + path +
+                              "': rank 0 (host " + hosts[0] + ") read a checkpoint of " +
+                              std::to_string(fs::file_size(node1 + "/c.safetensors")) +
+                              " bytes there and wrote '" + path + ".probe-";
+  const std::string but =
+      "' beside it, but rank " + std::to_string(second) + " (host " + hosts[second] + ") ";
+  CHECK(
+      throws_not_shared([&] { opt.load(path); },
+                        {read_it, but + "cannot open it: No such file or directory" + ranks_not}));
+  opt.save(node2 + "/c.safetensors");
+  CHECK(throws_not_shared([&] { opt.load(path); }, {read_it, but + "finds another file there"}));
+  if (world_rank() == 0)
+    fs::copy_file(node1 + "/c.safetensors", node2 + "/c.safetensors",
+                  fs::copy_options::overwrite_existing);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(throws_not_shared([&] { opt.load(path); },
+                          {read_it, but + "cannot open '" + path + ".probe-"}));
+  CHECK(all_ranks_true(compare_snapshots(saved, snapshot(opt, m)).empty()));
+  // Nothing left beside the files; node 1's file loads through its own path.
+  if (world_rank() == 0) {
+    CHECK(listing(node1) == "c.safetensors ");
+    CHECK(listing(node2) == "c.safetensors ");
+  }
+  CHECK(all_ranks_true(no_throw([&] { opt.load(node1 + "/c.safetensors"); })));
+  CHECK(opt.steps() == 1);
+  // And on a shared path, saving works as ever.
+  CHECK(all_ranks_true(no_throw([&] { opt.save(node1 + "/c.safetensors"); })));
+  ::close(kFd);
 }
 
 TEST_CASE("bad save arguments are errors on every rank", "[ckpt]") {

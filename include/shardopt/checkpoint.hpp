@@ -105,9 +105,12 @@ struct WriteOptions {
 // few bytes of a chunk held by other ranks are sent to the rank that
 // checksums it). The file is written under a temporary name in the same
 // directory, synced, and renamed to `path` only after every rank's write
-// succeeded. On any failure on any rank, every rank throws the same
-// IoError (or InvalidArgument for a bad argument), the temporary file is
-// removed, and whatever was at `path` is untouched.
+// succeeded. Before any data, every rank checks that it sees the file rank
+// 0 created (a token rank 0 wrote in it): ranks on nodes that do not share
+// the directory get an IoError "the ranks do not see the same file", not a
+// hang. On any failure on any rank, every rank throws the same IoError (or
+// InvalidArgument for a bad argument), the temporary file is removed, and
+// whatever was at `path` is untouched.
 SHARDOPT_API void write_file(Communicator& comm, const std::string& path,
                              const std::vector<WriteTensor>& tensors,
                              const std::vector<Piece>& pieces,
@@ -128,7 +131,11 @@ class SHARDOPT_API Reader {
   // Collective: opens `path` read-only and parses its header (read once,
   // broadcast), so that every rank gets the same header or the same error
   // (IoError for a file that cannot be opened, CheckpointError for a bad
-  // header). The communicator must outlive the reader.
+  // header). Every rank checks that it sees rank 0's file: the same size and
+  // header, and, at more than one rank, a small file `path.probe-<hex>` that
+  // rank 0 writes beside it and removes at once (skipped where the
+  // directory is read-only); otherwise IoError "the ranks do not see the
+  // same file" on every rank. The communicator must outlive the reader.
   Reader(Communicator& comm, const std::string& path);
   Reader(Reader&&) noexcept;
   Reader& operator=(Reader&&) noexcept;

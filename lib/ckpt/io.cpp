@@ -76,8 +76,9 @@ std::string dir_of(const std::string& path) {
 
 // Rank 0: a fresh temporary name in path's directory, created with its
 // space reserved (so that a directory that cannot be written to, or a full
-// disk, is reported with its errno).
-std::string create_temporary(const std::string& path, std::uint64_t bytes, std::string& error) {
+// disk, is reported with its errno) and `token` at its start.
+std::string create_temporary(const std::string& path, std::uint64_t bytes, const std::string& token,
+                             std::string& error) {
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
     char suffix[32];
@@ -93,6 +94,12 @@ std::string create_temporary(const std::string& path, std::uint64_t bytes, std::
           errno != ENOSYS) {
         error = "cannot reserve " + std::to_string(bytes) + " bytes for '" + tmp +
                 "': " + errno_text(errno);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return {};
+      }
+      if (::pwrite(fd, token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
+        error = "cannot write to '" + tmp + "': " + errno_text(errno);
         ::close(fd);
         ::unlink(tmp.c_str());
         return {};
@@ -341,15 +348,32 @@ void write_file(Communicator& comm, const std::string& path,
   // The temporary file, created by rank 0 and agreed on.
   std::uint64_t file_bytes = data_start;
   for (std::uint64_t n : sizes) file_bytes += n;
-  std::string tmp = rank == 0 ? create_temporary(path, file_bytes, error) : std::string();
+  // A random token at its start, which every rank reads back before any
+  // collective MPI-IO call: ranks that do not see the file rank 0 created
+  // (a node-local directory) are found here instead of hanging in
+  // MPI_File_open. The header overwrites it.
+  const auto token_bytes =
+      static_cast<std::size_t>(std::min<std::uint64_t>(kTokenBytes, file_bytes));
+  std::string token = rank == 0 ? random_token(token_bytes) : std::string(token_bytes, '\0');
+  std::string tmp = rank == 0 ? create_temporary(path, file_bytes, token, error) : std::string();
   agree_or_throw(comm, error, ErrorCode::io,
                  "check that the checkpoint's directory exists and is writable by the job, "
                  "and that its file system has room for the checkpoint (and the job's file size "
                  "limit, ulimit -f, allows it); the previous checkpoint is untouched");
-  tmp = broadcast_string(comm, tmp);
+  tmp = broadcast_string(comm, token + tmp);
+  token = tmp.substr(0, token.size());
+  tmp.erase(0, token.size());
   const auto remove_tmp = [&] {
     if (rank == 0) ::unlink(tmp.c_str());
   };
+  error = same_file_verdict(comm, path, rank == 0 ? std::string() : check_token(tmp, token),
+                            "created the temporary file '" + tmp + "' there");
+  if (!error.empty()) {
+    remove_tmp();
+    throw_error(ErrorCode::io, error,
+                std::string(kSharedFileSystemHint) + "; the previous checkpoint is untouched",
+                __FILE__, __LINE__);
+  }
 
   MPI_File fh = MPI_FILE_NULL;
   std::error_code ec;

@@ -3,22 +3,24 @@
 // agreements (internal to lib/ckpt).
 #pragma once
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/log.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt::ckpt::mpi_io {
-
-using shardopt::detail::throw_error;
 
 using shardopt::detail::throw_error;
 
@@ -119,6 +121,67 @@ inline void agree_on_path(Communicator& comm, const std::string& path) {
   agree_or_throw(comm, shardopt::detail::first_difference(comm, "path=" + path, "the file"),
                  ErrorCode::invalid_argument,
                  "pass the same path on every rank: a checkpoint is one file shared by the ranks");
+}
+
+// The length of the random tokens below.
+inline constexpr std::size_t kTokenBytes = 16;
+
+// Local: n random bytes.
+inline std::string random_token(std::size_t n) {
+  std::random_device rd;
+  std::string token(n, '\0');
+  for (char& c : token) c = static_cast<char>(rd());
+  return token;
+}
+
+// Local, on a rank other than 0: "" if `file` starts with `token`, as the
+// file rank 0 wrote it in does, else what this rank finds there.
+inline std::string check_token(const std::string& file, const std::string& token) {
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  if (fd < 0) return "cannot open '" + file + "': " + errno_text(errno);
+  std::string got(token.size(), '\0');
+  const ssize_t n = ::pread(fd, got.data(), got.size(), 0);
+  const int e = errno;
+  ::close(fd);
+  if (n < 0) return "cannot read '" + file + "': " + errno_text(e);
+  if (static_cast<std::size_t>(n) != token.size() || got != token)
+    return "finds another file at '" + file + "' (not the one rank 0 wrote)";
+  return {};
+}
+
+// The hint of the error below.
+inline constexpr const char* kSharedFileSystemHint =
+    "put checkpoints in a directory on a file system that every node mounts (a shared or "
+    "parallel file system), not in /tmp or node-local scratch";
+
+// Collective: every rank's verdict on whether it sees the file rank 0 sees
+// at `path`: "" where it does, else what it finds instead ("cannot open
+// it: ..."); `rank0` says what rank 0 did there. Returns "" when every rank
+// sees it, else the same message on every rank, naming the first rank that
+// does not and its host. A checkpoint is one file that every rank writes or
+// reads, so the ranks must share its file system; a node-local directory
+// (/tmp, local scratch) at the same path is another file on each node, and
+// MPI_File_open on ranks that do not agree on the file can hang (Open MPI's
+// ompio goes on with collective calls on the ranks where it opened). One
+// allreduce of a flag when every rank sees it.
+inline std::string same_file_verdict(Communicator& comm, const std::string& path,
+                                     const std::string& local, const std::string& rank0) {
+  std::int64_t count = local.empty() ? 0 : 1;
+  comm.allreduce(&count, &count, 1, DType::i64, ReduceOp::sum);
+  if (count == 0) return {};
+  const std::vector<std::string> hosts =
+      shardopt::detail::allgather_strings(comm, shardopt::detail::host_name());
+  const std::vector<std::string> why = shardopt::detail::allgather_strings(comm, local);
+  const auto first = static_cast<std::size_t>(
+      std::find_if(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) -
+      why.begin());
+  std::string message = "the ranks do not see the same file at '" + path + "': rank 0 (host " +
+                        hosts[0] + ") " + rank0 + ", but rank " + std::to_string(first) +
+                        " (host " + hosts[first] + ") " + why[first];
+  if (count > 1)
+    message += " (" + std::to_string(count) + " of " + std::to_string(comm.size()) +
+               " ranks do not see it)";
+  return message;
 }
 
 // Every rank's copy of rank 0's string.

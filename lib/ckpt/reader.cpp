@@ -86,6 +86,52 @@ std::string read_header_text(const std::string& path, std::uint64_t& file_bytes,
   return text;
 }
 
+// A rank other than 0: "" if the file at path is `file_bytes` long and
+// starts with rank 0's 8-byte length and header text, else what this rank
+// finds there. Two files with the same header hold the same checksums, so
+// they are the same checkpoint, whatever their copies.
+std::string check_same_header(const std::string& path, const std::string& text,
+                              std::uint64_t file_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "cannot open it: " + errno_text(errno);
+  in.seekg(0, std::ios::end);
+  const auto bytes = static_cast<std::uint64_t>(in.tellg());
+  if (bytes != file_bytes) return "finds a file of " + std::to_string(bytes) + " bytes there";
+  in.seekg(0);
+  std::string got(8 + text.size(), '\0');
+  if (!in.read(got.data(), static_cast<std::streamsize>(got.size())))
+    return "cannot read it: " + errno_text(errno);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(got[i]);
+  if (n != text.size() || got.compare(8, std::string::npos, text) != 0)
+    return "finds another file there (its header differs)";
+  return {};
+}
+
+// Rank 0: a small file beside path holding token, for the other ranks to
+// read back; "" where none can be created (a read-only directory: then the
+// headers alone are compared).
+std::string create_probe(const std::string& path, const std::string& token) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".probe-%08x", static_cast<unsigned>(rd()));
+    const std::string probe = path + suffix;
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      return {};
+    }
+    const bool written =
+        ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
+    ::close(fd);
+    if (written) return probe;
+    ::unlink(probe.c_str());
+    return {};
+  }
+  return {};
+}
+
 }  // namespace
 
 Reader::Reader(Communicator& comm, const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -112,6 +158,33 @@ Reader::Reader(Communicator& comm, const std::string& path) : impl_(std::make_un
   text = broadcast_string(comm, std::move(text));
   // Every rank parses the same bytes: the same header or the same error.
   impl_->header = parse_header(text, static_cast<std::uint64_t>(info[0]));
+  // Every rank must see the file rank 0 read before the collective open:
+  // ranks that see none, or another one (a node-local directory), would
+  // hang in it or read other data. The same header is not enough: a copy on
+  // each node holds it too, and Open MPI's MPI_File_open hangs on copies
+  // (its shared file pointer lives in a file beside the one opened, which
+  // every rank must see); so rank 0 also writes a token in a file beside
+  // it, where it can, for the others to read back.
+  std::string token = comm.rank() == 0 ? random_token(kTokenBytes) : std::string(kTokenBytes, '\0');
+  std::string probe =
+      comm.rank() == 0 && comm.size() > 1 ? create_probe(path, token) : std::string();
+  probe = broadcast_string(comm, token + probe);
+  token = probe.substr(0, kTokenBytes);
+  probe.erase(0, kTokenBytes);
+  std::string local;
+  if (comm.rank() != 0) {
+    local = check_same_header(path, text, static_cast<std::uint64_t>(info[0]));
+    if (local.empty() && !probe.empty()) local = check_token(probe, token);
+  }
+  error = same_file_verdict(comm, path, local,
+                            "read a checkpoint of " + std::to_string(info[0]) + " bytes there" +
+                                (probe.empty() ? "" : " and wrote '" + probe + "' beside it"));
+  if (comm.rank() == 0 && !probe.empty()) ::unlink(probe.c_str());
+  if (!error.empty())
+    throw_error(ErrorCode::io, error,
+                std::string(kSharedFileSystemHint) +
+                    " (a copy on each node does not do: every rank opens the one file)",
+                __FILE__, __LINE__);
   // An absolute name: Open MPI 4.1 fails to open some short relative ones
   // (a one-character file name).
   std::error_code ec;

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# The job scripts of scripts/slurm/ on a Slurm of two nodes on this
+# machine: scripts/netns-cluster makes the nodes (network namespaces with
+# their own hostnames, joined by veth links limited to 1 Gbit/s) and
+# scripts/slurm-local up --netns runs a slurmd in each, slurmctld in the
+# first, one munged for both; up once for all the cases below. The tasks'
+# Open MPI uses TCP on the nodes' subnet (OMPI_MCA_btl_tcp_if_include in the
+# environment sbatch and srun pass on).
+# - srun -N 2 -n 4 --mpi=pmix hostname: the tasks print both nodes' names.
+# - cpu.sbatch at 2 nodes x 2 tasks runs shardopt-train (ranks 4 on 2
+#   nodes, 2 per node) to the README's loss threshold, and its parameters
+#   (--save-params) are bitwise those of the same run under mpirun -n 4 on
+#   this machine alone; node 2's link carries the run's traffic.
+# - train-requeue.sbatch at 2 nodes x 2 tasks: USR1 to the batch shell
+#   after the first checkpoint (scancel --batch --signal=USR1, as
+#   --signal=B:USR1@N sends it) stops the run at a checkpoint; the job
+#   requeues itself, resumes on both nodes and ends bitwise equal to the
+#   uninterrupted run.
+# - Both taken down: no process is left in either node, none of the
+#   cluster's, and no namespace or link of the nodes.
+# SKIP (77) when not root, without Debian's slurmctld, slurmd, slurm-client
+# and munge (scripts/setup installs them), or where network namespaces
+# cannot be made.
+# Usage: test_slurm_multinode.sh SOURCE_ROOT TRAIN [MPIEXEC]
+set -u
+src=$1
+# Absolute: the jobs run in the directory sbatch ran in.
+train=$(realpath "$2")
+mpiexec=${3:-mpirun}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+require pgrep:procps python3:python3
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIP: network namespaces and Slurm's daemons need root"
+  exit 77
+fi
+for p in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; do
+  if ! command -v "${p%%:*}" >/dev/null 2>&1; then
+    echo "SKIP: ${p%%:*} not found (Debian: apt-get install ${p#*:}; scripts/setup installs it)"
+    exit 77
+  fi
+done
+
+netns="$src/scripts/netns-cluster"
+slurm="$src/scripts/slurm-local"
+scripts=$src/scripts/slurm
+# Ending in a letter, so that Slurm writes the nodes NAME1, NAME2 as
+# NAME[1-2].
+name=sm$((RANDOM % 10000))n
+cluster=$tmp/slurm
+# Nothing of a Slurm this test may itself run in reaches its jobs.
+while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(SLURM|SBATCH|SRUN|SALLOC)_')
+
+if ! out=$("$netns" up "$name" --nodes 2 --rate 1gbit 2>&1); then
+  echo "$out"
+  if grep -q 'cannot create network namespaces' <<<"$out"; then
+    echo "SKIP: this machine cannot create network namespaces"
+    exit 77
+  fi
+  echo "FAILED: scripts/netns-cluster up"
+  echo "slurm-multinode: 0 passed, 1 failed"
+  exit 1
+fi
+# Both go down however the test ends. Ended by a signal (meson's timeout:
+# TERM, then KILL soon after), the test leaves that to a process of its own
+# session, which the KILL of the test's process group misses.
+trap '"$slurm" down "$cluster" >/dev/null 2>&1; "$netns" down "$name" >/dev/null 2>&1
+      rm -rf "$tmp"' EXIT
+trap 'trap - EXIT
+      setsid bash -c '\''"$0" down "$1"; "$2" down "$3"; rm -rf "$4"'\'' "$slurm" "$cluster" \
+        "$netns" "$name" "$tmp" </dev/null >/dev/null 2>&1 &
+      exit 1' TERM INT
+ok "$out"
+
+if ! "$slurm" up "$cluster" --netns "$name" --cpus 4 >"$tmp/up.out" 2>&1; then
+  fail "scripts/slurm-local up --netns $name failed" "$tmp/up.out"
+  exit 1
+fi
+ok "$(head -n 1 "$tmp/up.out")"
+sl() {  # COMMAND [ARGS...]: a Slurm command in the first node
+  "$slurm" run "$cluster" "$@"
+}
+
+# The jobs take this environment (sbatch --export=ALL): Open MPI's TCP on
+# the nodes' subnet, shared memory within a node; a rank waiting in MPI
+# yields its core (8 ranks on this machine's cores); Open MPI's session
+# directories (named by host) in $tmp.
+export OMPI_MCA_btl=tcp,self,vader
+export OMPI_MCA_btl_tcp_if_include=198.51.100.0/24
+export OMPI_MCA_oob_tcp_if_include=198.51.100.0/24
+export OMPI_MCA_mpi_yield_when_idle=1
+export TMPDIR=$tmp/jobtmp
+mkdir -p "$TMPDIR"
+
+# "STATE RESTARTS EXITCODE" of a job.
+job_info() {  # JOB
+  sl -- scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' |
+    awk -F= '$1 == "JobState" { s = $2 } $1 == "Restarts" { r = $2 } $1 == "ExitCode" { e = $2 }
+             END { print s, r, e }'
+}
+
+# Waits until a job has ended for good (a requeued job is pending or
+# running again in between); prints job_info. Returns 1 after LIMIT s.
+wait_job() {  # JOB LIMIT
+  local end=$((SECONDS + $2)) info
+  while :; do
+    info=$(job_info "$1")
+    case ${info%% *} in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
+        echo "$info"
+        return 0 ;;
+    esac
+    if [ $SECONDS -ge $end ]; then
+      echo "$info after $2 s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# srun across the nodes: each node's name from its tasks.
+if sl -- timeout 60 srun -N 2 -n 4 --mpi=pmix hostname >"$tmp/hostname.out" 2>&1 &&
+   [ "$(wc -l <"$tmp/hostname.out")" -eq 4 ] &&
+   [ "$(sort -u "$tmp/hostname.out" | paste -sd' ')" = "${name}1 ${name}2" ]; then
+  ok "srun -N 2 -n 4 --mpi=pmix hostname: $(sort "$tmp/hostname.out" | uniq -c |
+    awk '{ printf "%s%s task(s) on %s", sep, $1, $2; sep = ", " }')"
+else
+  fail "srun -N 2 -n 4 --mpi=pmix hostname: not 4 tasks on ${name}1 and ${name}2" \
+    "$tmp/hostname.out"
+fi
+
+# The trainer's options: a small model that reaches the threshold; the run
+# checkpoints every 50 steps, so that the test can stop it after its first
+# checkpoint, well before its end.
+model=(--hidden 64 --lr 2e-2 --log-every 1000 --steps 1200)
+link=/sys/class/net/$name-v2/statistics
+bytes_before=$(($(cat "$link/rx_bytes") + $(cat "$link/tx_bytes")))
+
+# Both jobs at once (2 of each node's 4 CPUs each), 2 nodes x 2 tasks.
+mkdir -p "$tmp/usr1"
+submit() {  # NAME SCRIPT [ARGS...]
+  local n=$1
+  shift
+  sl -- sbatch --parsable -J "$n" -N 2 --ntasks-per-node=2 --cpus-per-task=1 -t 5 \
+    --signal=B:USR1@10 -o "$tmp/$n.out" "$@"
+}
+j_cpu=$(submit cpu "$scripts/cpu.sbatch" "$train" "${model[@]}" --save-params "$tmp/cpu.params")
+j_usr1=$(submit usr1 "$scripts/train-requeue.sbatch" "$tmp/usr1" "$train" "${model[@]}" \
+  --checkpoint-every 50 --save-params "$tmp/usr1/params")
+for j in "$j_cpu" "$j_usr1"; do
+  if ! [[ "$j" =~ ^[0-9]+$ ]]; then
+    fail "sbatch did not submit a job: '$j'"
+    exit 1
+  fi
+done
+
+# USR1 to the batch shell after the first checkpoint.
+end=$((SECONDS + 60))
+while [ ! -e "$tmp/usr1/ckpt.safetensors" ] && [ $SECONDS -lt $end ]; do
+  case $(job_info "$j_usr1" | cut -d' ' -f1) in
+    PENDING | CONFIGURING | RUNNING) sleep 0.1 ;;
+    *) break ;;
+  esac
+done
+if [ -e "$tmp/usr1/ckpt.safetensors" ]; then
+  sl -- scancel --batch --signal=USR1 "$j_usr1"
+else
+  fail "usr1: no checkpoint while the job ran" "$tmp/usr1.out"
+fi
+
+# The reference meanwhile: the same run at 4 ranks on this machine alone.
+ref_ok=0
+if env -u OMPI_MCA_btl_tcp_if_include -u OMPI_MCA_oob_tcp_if_include \
+     timeout 120 "$mpiexec" -n 4 --oversubscribe "$train" "${model[@]}" \
+     --save-params "$tmp/ref.params" >"$tmp/ref.out" 2>&1 && [ -s "$tmp/ref.params" ]; then
+  ref_ok=1
+else
+  fail "the reference run, mpirun -n 4 on one node" "$tmp/ref.out"
+fi
+
+# cpu.sbatch: to the threshold at 2 nodes x 2 ranks, bitwise the reference.
+info=$(wait_job "$j_cpu" 120)
+out=$tmp/cpu.out
+if [ "$info" != "COMPLETED 0 0:0" ]; then
+  fail "cpu.sbatch: job ended as '$info' (expected COMPLETED 0 0:0)" "$out"
+elif ! grep -qF "# cpu.sbatch: job $j_cpu: 4 tasks on 2 node(s) (${name}[1-2])" "$out" ||
+     ! grep -q "^# ranks 4 on 2 nodes (2 per node)" "$out"; then
+  fail "cpu.sbatch: not 4 ranks on 2 nodes, 2 per node" "$out"
+elif ! grep -qE "^# final loss [0-9.e+-]+: below 0\.01," "$out"; then
+  fail "cpu.sbatch: the held-out loss did not fall below 0.01" "$out"
+elif [ $ref_ok -eq 1 ] && ! cmp -s "$tmp/ref.params" "$tmp/cpu.params"; then
+  fail "cpu.sbatch: the parameters at 2 nodes x 2 tasks differ from mpirun -n 4's on one node" "$out"
+else
+  ok "cpu.sbatch at 2 nodes x 2 tasks: ranks 4 on 2 nodes, $(grep -oE \
+'^# final loss [0-9.e+-]+: below 0\.01' "$out" | cut -c3-), parameters bitwise those of \
+mpirun -n 4 on one node"
+fi
+
+# train-requeue.sbatch: stopped, requeued, resumed on both nodes.
+info=$(wait_job "$j_usr1" 120)
+out=$tmp/usr1.out
+read -r state restarts code <<<"$info"
+at=$(grep -oE "^# stopped by SIGUSR1 at step [0-9]+ of 1200" "$out" | grep -oE 'step [0-9]+' |
+     cut -d' ' -f2 | head -n 1)
+if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
+  fail "usr1: job ended as '$info' (expected COMPLETED, 1 restart, 0:0)" "$out"
+elif [ -z "$at" ] || [ "$at" -ge 1200 ]; then
+  fail "usr1: the run did not stop by SIGUSR1 before its end" "$out"
+elif ! grep -qF "# train-requeue.sbatch: job $j_usr1: stopped with the checkpoint \
+$tmp/usr1/ckpt.safetensors written; requeued" "$out"; then
+  fail "usr1: the script did not say that it requeued the job" "$out"
+elif ! grep -qF "# train-requeue.sbatch: job $j_usr1 run 2: 4 tasks on 2 node(s) (${name}[1-2]), \
+resuming from $tmp/usr1/ckpt.safetensors" "$out" ||
+     ! grep -qE "^# resumed from .* at 4 ranks: step $at," "$out"; then
+  fail "usr1: run 2 did not resume from the step-$at checkpoint on both nodes" "$out"
+elif [ $ref_ok -eq 1 ] && ! cmp -s "$tmp/ref.params" "$tmp/usr1/params"; then
+  fail "usr1: stopped at step $at and resumed, the parameters differ from the uninterrupted \
+run's" "$out"
+else
+  ok "train-requeue.sbatch at 2 nodes x 2 tasks: USR1 to the batch shell stopped it at step \
+$at, requeued, resumed on both nodes: parameters bitwise those of the uninterrupted run"
+fi
+
+# The runs' traffic between the nodes went over node 2's link.
+bytes=$(($(cat "$link/rx_bytes") + $(cat "$link/tx_bytes") - bytes_before))
+if [ "$bytes" -gt $((10 * 1024 * 1024)) ]; then
+  ok "node 2's link carried $((bytes / 1024 / 1024)) MiB during the jobs"
+else
+  fail "node 2's link carried only $bytes bytes during the jobs: the ranks did not talk over it"
+fi
+
+# Down: no process of the cluster or in either node left, then no node.
+daemons=$(cat "$cluster"/slurmd.*.pid "$cluster/slurmctld.pid" "$cluster/munge/munged.pid" \
+  2>/dev/null | paste -sd' ')
+if ! "$slurm" down "$cluster" >"$tmp/down.out" 2>&1; then
+  fail "scripts/slurm-local down failed" "$tmp/down.out"
+fi
+left=$("$slurm" procs "$cluster")
+for pid in $daemons $(ip netns pids "${name}1" 2>/dev/null) $(ip netns pids "${name}2" 2>/dev/null); do
+  if [ -e "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; then
+    left="$left $pid"
+  fi
+done
+left="$left $(pgrep -f -- "$tmp/" | grep -vx "$$" | paste -sd' ')"
+if [ -n "${left// /}" ] || [ "$(wc -w <<<"$daemons")" -ne 4 ]; then
+  fail "after slurm-local down: left running: '$left' (daemons were '$daemons')"
+else
+  ok "slurm-local down: munged, slurmctld, both slurmd ($daemons) and every job process ended; \
+nothing left in ${name}1 or ${name}2"
+fi
+"$netns" down "$name"
+gone=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -xE "${name}[12]" | paste -sd' ')
+if [ -z "$gone" ] && ! ip link show "$name-br" >/dev/null 2>&1 && [ ! -e "/run/shardopt-netns/$name" ]; then
+  ok "netns-cluster down: no namespace, bridge or file of $name left"
+else
+  fail "after netns-cluster down: left: namespaces '$gone', bridge or /run/shardopt-netns/$name"
+fi
+
+echo "slurm-multinode: $passed passed, $failed failed"
+[ $failed -eq 0 ]
