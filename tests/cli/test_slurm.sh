@@ -144,11 +144,13 @@ wait_file() {  # FILE JOB
 }
 
 # The trainer's options: a small model that reaches the threshold in 300
-# steps; the jobs that are stopped run 1200 steps and checkpoint every 50,
+# steps; the jobs that are stopped run 6000 steps and checkpoint every 50,
 # so that the test can stop them after their first checkpoint, well before
-# their end.
+# their end, also on a slow or busy machine (at 1200 steps, a run on a
+# loaded machine once ended before its scontrol requeue came).
 model=(--hidden 64 --lr 2e-2 --log-every 1000)
-long=(--steps 1200)
+long_steps=6000
+long=(--steps "$long_steps")
 
 # A program that prints what each task sees.
 cat >"$tmp/probe" <<'EOF'
@@ -191,25 +193,29 @@ for j in "${jobs[@]}"; do
 done
 ok "submitted ${#jobs[@]} jobs at once"
 
-# (c) USR1 to the batch shell after the first checkpoint.
-if wait_file "$tmp/usr1/ckpt.safetensors" "$j_usr1"; then
-  scancel --batch --signal=USR1 "$j_usr1"
-else
-  fail "usr1: no checkpoint while the job ran" "$tmp/usr1.out"
-fi
-# (d) scontrol requeue after the first checkpoint.
-if wait_file "$tmp/requeue/ckpt.safetensors" "$j_requeue"; then
-  scontrol requeue "$j_requeue"
-else
-  fail "requeue: no checkpoint while the job ran" "$tmp/requeue.out"
-fi
-
-# TERM to the batch shell alone after the first checkpoint.
-if wait_file "$tmp/batchterm/ckpt.safetensors" "$j_batchterm"; then
-  scancel --batch --signal=TERM "$j_batchterm"
-else
-  fail "batchterm: no checkpoint while the job ran" "$tmp/batchterm.out"
-fi
+# (c) USR1 to the batch shell, (d) scontrol requeue, and TERM to the batch
+# shell alone, each as soon as its job's first checkpoint is there: one
+# loop for the three, so that none waits on another's.
+declare -A stop_cmd=([usr1]="scancel --batch --signal=USR1" [requeue]="scontrol requeue"
+                     [batchterm]="scancel --batch --signal=TERM")
+declare -A stop_job=([usr1]=$j_usr1 [requeue]=$j_requeue [batchterm]=$j_batchterm)
+waiting=(usr1 requeue batchterm)
+end=$((SECONDS + 60))
+while [ ${#waiting[@]} -gt 0 ] && [ $SECONDS -lt $end ]; do
+  still=()
+  for c in "${waiting[@]}"; do
+    if [ -e "$tmp/$c/ckpt.safetensors" ]; then
+      ${stop_cmd[$c]} "${stop_job[$c]}"
+    else
+      still+=("$c")
+    fi
+  done
+  waiting=("${still[@]}")
+  [ ${#waiting[@]} -eq 0 ] || sleep 0.1
+done
+for c in "${waiting[@]}"; do
+  fail "$c: no checkpoint while the job ran (60 s)" "$tmp/$c.out"
+done
 
 # (e) Rank 1 of the kill job killed after its first checkpoint.
 kill_start=""
@@ -278,11 +284,11 @@ check_resumed() {  # NAME JOB STOP WHAT
   info=$(wait_job "$job" 120)
   read -r state restarts code <<<"$info"
   local at
-  at=$(grep -oE "^# stopped by $stop at step [0-9]+ of 1200" "$out" | grep -oE 'step [0-9]+' |
+  at=$(grep -oE "^# stopped by $stop at step [0-9]+ of $long_steps" "$out" | grep -oE 'step [0-9]+' |
        cut -d' ' -f2 | head -n 1)
   if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
     fail "$name: job ended as '$info' (expected COMPLETED, 1 restart, 0:0)" "$out"
-  elif [ -z "$at" ] || [ "$at" -ge 1200 ]; then
+  elif [ -z "$at" ] || [ "$at" -ge "$long_steps" ]; then
     fail "$name: the run did not stop by $stop before its end" "$out"
   elif ! grep -qF "# train-requeue.sbatch: job $job run 2: 2 tasks on 1 node(s) (shardopt1), \
 resuming from $tmp/$name/ckpt.safetensors" "$out" ||
@@ -351,7 +357,7 @@ fi
 
 info=$(wait_job "$j_batchterm" 120)
 if [ "$info" != "COMPLETED 0 0:0" ] ||
-   ! grep -qE "^# stopped by SIGUSR1 at step [0-9]+ of 1200" "$tmp/batchterm.out" ||
+   ! grep -qE "^# stopped by SIGUSR1 at step [0-9]+ of $long_steps" "$tmp/batchterm.out" ||
    ! grep -qF "# train-requeue.sbatch: job $j_batchterm: stopped by SIGTERM with the checkpoint \
 $tmp/batchterm/ckpt.safetensors written; Slurm ends this run" "$tmp/batchterm.out"; then
   fail "batchterm: TERM to the batch shell: job '$info', no stop at a checkpoint" \

@@ -131,9 +131,10 @@ else
 fi
 
 # The trainer's options: a small model that reaches the threshold; the run
-# checkpoints every 50 steps, so that the test can stop it after its first
+# checkpoints every 50 of its 3000 steps, so that the test can stop it after its first
 # checkpoint, well before its end.
-model=(--hidden 64 --lr 2e-2 --log-every 1000 --steps 1200)
+steps=3000
+model=(--hidden 64 --lr 2e-2 --log-every 1000 --steps "$steps")
 link=/sys/class/net/$name-v2/statistics
 bytes_before=$(($(cat "$link/rx_bytes") + $(cat "$link/tx_bytes")))
 
@@ -201,11 +202,11 @@ fi
 info=$(wait_job "$j_usr1" 120)
 out=$tmp/usr1.out
 read -r state restarts code <<<"$info"
-at=$(grep -oE "^# stopped by SIGUSR1 at step [0-9]+ of 1200" "$out" | grep -oE 'step [0-9]+' |
+at=$(grep -oE "^# stopped by SIGUSR1 at step [0-9]+ of $steps" "$out" | grep -oE 'step [0-9]+' |
      cut -d' ' -f2 | head -n 1)
 if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
   fail "usr1: job ended as '$info' (expected COMPLETED, 1 restart, 0:0)" "$out"
-elif [ -z "$at" ] || [ "$at" -ge 1200 ]; then
+elif [ -z "$at" ] || [ "$at" -ge "$steps" ]; then
   fail "usr1: the run did not stop by SIGUSR1 before its end" "$out"
 elif ! grep -qF "# train-requeue.sbatch: job $j_usr1: stopped with the checkpoint \
 $tmp/usr1/ckpt.safetensors written; requeued" "$out"; then
