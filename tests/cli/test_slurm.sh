@@ -220,12 +220,18 @@ done
 # (e) Rank 1 of the kill job killed after its first checkpoint.
 kill_start=""
 if wait_file "$tmp/kill/ckpt.safetensors" "$j_kill"; then
+  # Looked for again for up to 10 s: on a loaded machine the scan can
+  # come while /proc shows the task in a passing state.
   victim=""
-  for pid in $(pgrep -f -- "$tmp/kill/ckpt.safetensors"); do
-    if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$program")" ] &&
-       tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=1"; then
-      victim=$pid
-    fi
+  for _ in $(seq 100); do
+    for pid in $(pgrep -f -- "$tmp/kill/ckpt.safetensors"); do
+      if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$program")" ] &&
+         tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=1"; then
+        victim=$pid
+      fi
+    done
+    [ -z "$victim" ] || break
+    sleep 0.1
   done
   if [ -n "$victim" ]; then
     kill -9 "$victim"
