@@ -103,31 +103,9 @@ submit() {  # NAME [SBATCH-OPTIONS...] SCRIPT [ARGS...]
   sbatch --parsable -J "$name" -N 1 -t 10 --signal=B:USR1@10 -o "$tmp/$name.out" "$@"
 }
 
-# "STATE RESTARTS EXITCODE" of a job.
-job_info() {  # JOB
-  scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' |
-    awk -F= '$1 == "JobState" { s = $2 } $1 == "Restarts" { r = $2 } $1 == "ExitCode" { e = $2 }
-             END { print s, r, e }'
-}
-
-# Waits until a job has ended for good (a requeued job is pending or
-# running again in between); prints job_info. Returns 1 after LIMIT s.
-wait_job() {  # JOB LIMIT
-  local end=$((SECONDS + $2)) info
-  while :; do
-    info=$(job_info "$1")
-    case ${info%% *} in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-        echo "$info"
-        return 0 ;;
-    esac
-    if [ $SECONDS -ge $end ]; then
-      echo "$info after $2 s"
-      return 1
-    fi
-    sleep 0.2
-  done
-}
+# job_info, wait_job.
+# shellcheck source=lib/slurm.sh
+. "$(dirname "$0")/lib/slurm.sh"
 
 # Waits for FILE while job JOB is pending or running; returns 1 after 60 s
 # or when the job has ended.

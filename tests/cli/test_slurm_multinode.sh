@@ -93,31 +93,10 @@ export OMPI_MCA_mpi_yield_when_idle=1
 export TMPDIR=$tmp/jobtmp
 mkdir -p "$TMPDIR"
 
-# "STATE RESTARTS EXITCODE" of a job.
-job_info() {  # JOB
-  sl -- scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' |
-    awk -F= '$1 == "JobState" { s = $2 } $1 == "Restarts" { r = $2 } $1 == "ExitCode" { e = $2 }
-             END { print s, r, e }'
-}
-
-# Waits until a job has ended for good (a requeued job is pending or
-# running again in between); prints job_info. Returns 1 after LIMIT s.
-wait_job() {  # JOB LIMIT
-  local end=$((SECONDS + $2)) info
-  while :; do
-    info=$(job_info "$1")
-    case ${info%% *} in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-        echo "$info"
-        return 0 ;;
-    esac
-    if [ $SECONDS -ge $end ]; then
-      echo "$info after $2 s"
-      return 1
-    fi
-    sleep 0.2
-  done
-}
+# job_info, wait_job.
+# shellcheck source=lib/slurm.sh
+. "$(dirname "$0")/lib/slurm.sh"
+slurm_run=(sl --)
 
 # srun across the nodes: each node's name from its tasks.
 if sl -- timeout 60 srun -N 2 -n 4 --mpi=pmix hostname >"$tmp/hostname.out" 2>&1 &&

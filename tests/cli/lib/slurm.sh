@@ -1,0 +1,31 @@
+# shellcheck shell=bash
+# shardopt: what the Slurm tests share (sourced, not run): the state of a
+# job and a wait for its end. $slurm_run (an array, empty by default) is
+# put before each Slurm command: the multi-node test runs them in a node.
+slurm_run=()
+
+# "STATE RESTARTS EXITCODE" of a job.
+job_info() {  # JOB
+  "${slurm_run[@]}" scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' |
+    awk -F= '$1 == "JobState" { s = $2 } $1 == "Restarts" { r = $2 } $1 == "ExitCode" { e = $2 }
+             END { print s, r, e }'
+}
+
+# Waits until a job has ended for good (a requeued job is pending or
+# running again in between); prints job_info. Returns 1 after LIMIT s.
+wait_job() {  # JOB LIMIT
+  local end=$((SECONDS + $2)) info
+  while :; do
+    info=$(job_info "$1")
+    case ${info%% *} in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
+        echo "$info"
+        return 0 ;;
+    esac
+    if [ $SECONDS -ge $end ]; then
+      echo "$info after $2 s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
