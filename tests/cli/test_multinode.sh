@@ -103,36 +103,10 @@ fi
 small=(--hidden 256 --layers 3 --schedule constant --log-every 100000 --progress off --json)
 steps=100
 
-# Checks a --json output: each EXPR (Python) must hold, with start, resume,
-# summary (the objects of those types, None if absent) and isfinite in scope.
-expect() {  # OUT EXPR...
-  python3 - "$@" <<'EOF'
-import json, math, sys
-path, exprs = sys.argv[1], sys.argv[2:]
-objs = [json.loads(l) for l in open(path) if l.startswith("{")]
-def first(t):
-    return next((o for o in objs if o["type"] == t), None)
-scope = {"start": first("start"), "resume": first("resume"), "summary": first("summary"),
-         "isfinite": lambda x: x is not None and math.isfinite(x)}
-for e in exprs:
-    try:
-        good = eval(e, scope)
-    except Exception as ex:
-        sys.exit(f"{e}: {type(ex).__name__}: {ex}")
-    if not good:
-        sys.exit(f"not true: {e}")
-EOF
-}
+# expect, ckpt_step.
+# shellcheck source=lib/train_json.sh
+. "$(dirname "$0")/lib/train_json.sh"
 
-# The step count in a checkpoint's header (read without shardopt).
-ckpt_step() {  # FILE
-  python3 - "$1" <<'EOF'
-import json, struct, sys
-with open(sys.argv[1], "rb") as f:
-    n, = struct.unpack("<Q", f.read(8))
-    print(json.loads(f.read(n))["__metadata__"]["shardopt.step"])
-EOF
-}
 
 # The uninterrupted run at 1 node x 4 ranks, and the same at 2 nodes x 2.
 have_ref=0
