@@ -10,6 +10,10 @@
 //                        step(): every rank waits in a shardopt operation,
 //                        each in its own (a hang by design, which the
 //                        watchdog reports as operations that differ).
+//   fault_job die R      after 3 steps rank R prints "died at <seconds since
+//                        the epoch>" and ends at once (_exit(9), no
+//                        MPI_Finalize) while the others call step() and wait
+//                        for it in the step's first collective.
 //   fault_job desync R   after 3 steps rank R calls an allreduce on the
 //                        optimizer's communicator while the others call an
 //                        allgather: with SHARDOPT_DESYNC_CHECK=1 every rank
@@ -29,6 +33,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool desync = argc > 1 && std::strcmp(argv[1], "desync") == 0;
   const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
+  const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -51,8 +56,9 @@ int main(int argc, char** argv) {
       const double now =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
               .count();
-      std::printf("stalled at %.3f\n", now);
+      std::printf("%s at %.3f\n", die ? "died" : "stalled", now);
       std::fflush(stdout);
+      if (die) _exit(9);
       sleep(600);
     }
     opt.step();

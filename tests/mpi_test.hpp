@@ -31,6 +31,7 @@
 
 #include "shardopt/agree.hpp"
 #include "shardopt/communicator.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::test {
@@ -55,6 +56,16 @@ Communicator& verdicts();
 // Collective over MPI_COMM_WORLD: true on every rank iff `local` is true on
 // every rank (shardopt::all_ranks, tested in test_comm_agree.cpp).
 inline bool all_ranks_true(bool local) { return all_ranks(verdicts(), local); }
+
+// The backend a communicator of these ranks uses for host buffers: shared
+// memory on one node ("shm"), shared memory and MPI across nodes ("hier"),
+// unless SHARDOPT_HOST_COMM asks for MPI or there is one rank.
+inline std::string expected_host_backend(const Communicator& c) {
+  const HostComm hc = settings().host_comm;
+  const bool shared =
+      hc == HostComm::shm || hc == HostComm::hier || (hc == HostComm::automatic && c.size() > 1);
+  return !shared ? "mpi-host" : c.nodes().nodes > 1 ? "hier" : "shm";
+}
 
 // The splitmix64 finalizer: a good 64-bit mix, cheap enough to derive every
 // element of the test data from its coordinates.

@@ -29,7 +29,7 @@ TEST_CASE("a Communicator duplicates the communicator it is given", "[comm][basi
   Communicator& c = world();
   CHECK(c.rank() == world_rank());
   CHECK(c.size() == world_size());
-  CHECK(std::string(c.backend_name()) == "mpi-host");
+  CHECK(std::string(c.backend_name()) == expected_host_backend(c));
   CHECK_FALSE(c.is_freed());
   int cmp = MPI_UNEQUAL;
   MPI_Comm_compare(c.mpi_comm(), MPI_COMM_WORLD, &cmp);

@@ -33,6 +33,7 @@ struct Row {
   long long wrong;  // -1: not checked
   bool device;      // --memory device: copy holds the copies' time
   Stats copy;       // the slower of the copy down and the copy back
+  Stats mem;        // host: the memory-only kernel of the same traffic (memory_limit)
 };
 
 // The time the operation chases: MPI's on host buffers, or with device
@@ -46,6 +47,10 @@ inline double algbw_gbps(const Row& r) {
 }
 inline double ratio_of(const Row& r) {
   return r.so.median_us > 0 ? limit_us(r) / r.so.median_us : 0;
+}
+// Host buffers: the memory-bandwidth limit's time over shardopt's.
+inline double mem_ratio_of(const Row& r) {
+  return !r.device && r.so.median_us > 0 ? r.mem.median_us / r.so.median_us : 0;
 }
 
 template <class T>
@@ -102,7 +107,8 @@ class Bench {
     };
     auto run_shardopt = [&] { call_shardopt(op, inplace, count); };
     auto run_mpi = [&] { call_mpi(op, inplace, count); };
-    time_pair(prepare, run_shardopt, run_mpi, row);
+    auto run_mem = [&] { memory_limit(op, inplace, count); };
+    time_series(prepare, run_shardopt, run_mpi, row.device ? nullptr : &run_mem, row);
     if (row.device) row.copy = time_copies(row.bytes, row.iters);
     row.wrong = opt_.check ? check(op, inplace, count) : -1;
     return row;
@@ -186,10 +192,62 @@ class Bench {
     }
   }
 
-  // Times shardopt (A) and MPI (B) as A B A B ..., each iteration alone after
-  // a barrier; an iteration's time is the slowest rank's.
-  template <class Prepare, class A, class B>
-  void time_pair(Prepare& prepare, A& run_a, B& run_b, Row& row) {
+  // The memory traffic the operation must make on this rank, with trivial
+  // arithmetic and no communication (every rank at once, so the node's
+  // memory bandwidth is shared as in the operation): its time is the limit
+  // of a collective through memory the ranks share (docs/perf: a
+  // reduce-scatter reads the S bytes of every rank's slices of its block and
+  // writes its S / N; an allgather reads and writes the S - S / N of the
+  // other blocks; an allreduce both; a broadcast reads and writes S on each
+  // rank but the root; out of place, an allgather also copies this rank's
+  // own block). Bytes XORed: the inputs' values do not matter.
+  void memory_limit(Collective op, bool inplace, std::size_t count) {
+    const std::size_t n = static_cast<std::size_t>(nranks_);
+    const std::size_t block = count * sizeof(T);
+    const auto* in = reinterpret_cast<const unsigned char*>(send_);
+    auto* out = reinterpret_cast<unsigned char*>(recv_);
+    auto reduce = [&](std::size_t part, unsigned char* to) {
+      constexpr std::size_t kTile = 4096;
+      for (std::size_t t = 0; t < part; t += kTile) {
+        const std::size_t len = std::min(kTile, part - t);
+        unsigned char* __restrict d = to + t;
+        const unsigned char* __restrict s0 = in + t;
+        for (std::size_t i = 0; i < len; ++i) d[i] = s0[i];
+        for (std::size_t q = 1; q < n; ++q) {
+          const unsigned char* __restrict s = in + q * part + t;
+          for (std::size_t i = 0; i < len; ++i) d[i] ^= s[i];
+        }
+      }
+    };
+    auto copy_others = [&](std::size_t part, bool own) {
+      for (std::size_t q = 0; q < n; ++q)
+        if (own || q != static_cast<std::size_t>(rank_))
+          std::memcpy(out + q * part, in + q * part, part);
+    };
+    switch (op) {
+      case Collective::reduce_scatter:
+        reduce(block, out);
+        break;
+      case Collective::allgather:
+        copy_others(block, !inplace);
+        break;
+      case Collective::allreduce: {
+        const std::size_t part = block / n;
+        reduce(part, out + static_cast<std::size_t>(rank_) * part);
+        copy_others(part, false);
+        break;
+      }
+      case Collective::broadcast:
+        if (rank_ != opt_.root) std::memcpy(out, in, block);
+        break;
+    }
+  }
+
+  // Times shardopt (A), MPI (B) and, when given, the memory limit (C) as
+  // A B C A B C ..., each iteration alone after a barrier; an iteration's
+  // time is the slowest rank's.
+  template <class Prepare, class A, class B, class C>
+  void time_series(Prepare& prepare, A& run_a, B& run_b, C* run_c, Row& row) {
     auto once = [&](auto& fn) {
       prepare();
       MPI_Barrier(timing_);
@@ -214,7 +272,7 @@ class Bench {
       iters = static_cast<int>(
           std::clamp(wanted, static_cast<double>(opt_.iters), static_cast<double>(cap)));
     }
-    std::vector<double> t(2 * static_cast<std::size_t>(iters));
+    std::vector<double> t(3 * static_cast<std::size_t>(iters));
     // The order within each pair is drawn at random (the same draw on every
     // rank), so a slowdown that repeats with the iteration's parity cannot
     // fall on one side only.
@@ -227,11 +285,16 @@ class Bench {
         t[iters + i] = once(run_b);
         t[i] = once(run_a);
       }
+      if (run_c != nullptr) t[2 * iters + i] = once(*run_c);
     }
     MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, timing_);
     row.iters = iters;
-    row.so = stats_of(std::vector<double>(t.begin(), t.begin() + iters));
-    row.mpi = stats_of(std::vector<double>(t.begin() + iters, t.end()));
+    auto series = [&](int k) {
+      return stats_of(std::vector<double>(t.begin() + k * iters, t.begin() + (k + 1) * iters));
+    };
+    row.so = series(0);
+    row.mpi = series(1);
+    if (run_c != nullptr) row.mem = series(2);
   }
 
   void fill_input(T* p, std::size_t count, int rank, std::size_t first) const {

@@ -36,7 +36,10 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   else
     std::printf(
         "# time: median of the slowest rank; mpi: the same MPI call, timed alternately on "
-        "the same buffers; ratio = mpi / time\n");
+        "the same buffers; ratio = mpi / time; memlim: the memory traffic the operation needs "
+        "on every rank at once (read every rank's slices of its block, write its own: "
+        "reduce-scatter; read and write the other blocks: allgather), timed alternately, "
+        "without communication; xmem = memlim / time\n");
   if (o.dtype == DType::bf16 || o.dtype == DType::f16) {
     std::printf("# mpi reference for %s: MPI_UINT16_T, integer arithmetic (MPI has no %s type)\n",
                 shardopt::dtype_name(o.dtype), shardopt::dtype_name(o.dtype));
@@ -54,9 +57,10 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   TableLine units;
   units.add("# %-14s %12s %11s %5s %5s ", "", "(B)", "(elements)", "", "");
   for (int v = 0; v < 2; ++v) {
-    names.add(" %10s %8s %8s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong",
-              o.device ? "limit" : "mpi", "ratio");
-    units.add(" %10s %8s %8s %6s %10s %6s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "");
+    names.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "time", "algbw", "busbw", "#wrong",
+              o.device ? "limit" : "mpi", "ratio", "memlim", "xmem");
+    units.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "",
+              "(us)", "");
   }
   names.print();
   units.print();
@@ -66,7 +70,7 @@ namespace {
 
 void add_variant(TableLine& line, const Row* r, int nranks) {
   if (r == nullptr) {
-    line.add(" %10s %8s %8s %6s %10s %6s ", "-", "-", "-", "-", "-", "-");
+    line.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "-", "-", "-", "-", "-", "-", "-", "-");
     return;
   }
   const double algbw = algbw_gbps(*r);
@@ -78,6 +82,11 @@ void add_variant(TableLine& line, const Row* r, int nranks) {
   }
   line.add(" %10.2f %8.3f %8.3f %6s %10.2f %6.3f ", r->so.median_us, algbw,
            algbw * busbw_factor(r->op, nranks), wrong, limit_us(*r), ratio_of(*r));
+  if (r->device) {
+    line.add("%10s %5s ", "-", "-");
+  } else {
+    line.add("%10.2f %5.2f ", r->mem.median_us, mem_ratio_of(*r));
+  }
 }
 
 }  // namespace
@@ -101,6 +110,9 @@ void print_json(const Options& o, const Row& r, const shardopt::Communicator& co
   if (r.device)
     std::snprintf(extra, sizeof extra, ",\"copy_time_us\":%.3f,\"limit_us\":%.3f", r.copy.median_us,
                   limit_us(r));
+  else
+    std::snprintf(extra, sizeof extra, ",\"mem_time_us\":%.3f,\"mem_ratio\":%.4f", r.mem.median_us,
+                  mem_ratio_of(r));
   char wrong[32];
   if (r.wrong < 0) {
     std::snprintf(wrong, sizeof wrong, "null");

@@ -11,6 +11,11 @@ struct Summary {
   double min_ratio = std::numeric_limits<double>::infinity();
   const Row* worst = nullptr;
   long long wrong = 0;
+  // Host rows of at least kMemGoalBytes: the lowest xmem, its row, and the
+  // lowest ratio to MPI among them.
+  double min_mem = std::numeric_limits<double>::infinity();
+  const Row* mem_worst = nullptr;
+  double min_mpi_large = std::numeric_limits<double>::infinity();
 };
 
 void print_header(const Options& o, const shardopt::Communicator& comm, int iters_cap);

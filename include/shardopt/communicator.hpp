@@ -106,6 +106,9 @@ struct CommOptions {
   // How device buffers move (DeviceComm, shardopt/config.hpp). Unset takes
   // SHARDOPT_DEVICE_COMM (default automatic). The same on every rank.
   std::optional<DeviceComm> device_comm = std::nullopt;
+  // How host buffers move (HostComm, shardopt/config.hpp). Unset takes
+  // SHARDOPT_HOST_COMM (default automatic). The same on every rank.
+  std::optional<HostComm> host_comm = std::nullopt;
 };
 
 // Which ranks of a communicator share a node: a shared-memory domain, as
@@ -164,7 +167,9 @@ class SHARDOPT_API Communicator {
   const NodeLayout& nodes() const;
   // The duplicated MPI communicator (owned by this object).
   MPI_Comm mpi_comm() const;
-  // The name of the backend in use for host buffers ("mpi-host"), and for
+  // The name of the backend in use for host buffers ("shm": shared memory
+  // on one node; "hier": shared memory within nodes and MPI across;
+  // "mpi-host": MPI's own collectives; CommOptions::host_comm), and for
   // device buffers ("staged", "nccl"; "none" when no rank has a device).
   const char* backend_name() const;
   const char* device_backend_name() const;

@@ -31,6 +31,19 @@ enum class CpuIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 //   staged:    through pinned host memory with any MPI.
 enum class DeviceComm : int { automatic = 0, nccl = 1, staged = 2, mpi = 3 };
 
+// How a communicator moves host buffers (SHARDOPT_HOST_COMM,
+// CommOptions::host_comm):
+//   automatic: shm when every rank is on one node (and there are several),
+//              hier when several nodes each hold the same number (two or
+//              more) of ranks, else mpi;
+//   mpi:       Open MPI's (or the MPI's) own collectives;
+//   shm:       shardopt's collectives through memory the node's ranks all
+//              map; an error where the ranks span several nodes;
+//   hier:      shm within each node, MPI across nodes among the ranks with
+//              the same place in their node; an error where nodes hold
+//              different numbers of ranks.
+enum class HostComm : int { automatic = 0, mpi = 1, shm = 2, hier = 3 };
+
 // Whether MPI can be given device buffers (SHARDOPT_CUDA_AWARE_MPI):
 // ask asks the MPI library (Open MPI's MPIX_Query_cuda_support, MPICH's
 // MPIX_GPU_query_support); yes and no answer for an MPI that cannot say.
@@ -51,6 +64,8 @@ struct Settings {
   std::size_t staged_chunk_kb = 4096;               // SHARDOPT_STAGED_CHUNK_KB
   DeviceComm device_comm = DeviceComm::automatic;   // SHARDOPT_DEVICE_COMM
   CudaAwareMpi cuda_aware_mpi = CudaAwareMpi::ask;  // SHARDOPT_CUDA_AWARE_MPI
+  HostComm host_comm = HostComm::automatic;         // SHARDOPT_HOST_COMM
+  std::size_t shm_chunk_kb = 1024;                  // SHARDOPT_SHM_CHUNK_KB
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -111,9 +111,12 @@ typedef struct shardopt_comm_options_t {
   /* How device buffers move: "auto", "nccl", "staged" or "mpi"; NULL:
    * SHARDOPT_DEVICE_COMM decides. */
   const char* device_comm;
+  /* How host buffers move: "auto", "mpi", "shm" or "hier"; NULL:
+   * SHARDOPT_HOST_COMM decides. */
+  const char* host_comm;
 } shardopt_comm_options_t;
 
-/* Fills *options with the defaults above (0, -1, NULL, NULL). */
+/* Fills *options with the defaults above (0, -1, NULL, NULL, NULL). */
 SHARDOPT_API shardopt_status_t shardopt_comm_options_init(shardopt_comm_options_t* options);
 
 /* Collective over comm: duplicates it. options may be NULL (the defaults). */

@@ -228,7 +228,9 @@ struct MemoryReport {
   std::size_t user_grads = 0;       // registered gradient buffers (not owned ones)
   // Where allocated() is: in device memory (parameters on a device) and in
   // host memory. The pinned slots of a communicator's staged backend (3 x
-  // SHARDOPT_STAGED_CHUNK_KB KiB x ranks per communicator) are not counted.
+  // SHARDOPT_STAGED_CHUNK_KB KiB x ranks per communicator) and the shared
+  // memory of its shm or hier backend (2 x SHARDOPT_SHM_CHUNK_KB KiB x the
+  // node's ranks per communicator, once per node) are not counted.
   std::size_t device_bytes = 0;
   std::size_t host_bytes = 0;
   // Everything shardopt allocated.

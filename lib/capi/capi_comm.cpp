@@ -36,6 +36,20 @@ CommOptions comm_options(const shardopt_comm_options_t* o) {
       SHARDOPT_THROW(invalid_argument, "options->device_comm '" + d + "' is not a transport",
                      "use \"auto\", \"nccl\", \"staged\" or \"mpi\", or NULL");
   }
+  if (o->host_comm) {
+    const std::string h = o->host_comm;
+    if (h == "auto")
+      options.host_comm = HostComm::automatic;
+    else if (h == "mpi")
+      options.host_comm = HostComm::mpi;
+    else if (h == "shm")
+      options.host_comm = HostComm::shm;
+    else if (h == "hier")
+      options.host_comm = HostComm::hier;
+    else
+      SHARDOPT_THROW(invalid_argument, "options->host_comm '" + h + "' is not a transport",
+                     "use \"auto\", \"mpi\", \"shm\" or \"hier\", or NULL");
+  }
   return options;
 }
 
@@ -80,7 +94,7 @@ extern "C" {
 SHARDOPT_API shardopt_status_t shardopt_comm_options_init(shardopt_comm_options_t* options) {
   return guard("shardopt_comm_options_init", [&] {
     check_out(options, "options");
-    *options = shardopt_comm_options_t{0, -1, nullptr, nullptr};
+    *options = shardopt_comm_options_t{0, -1, nullptr, nullptr, nullptr};
   });
 }
 

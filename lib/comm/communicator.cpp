@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/backend.hpp"
+#include "comm/shm/shm_backend.hpp"
 #include "comm/survey.hpp"
 #include "common/check.hpp"
 #include "common/device_runtime.hpp"
@@ -192,6 +193,9 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
+  backend_ = detail::make_host_backend(std::move(backend_), nodes_,
+                                       options.host_comm.value_or(settings().host_comm),
+                                       settings().shm_chunk_kb * 1024);
   if (backend_->rank() == 0) SHARDOPT_LOG(info, "Communicator of " << nodes_.summary());
   choose_device_backend(comm, options.device_comm.value_or(settings().device_comm));
   stream_ = options.stream;

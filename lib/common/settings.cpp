@@ -266,6 +266,38 @@ const VarSpec kVars[] = {
      // and for every operation, and a forced one that cannot be used fails
      // only on the ranks that forced it.
      value_text<&Settings::device_comm>},
+    {"SHARDOPT_HOST_COMM", "auto", "auto, mpi, shm, hier (any case)",
+     "How communicators move host buffers: shm through shared memory the ranks of a node all "
+     "map (each rank reduces its part reading the others' data directly, summing in rank "
+     "order), hier shm within each node and MPI across nodes among the ranks with the same "
+     "place in their node, mpi the MPI library's own collectives; auto shm when all ranks are "
+     "on one node, hier when several nodes hold the same number (two or more) of ranks, else "
+     "mpi, and mpi with a warning where the shared memory cannot be made (a full /dev/shm). A "
+     "forced choice that cannot be used is an error on every rank. CommOptions::host_comm "
+     "overrides it.",
+     [](Settings& s, const std::string& v) {
+       return apply_choice(s.host_comm, v,
+                           {{"AUTO", HostComm::automatic},
+                            {"MPI", HostComm::mpi},
+                            {"SHM", HostComm::shm},
+                            {"HIER", HostComm::hier}});
+     },
+     // Agreed: each choice makes collectives of its own at construction
+     // and moves data by different algorithms.
+     value_text<&Settings::host_comm>},
+    {"SHARDOPT_SHM_CHUNK_KB", "1024", "an integer from 4 to 1048576",
+     "The shared-memory collectives' step: each rank of a node owns two slots of this many "
+     "KiB in memory all the node's ranks map, and operations move through them a slot at a "
+     "time. Small enough that a slot is still in the shared cache when the other ranks read "
+     "it; each communicator maps 2 x this x the node's ranks.",
+     [](Settings& s, const std::string& v) {
+       const auto n = parse_count(v, 1048576);
+       if (!n || *n < 4) return false;
+       s.shm_chunk_kb = static_cast<std::size_t>(*n);
+       return true;
+     },
+     // Agreed: the ranks of a node must step through the same chunks.
+     value_text<&Settings::shm_chunk_kb>},
     {"SHARDOPT_CUDA_AWARE_MPI", "ask", "ask, yes, no (any case)",
      "Whether MPI can be given device buffers. ask: as the MPI library says at run time (Open "
      "MPI's MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support; an MPI that has neither "

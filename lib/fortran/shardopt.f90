@@ -126,6 +126,7 @@ module shardopt
     integer(c_int) :: check_arguments
     type(c_ptr) :: stream
     type(c_ptr) :: device_comm
+    type(c_ptr) :: host_comm
   end type
 
   type, bind(c) :: step_options_t
@@ -776,16 +777,18 @@ contains
   ! ------------------------------------------------------------------
   ! The communicator.
 
-  subroutine comm_create_handle(fhandle, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+  subroutine comm_create_handle(fhandle, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
+                                host_comm)
     integer, intent(in) :: fhandle
     type(shardopt_comm), intent(out) :: comm
     integer(c_int64_t), intent(in), optional :: max_chunk_elements
     logical, intent(in), optional :: check_arguments
     character(len=*), intent(in), optional :: device_comm
     integer, intent(out), optional :: ierr
+    character(len=*), intent(in), optional :: host_comm
     type(comm_options_t) :: options
-    character(kind=c_char), allocatable, target :: dc(:)
-    integer :: i, status
+    character(kind=c_char), allocatable, target :: dc(:), hc(:)
+    integer :: status
     status = c_comm_options_init(options)
     if (present(max_chunk_elements)) then
       if (max_chunk_elements < 0) then
@@ -798,39 +801,54 @@ contains
     end if
     if (present(check_arguments)) options%check_arguments = logical_int(check_arguments)
     if (present(device_comm)) then
-      allocate (dc(len_trim(device_comm) + 1))
-      do i = 1, len_trim(device_comm)
-        dc(i) = device_comm(i:i)
-      end do
-      dc(size(dc)) = c_null_char
+      call to_c_chars(device_comm, dc)
       options%device_comm = c_loc(dc)
     end if
+    if (present(host_comm)) then
+      call to_c_chars(host_comm, hc)
+      options%host_comm = c_loc(hc)
+    end if
     call done(c_comm_create_f(int(fhandle, c_int), options, comm%ptr), ierr)
+  end subroutine
+
+  ! text without its trailing blanks, as a NUL-terminated C string in chars.
+  subroutine to_c_chars(text, chars)
+    character(len=*), intent(in) :: text
+    character(kind=c_char), allocatable, intent(out) :: chars(:)
+    integer :: i
+    allocate (chars(len_trim(text) + 1))
+    do i = 1, len_trim(text)
+      chars(i) = text(i:i)
+    end do
+    chars(size(chars)) = c_null_char
   end subroutine
 
   !> Collective over base: a shardopt communicator on a duplicate of it.
   !> Options: max_chunk_elements (largest count per MPI call), check_arguments
   !> (agree on every operation's arguments first), device_comm ("auto",
-  !> "nccl", "staged", "mpi").
-  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+  !> "nccl", "staged", "mpi"), host_comm ("auto", "mpi", "shm", "hier").
+  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
     type(MPI_Comm), intent(in) :: base
     type(shardopt_comm), intent(out) :: comm
     integer(c_int64_t), intent(in), optional :: max_chunk_elements
     logical, intent(in), optional :: check_arguments
     character(len=*), intent(in), optional :: device_comm
     integer, intent(out), optional :: ierr
-    call comm_create_handle(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+    character(len=*), intent(in), optional :: host_comm
+    call comm_create_handle(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
+                            host_comm)
   end subroutine
 
   !> The same from the integer handle of `use mpi` (or mpif.h).
-  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
     integer, intent(in) :: base
     type(shardopt_comm), intent(out) :: comm
     integer(c_int64_t), intent(in), optional :: max_chunk_elements
     logical, intent(in), optional :: check_arguments
     character(len=*), intent(in), optional :: device_comm
     integer, intent(out), optional :: ierr
-    call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr)
+    character(len=*), intent(in), optional :: host_comm
+    call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
   end subroutine
 
   !> Collective: frees the communicator (its optimizers first).

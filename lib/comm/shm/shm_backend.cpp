@@ -1,0 +1,464 @@
+// The host backends of shared memory: "shm" (every rank on one node) and
+// "hier" (shared memory within each node, MPI across nodes among the ranks
+// with the same place in their node). Both wrap the MPI host backend, which
+// keeps the communicator itself (its duplicate, the watchdog's channel).
+//
+// Non-blocking operations run in order on a worker thread of the backend,
+// so that they progress while the caller computes, with no call of the
+// caller's needed; blocking ones run on the caller's thread once the
+// worker has finished what was issued before. The worker never calls MPI
+// unless MPI provides MPI_THREAD_MULTIPLE: hier's non-blocking operations,
+// which need MPI across nodes, otherwise complete before they return.
+#include "comm/shm/shm_backend.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/backend.hpp"
+#include "comm/mpi/mpi_types.hpp"
+#include "comm/shm/shm_channel.hpp"
+#include "common/check.hpp"
+#include "common/log.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+// An operation handed to the worker.
+struct Task {
+  std::function<void()> run;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+class TaskPending final : public PendingOp {
+ public:
+  explicit TaskPending(std::shared_ptr<Task> t) : t_(std::move(t)) {}
+  void wait() override {
+    t_->done.wait(false, std::memory_order_acquire);
+    finish();
+  }
+  bool test() override {
+    if (!t_->done.load(std::memory_order_acquire)) return false;
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    if (t_->error) {
+      std::exception_ptr e = t_->error;
+      t_->error = nullptr;  // thrown once
+      std::rethrow_exception(e);
+    }
+  }
+  std::shared_ptr<Task> t_;
+};
+
+class ShmBackend final : public Backend {
+ public:
+  // node: the node's channel; inter: the ranks of the other nodes with this
+  // rank's place in its node (MPI_COMM_NULL on one node), ordered by node;
+  // rank_at[m * L + l]: the communicator's rank on node m at place l.
+  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<NodeChannel> node, MPI_Comm inter,
+             std::vector<int> rank_at, int nodes)
+      : mpi_(std::move(mpi)),
+        node_(std::move(node)),
+        inter_(inter),
+        rank_at_(std::move(rank_at)),
+        nodes_(nodes),
+        local_(node_->ranks()) {
+    watch = mpi_->watch;
+    int level = MPI_THREAD_SINGLE;
+    SHARDOPT_CHECK_MPI(MPI_Query_thread(&level), "querying MPI's thread level");
+    background_ = nodes_ == 1 || level == MPI_THREAD_MULTIPLE;
+    // The node phase's block order: place l's results are the blocks of
+    // the ranks at place l on each node, in node order.
+    blocks_.resize(rank_at_.size());
+    for (int l = 0; l < local_; ++l)
+      for (int m = 0; m < nodes_; ++m) blocks_[l * nodes_ + m] = rank_at_[m * local_ + l];
+    SHARDOPT_LOG(info, "Communicator: " << name() << " backend, rank " << rank() << " of " << size()
+                                        << ", " << local_ << " ranks per node through "
+                                        << node_->segment_bytes() / 1024 << " KiB of shared memory"
+                                        << (nodes_ > 1 ? ", MPI across nodes" : ""));
+  }
+  ~ShmBackend() override { stop_worker(); }
+
+  const char* name() const noexcept override { return nodes_ > 1 ? "hier" : "shm"; }
+  int rank() const noexcept override { return mpi_->rank(); }
+  int size() const noexcept override { return mpi_->size(); }
+  MPI_Comm mpi_comm() const noexcept override { return mpi_->mpi_comm(); }
+  std::size_t max_chunk() const noexcept override { return mpi_->max_chunk(); }
+  bool accepts(const MemoryLocation& where) const noexcept override { return mpi_->accepts(where); }
+  void free() override {
+    if (mpi_->freed()) return;
+    stop_worker();
+    if (inter_ != MPI_COMM_NULL) {
+      SHARDOPT_CHECK_MPI(MPI_Comm_free(&inter_), "freeing the communicator across nodes");
+    }
+    mpi_->free();
+  }
+  bool freed() const noexcept override { return mpi_->freed(); }
+
+  std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                       ReduceOp op, bool blocking, StreamHandle) override {
+    return issue(blocking, nodes_ > 1, [=, this] {
+      node_->set_operation("allreduce");
+      if (nodes_ == 1) return node_->allreduce(send, recv, count, dtype, op);
+      hier_allreduce(send, recv, count, dtype, op);
+    });
+  }
+
+  std::unique_ptr<PendingOp> reduce_scatter(const void* send, void* recv, std::size_t count,
+                                            DType dtype, ReduceOp op, ScatterPlace place,
+                                            bool blocking, StreamHandle) override {
+    const std::size_t es = dtype_size(dtype);
+    const void* in = place == ScatterPlace::separate ? send
+                     : place == ScatterPlace::at_start
+                         ? recv
+                         : static_cast<const char*>(recv) - rank() * count * es;
+    return issue(blocking, nodes_ > 1, [=, this] {
+      node_->set_operation("reduce_scatter");
+      hier_reduce_scatter(in, recv, count, dtype, op);
+    });
+  }
+
+  std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count, DType dtype,
+                                       bool in_place, bool blocking, StreamHandle) override {
+    const void* own =
+        in_place ? static_cast<const char*>(recv) + rank() * count * dtype_size(dtype) : send;
+    return issue(blocking, nodes_ > 1, [=, this] {
+      node_->set_operation("allgather");
+      hier_allgather(own, recv, count, dtype);
+    });
+  }
+
+  std::unique_ptr<PendingOp> broadcast(void* buf, std::size_t count, DType dtype, int root,
+                                       bool blocking, StreamHandle stream) override {
+    // Across nodes through MPI: its own order on its own communicator.
+    if (nodes_ > 1) return mpi_->broadcast(buf, count, dtype, root, blocking, stream);
+    return issue(blocking, false, [=, this] {
+      node_->set_operation("broadcast");
+      node_->broadcast(buf, count * dtype_size(dtype), root);
+    });
+  }
+
+  std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle stream) override {
+    if (nodes_ > 1) return mpi_->barrier(blocking, stream);
+    return issue(blocking, false, [this] {
+      node_->set_operation("barrier");
+      node_->barrier();
+    });
+  }
+
+ private:
+  // Reduce-scatter over every rank: within the node (each place gets the
+  // node's sums of the blocks of the ranks at its place on every node),
+  // then across nodes among the ranks at one place.
+  void hier_reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op) {
+    if (nodes_ == 1) {
+      node_->reduce_scatter(in, out, n, t, op, 1, blocks_);
+      return;
+    }
+    const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
+    void* partial = scratch(n * nodes_ * dtype_size(t));
+    node_->reduce_scatter(in, partial, n, t, node_op, nodes_, blocks_);
+    SHARDOPT_CHECK_MPI(MPI_Reduce_scatter_block(partial, out, static_cast<int>(n), mpi_datatype(t),
+                                                mpi_op(t, node_op), inter_),
+                       "reduce_scatter across nodes");
+    if (op == ReduceOp::avg) divide_elements(out, n, t, size());
+  }
+
+  // Allgather: across nodes among the ranks at one place, then within the
+  // node.
+  void hier_allgather(const void* own, void* out, std::size_t n, DType t) {
+    if (nodes_ == 1) {
+      node_->allgather(own, out, n, t, 1, blocks_);
+      return;
+    }
+    void* gathered = scratch(n * nodes_ * dtype_size(t));
+    SHARDOPT_CHECK_MPI(MPI_Allgather(own, static_cast<int>(n), mpi_datatype(t), gathered,
+                                     static_cast<int>(n), mpi_datatype(t), inter_),
+                       "allgather across nodes");
+    node_->allgather(gathered, out, n, t, nodes_, blocks_);
+  }
+
+  // Across nodes: a reduce-scatter and an allgather of equal blocks (the
+  // sums of a reduce-scatter, so an allreduce of a padded bucket adds as
+  // its reduce-scatter does), and the few elements left over allreduced.
+  void hier_allreduce(const void* send, void* recv, std::size_t n, DType t, ReduceOp op) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    const std::size_t block = n / ranks;
+    char* r = static_cast<char*>(recv);
+    if (block > 0) {
+      hier_reduce_scatter(send, r + rank() * block * es, block, t, op);
+      hier_allgather(r + rank() * block * es, recv, block, t);
+    }
+    const std::size_t done = block * ranks;
+    if (done < n) {
+      const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
+      node_->allreduce(static_cast<const char*>(send) + done * es, r + done * es, n - done, t,
+                       node_op);
+      SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, r + done * es, static_cast<int>(n - done),
+                                       mpi_datatype(t), mpi_op(t, node_op), inter_),
+                         "allreduce across nodes");
+      if (op == ReduceOp::avg) divide_elements(r + done * es, n - done, t, size());
+    }
+  }
+
+  // Backend-owned memory for the node phase of hier (one operation runs
+  // at a time).
+  void* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  // Runs fn now on this thread (blocking, or a non-blocking operation that
+  // needs MPI where the worker may not call it), after what the worker
+  // has; or queues it for the worker.
+  std::unique_ptr<PendingOp> issue(bool blocking, bool uses_mpi, std::function<void()> fn) {
+    if (blocking || (uses_mpi && !background_)) {
+      run_here(fn);
+      return blocking ? nullptr : std::make_unique<TaskPending>(done_task());
+    }
+    auto t = std::make_shared<Task>();
+    t->run = std::move(fn);
+    {
+      std::lock_guard lk(m_);
+      if (!broken_.empty()) throw_broken();
+      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      queue_.push_back(t);
+    }
+    cv_.notify_all();
+    return std::make_unique<TaskPending>(std::move(t));
+  }
+
+  static std::shared_ptr<Task> done_task() {
+    auto t = std::make_shared<Task>();
+    t->done.store(true);
+    return t;
+  }
+
+  void run_here(const std::function<void()>& fn) {
+    std::unique_lock lk(m_);
+    cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+    if (!broken_.empty()) throw_broken();
+    busy_ = true;
+    lk.unlock();
+    try {
+      fn();
+    } catch (...) {
+      note_broken();
+      release();
+      throw;
+    }
+    release();
+  }
+  void release() {
+    {
+      std::lock_guard lk(m_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+
+  void work() {
+    std::unique_lock lk(m_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+      if (queue_.empty()) return;  // stopping with nothing left
+      std::shared_ptr<Task> t = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      const bool broken = !broken_.empty();
+      if (broken) t->error = broken_error();
+      lk.unlock();
+      if (!broken) {
+        try {
+          t->run();
+        } catch (...) {
+          t->error = std::current_exception();
+          note_broken();
+        }
+      }
+      t->run = nullptr;
+      t->done.store(true, std::memory_order_release);
+      t->done.notify_all();
+      lk.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  void stop_worker() {
+    {
+      std::lock_guard lk(m_);
+      stopping_ = true;
+      if (!queue_.empty() || busy_) node_->stop();  // a wait that may never end
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // broken_ is guarded by m_. After a failed operation the ranks' steps no longer match: every
+  // later operation fails with the first error. Called in a catch block.
+  void note_broken() {
+    std::string what = "unknown error";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::lock_guard lk(m_);
+    if (broken_.empty()) broken_ = what;
+  }
+  std::exception_ptr broken_error() const {
+    try {
+      throw_broken();
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+  [[noreturn]] void throw_broken() const {
+    SHARDOPT_THROW(mpi,
+                   std::string("a shared-memory collective of this communicator failed "
+                               "earlier: ") +
+                       broken_,
+                   "a communicator whose operation failed cannot be used again; end the job");
+  }
+
+  std::unique_ptr<Backend> mpi_;
+  std::unique_ptr<NodeChannel> node_;
+  MPI_Comm inter_;
+  std::vector<int> rank_at_;
+  std::vector<int> blocks_;
+  int nodes_, local_;
+  bool background_ = true;
+  std::vector<char> scratch_;
+  std::string broken_;
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+const char* choice_name(HostComm c) {
+  switch (c) {
+    case HostComm::automatic:
+      return "auto";
+    case HostComm::mpi:
+      return "mpi";
+    case HostComm::shm:
+      return "shm";
+    case HostComm::hier:
+      return "hier";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend(std::unique_ptr<Backend> mpi, const NodeLayout& nodes,
+                                           HostComm choice, std::size_t slot_bytes) {
+  const MPI_Comm comm = mpi->mpi_comm();
+  const int size = mpi->size(), rank = mpi->rank();
+  // The choice must be the same everywhere (CommOptions is per rank).
+  int seen[2] = {static_cast<int>(choice), -static_cast<int>(choice)};
+  SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_INT, MPI_MAX, comm),
+                     "agreeing on how host buffers move");
+  if (seen[0] != -seen[1]) {
+    SHARDOPT_THROW(invalid_config,
+                   "Communicator: the ranks ask for different transports of host buffers "
+                   "(CommOptions::host_comm or SHARDOPT_HOST_COMM): " +
+                       std::string(choice_name(static_cast<HostComm>(-seen[1]))) + " and " +
+                       choice_name(static_cast<HostComm>(seen[0])),
+                   "pass the same CommOptions::host_comm on every rank");
+  }
+  const bool several = nodes.nodes > 1;
+  if (choice == HostComm::shm && several) {
+    SHARDOPT_THROW(invalid_config,
+                   "SHARDOPT_HOST_COMM=shm (or CommOptions::host_comm) needs every rank on one "
+                   "node, but this communicator has " +
+                       nodes.summary(),
+                   "use hier (shared memory within each node, MPI across) or auto, or mpi");
+  }
+  if (choice == HostComm::hier && !nodes.uniform) {
+    SHARDOPT_THROW(invalid_config,
+                   "SHARDOPT_HOST_COMM=hier (or CommOptions::host_comm) needs the same number "
+                   "of ranks on every node, but this communicator has " +
+                       nodes.summary(),
+                   "launch as many ranks on each node (srun --ntasks-per-node, mpirun "
+                   "--map-by ppr:N:node), or use auto or mpi");
+  }
+  if (choice == HostComm::mpi) return mpi;
+  if (choice == HostComm::automatic &&
+      (size == 1 || !nodes.uniform || (several && nodes.local_ranks < 2))) {
+    return mpi;
+  }
+  // The node's ranks, and the ranks at this rank's place on every node.
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  SHARDOPT_CHECK_MPI(MPI_Comm_split(comm, nodes.node, rank, &node_comm),
+                     "grouping the ranks of each node");
+  std::string error;
+  auto channel = NodeChannel::create(node_comm, slot_bytes, error);
+  MPI_Comm_free(&node_comm);
+  // One rank's failure decides for all: the first failing rank's reason.
+  int first = channel ? size : rank;
+  SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm),
+                     "agreeing on the shared memory");
+  if (first < size) {
+    char text[1024] = {};
+    if (rank == first) std::snprintf(text, sizeof text, "%s", error.c_str());
+    SHARDOPT_CHECK_MPI(MPI_Bcast(text, sizeof text, MPI_CHAR, first, comm),
+                       "sending why the shared memory failed");
+    const std::string why = "rank " + std::to_string(first) + ": " + text;
+    if (choice == HostComm::automatic) {
+      if (rank == 0) {
+        SHARDOPT_LOG(warn, "Communicator: shared-memory collectives unavailable ("
+                               << why << "); host buffers move through MPI instead");
+      }
+      return mpi;
+    }
+    SHARDOPT_THROW(invalid_config,
+                   std::string("SHARDOPT_HOST_COMM=") + choice_name(choice) +
+                       " cannot make the node's shared memory: " + why,
+                   "make /dev/shm larger (a container's --shm-size, or the tmpfs mount), lower "
+                   "SHARDOPT_SHM_CHUNK_KB (each communicator maps 2 x it x the node's ranks), "
+                   "or set SHARDOPT_HOST_COMM=auto (falls back to MPI) or mpi");
+  }
+  MPI_Comm inter = MPI_COMM_NULL;
+  std::vector<int> rank_at(static_cast<std::size_t>(size));
+  if (several) {
+    SHARDOPT_CHECK_MPI(MPI_Comm_split(comm, nodes.local_rank, nodes.node, &inter),
+                       "grouping the ranks at each place of the nodes");
+    SHARDOPT_CHECK_MPI(MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN),
+                       "setting MPI_ERRORS_RETURN across nodes");
+  }
+  // Place of each rank in its node: ranks of a node in rank order.
+  std::vector<int> seen_on(static_cast<std::size_t>(nodes.nodes), 0);
+  for (int r = 0; r < size; ++r) {
+    const int m = nodes.node_of_rank[r];
+    rank_at[static_cast<std::size_t>(m) * nodes.local_ranks + seen_on[m]++] = r;
+  }
+  return std::make_unique<ShmBackend>(std::move(mpi), std::move(channel), inter, std::move(rank_at),
+                                      nodes.nodes);
+}
+
+}  // namespace shardopt::detail

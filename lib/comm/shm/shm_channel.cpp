@@ -1,0 +1,303 @@
+#include "comm/shm/shm_channel.hpp"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "comm/shm/shm_reduce.hpp"
+#include "common/check.hpp"
+
+namespace shardopt::detail {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+// Allreduces up to this many bytes take one step (every rank reduces the
+// whole chunk); larger ones two (each reduces its part, then all copy).
+constexpr std::size_t kSmallAllreduce = 16384;
+// Outputs of this many bytes and more are written past the caches: they
+// would not stay there, and their lines need not be read before written.
+constexpr std::size_t kStreamBytes = std::size_t{4} << 20;
+
+std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// Whether counter value v has reached step s (steps wrap at 2^32).
+bool reached(std::uint32_t v, std::uint32_t s) { return static_cast<std::int32_t>(v - s) >= 0; }
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Futexes on the shared segment (not FUTEX_PRIVATE: other processes wait
+// on the same words).
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen) {
+  const timespec ms{0, 1000000};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ms, nullptr, 0);
+}
+void futex_wake(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
+          nullptr, 0);
+}
+
+}  // namespace
+
+// The segment's first pages: one cache line per rank, so that a rank's
+// announcements never share a line with another's.
+struct NodeChannel::Control {
+  struct alignas(64) Line {
+    std::atomic<std::uint32_t> posted;    // the last step whose slot this rank has written
+    std::atomic<std::uint32_t> consumed;  // the last step whose slots this rank has read
+    std::atomic<std::int64_t> pid;        // to tell a rank that ended from a slow one
+  };
+  struct alignas(64) Head {
+    std::atomic<std::uint32_t> sleepers;  // ranks asleep on a futex of this segment
+  };
+  Head head;
+  Line line[1];  // ranks_ of them
+
+  static std::size_t bytes(int ranks) {
+    return round_up(sizeof(Head) + sizeof(Line) * static_cast<std::size_t>(ranks), kPage);
+  }
+};
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+
+std::unique_ptr<NodeChannel> NodeChannel::create(MPI_Comm node_comm, std::size_t slot_bytes,
+                                                 std::string& error) {
+  int rank = 0, ranks = 1;
+  SHARDOPT_CHECK_MPI(MPI_Comm_rank(node_comm, &rank), "querying the node rank");
+  SHARDOPT_CHECK_MPI(MPI_Comm_size(node_comm, &ranks), "querying the node's ranks");
+  slot_bytes = round_up(std::max<std::size_t>(slot_bytes, kPage), kPage);
+  const std::size_t bytes =
+      Control::bytes(ranks) + slot_bytes * 2 * static_cast<std::size_t>(ranks);
+  auto seg = NodeSegment::create(node_comm, bytes, error);
+  if (!seg) return nullptr;
+  return std::unique_ptr<NodeChannel>(new NodeChannel(std::move(seg), rank, ranks, slot_bytes));
+}
+
+NodeChannel::NodeChannel(std::unique_ptr<NodeSegment> seg, int rank, int ranks,
+                         std::size_t slot_bytes)
+    : seg_(std::move(seg)),
+      control_(reinterpret_cast<Control*>(seg_->data())),
+      slots_(seg_->data() + Control::bytes(ranks)),
+      rank_(rank),
+      ranks_(ranks),
+      slot_bytes_(slot_bytes),
+      srcs_(static_cast<std::size_t>(ranks)) {
+  // The segment starts zeroed (a fresh file): counters at step 0.
+  control_->line[rank_].pid.store(getpid(), std::memory_order_relaxed);
+}
+
+NodeChannel::~NodeChannel() = default;
+
+std::size_t NodeChannel::pieces_of(int groups) const noexcept {
+  return static_cast<std::size_t>(ranks_) * static_cast<std::size_t>(groups);
+}
+
+std::byte* NodeChannel::slot(int q, std::uint32_t step) const noexcept {
+  return slots_ + (static_cast<std::size_t>(q) * 2 + (step & 1u)) * slot_bytes_;
+}
+
+void NodeChannel::post(bool posted, std::uint32_t step) noexcept {
+  auto& l = control_->line[rank_];
+  (posted ? l.posted : l.consumed).store(step, std::memory_order_seq_cst);
+  if (control_->head.sleepers.load(std::memory_order_seq_cst) != 0)
+    futex_wake(posted ? &l.posted : &l.consumed);
+}
+
+void NodeChannel::wait_one(int q, bool posted, std::uint32_t step) {
+  auto& l = control_->line[q];
+  std::atomic<std::uint32_t>& word = posted ? l.posted : l.consumed;
+  if (reached(word.load(std::memory_order_acquire), step)) return;
+  // Spin briefly (the other rank is usually a step away), then give the
+  // core away (ranks may outnumber cores), then sleep on the word.
+  for (int i = 0; i < 256; ++i) {
+    cpu_relax();
+    if (reached(word.load(std::memory_order_acquire), step)) return;
+  }
+  for (int i = 0; i < 64; ++i) {
+    sched_yield();
+    if (reached(word.load(std::memory_order_acquire), step)) return;
+  }
+  auto last_check = std::chrono::steady_clock::now();
+  for (;;) {
+    if (stop_.load(std::memory_order_relaxed)) {
+      SHARDOPT_THROW(mpi,
+                     std::string(what_) + " through shared memory was stopped while rank " +
+                         std::to_string(q) + " of this node had not reached it",
+                     "an earlier error on this rank stopped the communicator; see it");
+    }
+    control_->head.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t v = word.load(std::memory_order_seq_cst);
+    if (!reached(v, step)) futex_wait(&word, v);
+    control_->head.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(word.load(std::memory_order_acquire), step)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check > std::chrono::seconds(1)) {
+      last_check = now;
+      const auto pid = static_cast<pid_t>(l.pid.load(std::memory_order_relaxed));
+      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) peer_gone(q);
+    }
+  }
+}
+
+void NodeChannel::peer_gone(int q) const {
+  SHARDOPT_THROW(mpi,
+                 std::string(what_) + ": rank " + std::to_string(q) + " of this node (pid " +
+                     std::to_string(control_->line[q].pid.load()) +
+                     ") ended while the node's other ranks waited for it in shared memory",
+                 "see that rank's own output for why it ended; the job cannot continue");
+}
+
+void NodeChannel::wait_all(bool posted, std::uint32_t step) {
+  for (int q = 0; q < ranks_; ++q)
+    if (q != rank_) wait_one(q, posted, step);
+}
+
+template <class Fill, class Use>
+void NodeChannel::step(Fill&& fill, Use&& use) {
+  const std::uint32_t s = ++step_;
+  // The slot this step writes was last read at step s - 2.
+  if (s > 2) wait_all(false, s - 2);
+  fill(slot(rank_, s));
+  post(true, s);
+  wait_all(true, s);
+  use([&](int q) -> const std::byte* { return slot(q, s); });
+  post(false, s);
+}
+
+void NodeChannel::reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op,
+                                 int groups, std::span<const int> blocks) {
+  const std::size_t es = dtype_size(t);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* dst = static_cast<std::byte*>(out);
+  const std::size_t pieces = pieces_of(groups);
+  // Elements per block per step: a whole number of cache lines.
+  const std::size_t line = 64 / es;
+  const std::size_t chunk = std::max(line, slot_bytes_ / (pieces * es) / line * line);
+  const bool stream = n * groups * es >= kStreamBytes;
+  for (std::size_t off = 0; off < n; off += chunk) {
+    const std::size_t len = std::min(chunk, n - off);
+    step(
+        [&](std::byte* mine) {
+          for (std::size_t p = 0; p < pieces; ++p)
+            std::memcpy(mine + p * len * es, src + (blocks[p] * n + off) * es, len * es);
+        },
+        [&](auto&& slot_of) {
+          for (int g = 0; g < groups; ++g) {
+            const std::size_t p = static_cast<std::size_t>(rank_) * groups + g;
+            for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q) + p * len * es;
+            reduce_arrays(t, op, srcs_.data(), ranks_, dst + (g * n + off) * es, len, stream);
+          }
+        });
+  }
+}
+
+void NodeChannel::allgather(const void* in, void* out, std::size_t n, DType t, int groups,
+                            std::span<const int> blocks) {
+  const std::size_t es = dtype_size(t);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* dst = static_cast<std::byte*>(out);
+  const std::size_t chunk = std::max<std::size_t>(1, slot_bytes_ / (groups * es));
+  const bool stream = (pieces_of(groups) - 1) * n * es >= kStreamBytes;
+  for (std::size_t off = 0; off < n; off += chunk) {
+    const std::size_t len = std::min(chunk, n - off);
+    step(
+        [&](std::byte* mine) {
+          for (int g = 0; g < groups; ++g)
+            std::memcpy(mine + g * len * es, src + (g * n + off) * es, len * es);
+        },
+        [&](auto&& slot_of) {
+          for (int q = 0; q < ranks_; ++q) {
+            for (int g = 0; g < groups; ++g) {
+              std::byte* to =
+                  dst + (blocks[static_cast<std::size_t>(q) * groups + g] * n + off) * es;
+              const std::byte* from = slot_of(q) + g * len * es;
+              if (to != src + (g * n + off) * es) copy_bytes(to, from, len * es, stream);
+            }
+          }
+        });
+  }
+}
+
+void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, ReduceOp op) {
+  const std::size_t es = dtype_size(t);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* dst = static_cast<std::byte*>(out);
+  const std::size_t chunk = slot_bytes_ / es;
+  if (ranks_ == 1 || n * es <= kSmallAllreduce) {
+    // One step per chunk: every rank reduces all of it.
+    for (std::size_t off = 0; off < n; off += chunk) {
+      const std::size_t len = std::min(chunk, n - off);
+      step([&](std::byte* mine) { std::memcpy(mine, src + off * es, len * es); },
+           [&](auto&& slot_of) {
+             for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q);
+             reduce_arrays(t, op, srcs_.data(), ranks_, dst + off * es, len);
+           });
+    }
+    return;
+  }
+  // Two steps per chunk: each rank reduces its part of the chunk, in the
+  // same order as reduce_scatter, then every rank copies the others' parts.
+  const std::size_t line = 64 / es;
+  const bool stream = n * es >= kStreamBytes;
+  for (std::size_t off = 0; off < n; off += chunk) {
+    const std::size_t len = std::min(chunk, n - off);
+    auto part = [&](int q) {
+      return std::min(len, (len * static_cast<std::size_t>(q) / ranks_ + line - 1) / line * line);
+    };
+    const std::size_t lo = part(rank_), hi = part(rank_ + 1);
+    step([&](std::byte* mine) { std::memcpy(mine, src + off * es, len * es); },
+         [&](auto&& slot_of) {
+           for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q) + lo * es;
+           reduce_arrays(t, op, srcs_.data(), ranks_, dst + (off + lo) * es, hi - lo);
+         });
+    step(
+        [&](std::byte* mine) {
+          std::memcpy(mine + lo * es, dst + (off + lo) * es, (hi - lo) * es);
+        },
+        [&](auto&& slot_of) {
+          for (int q = 0; q < ranks_; ++q) {
+            if (q == rank_) continue;
+            const std::size_t a = part(q), b = part(q + 1);
+            copy_bytes(dst + (off + a) * es, slot_of(q) + a * es, (b - a) * es, stream);
+          }
+        });
+  }
+}
+
+void NodeChannel::broadcast(void* buf, std::size_t bytes, int root) {
+  auto* b = static_cast<std::byte*>(buf);
+  const bool stream = bytes >= kStreamBytes;
+  for (std::size_t off = 0; off < bytes; off += slot_bytes_) {
+    const std::size_t len = std::min(slot_bytes_, bytes - off);
+    step(
+        [&](std::byte* mine) {
+          if (rank_ == root) std::memcpy(mine, b + off, len);
+        },
+        [&](auto&& slot_of) {
+          if (rank_ != root) copy_bytes(b + off, slot_of(root), len, stream);
+        });
+  }
+}
+
+void NodeChannel::barrier() {
+  step([](std::byte*) {}, [](auto&&) {});
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,100 @@
+// shardopt internal: the collectives of the ranks of one node through
+// memory they all map (NodeSegment). Each rank owns two slots of the
+// segment; an operation moves through them in steps. In a step every rank
+// writes its slot (fill), announces it, waits for every other rank's, reads
+// them all (use) and announces that it has. Steps alternate between the
+// two slots, so a rank writes a slot again only after every rank has read
+// what it held two steps before: two counters per rank, and no lock.
+// Chunks are a slot's size (SHARDOPT_SHM_CHUNK_KB), small enough that what
+// one rank writes is still in the shared cache when the others read it: a
+// reduce-scatter then costs about one read of the input and one write of
+// the result in memory bandwidth.
+//
+// Reductions combine every rank's data in one pass in local-rank order
+// (reduce_arrays), so results do not depend on timing, and an allreduce
+// adds exactly as a reduce-scatter does.
+//
+// A channel is used by one thread at a time (ShmBackend's caller or its
+// worker); the steps of an operation are the same on every rank, since
+// every rank runs the same operations with the same counts.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/shm/shm_segment.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt::detail {
+
+class NodeChannel {
+ public:
+  // Collective over node_comm. Null (with `error`) where the segment cannot
+  // be made; see NodeSegment::create.
+  static std::unique_ptr<NodeChannel> create(MPI_Comm node_comm, std::size_t slot_bytes,
+                                             std::string& error);
+  ~NodeChannel();
+  NodeChannel(const NodeChannel&) = delete;
+  NodeChannel& operator=(const NodeChannel&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int ranks() const noexcept { return ranks_; }
+  std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  // Bytes of shared memory this channel maps (the same on every rank of
+  // the node: the node holds it once).
+  std::size_t segment_bytes() const noexcept { return seg_->size(); }
+
+  // Reduce-scatter over the node's ranks of `groups` groups: local rank l's
+  // result is, for each group g, the reduction of block blocks[l * groups +
+  // g] of every rank's `in` (blocks of n elements), written at out + g * n.
+  // out may be in's block 0 (MPI's in-place form) or this rank's block when
+  // groups == 1 (NCCL's), and nothing else of in.
+  void reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op, int groups,
+                      std::span<const int> blocks);
+  // The reverse: this rank's `groups` blocks of n elements at in (in + g *
+  // n) go to block blocks[l * groups + g] of every rank's out, l this rank.
+  // in may be out's block blocks[rank * groups] when groups == 1 (in place).
+  void allgather(const void* in, void* out, std::size_t n, DType t, int groups,
+                 std::span<const int> blocks);
+  // Every rank's `in` reduced into every rank's `out` (may be `in`).
+  void allreduce(const void* in, void* out, std::size_t n, DType t, ReduceOp op);
+  // The root's buf into every rank's.
+  void broadcast(void* buf, std::size_t bytes, int root);
+  void barrier();
+
+  // What the channel is doing, for the message when a rank of the node
+  // ends while the others wait for it (a string literal).
+  void set_operation(const char* what) noexcept { what_ = what; }
+  // Makes every wait of the channel throw from now on (another thread
+  // stopping a worker stuck in a wait).
+  void stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+
+ private:
+  struct Control;
+  NodeChannel(std::unique_ptr<NodeSegment> seg, int rank, int ranks, std::size_t slot_bytes);
+  std::byte* slot(int q, std::uint32_t step) const noexcept;
+  std::size_t pieces_of(int groups) const noexcept;  // blocks of an operation: ranks x groups
+  // One step: fill(own slot), then use(slot of each rank), as above.
+  template <class Fill, class Use>
+  void step(Fill&& fill, Use&& use);
+  void wait_all(bool posted, std::uint32_t step);
+  void wait_one(int q, bool posted, std::uint32_t step);
+  void post(bool posted, std::uint32_t step) noexcept;
+  [[noreturn]] void peer_gone(int q) const;
+
+  std::unique_ptr<NodeSegment> seg_;
+  Control* control_;
+  std::byte* slots_;
+  int rank_, ranks_;
+  std::size_t slot_bytes_;
+  std::uint32_t step_ = 0;
+  const char* what_ = "a collective";
+  std::atomic<bool> stop_{false};
+  std::vector<const void*> srcs_;  // per rank, reused
+};
+
+}  // namespace shardopt::detail

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The faults of the shared-memory collectives, under mpirun (as root: the
+# small /dev/shm is a tmpfs mounted in a mount namespace of this test's own;
+# SKIP (77) otherwise):
+# - /dev/shm too small for a communicator's slots: SHARDOPT_HOST_COMM=shm
+#   stops every rank with status 1 and an error naming the size it needs and
+#   the fixes; auto warns once and trains through MPI, bitwise equal to
+#   SHARDOPT_HOST_COMM=mpi;
+# - names left in /dev/shm by a killed job: one whose creating process is
+#   gone is removed by the next job, one whose creator still runs is left
+#   alone; a job leaves no name of its own behind;
+# - a rank that dies while the others wait for it in shared memory, with
+#   mpirun told not to end the job for it: the others end within seconds,
+#   each naming the rank and its pid (status 1); and with the watchdog
+#   armed and mpirun's own abort, the job ends within the timeout.
+# Usage: test_shm.sh MPIEXEC TRAIN FAULT_JOB
+set -u
+mpiexec=$1
+train=$2
+fault_job=$3
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+require unshare:util-linux mount:mount pgrep:procps
+
+if [ "$(id -u)" -ne 0 ] || ! unshare -m true 2>/dev/null; then
+  echo "SKIP: needs root and mount namespaces (a small /dev/shm of the test's own)"
+  exit 77
+fi
+
+args=(--steps 40 --log-every 1000000 --progress off --schedule constant)
+# Open MPI's own shared memory stays out of the small /dev/shm.
+export OMPI_MCA_btl_vader_backing_directory=/tmp
+
+# In a mount namespace with a 64 KiB /dev/shm: RANKS, then variables for
+# the job (NAME=VALUE...) and "--" and the trainer's extra arguments.
+small_shm_run() {
+  local n=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh \
+    env "${envs[@]}" timeout 120 "$mpiexec" -n "$n" --oversubscribe "$train" "${args[@]}" "$@"
+}
+
+# 1. A /dev/shm too small.
+out=$tmp/forced.out
+small_shm_run 3 SHARDOPT_HOST_COMM=shm -- >"$out" 2>&1
+rc=$?
+if [ $rc -ne 1 ]; then
+  fail "SHARDOPT_HOST_COMM=shm with a 64 KiB /dev/shm: exit status $rc, expected 1" "$out"
+elif [ "$(grep -c 'cannot reserve .* MiB of shared memory for the node.s ranks in /dev/shm' "$out")" -lt 3 ] ||
+     ! grep -q 'make /dev/shm larger' "$out"; then
+  fail "SHARDOPT_HOST_COMM=shm with a 64 KiB /dev/shm: not every rank named the size and the fix" "$out"
+else
+  ok "SHARDOPT_HOST_COMM=shm with a 64 KiB /dev/shm stops every rank, naming the size needed"
+fi
+out=$tmp/auto.out
+small_shm_run 3 SHARDOPT_HOST_COMM=auto -- --save-params "$tmp/auto.bin" >"$out" 2>&1
+rc=$?
+timeout 120 env SHARDOPT_HOST_COMM=mpi "$mpiexec" -n 3 --oversubscribe "$train" "${args[@]}" \
+  --save-params "$tmp/mpi.bin" >"$tmp/mpi.out" 2>&1 || fail "the run on MPI failed" "$tmp/mpi.out"
+if [ $rc -ne 0 ]; then
+  fail "auto with a 64 KiB /dev/shm: exit status $rc" "$out"
+elif [ "$(grep -c 'shared-memory collectives unavailable' "$out")" -lt 1 ] ||
+     ! grep -q 'move through MPI instead' "$out"; then
+  fail "auto with a 64 KiB /dev/shm: no warning of the fallback" "$out"
+elif ! cmp -s "$tmp/auto.bin" "$tmp/mpi.bin"; then
+  fail "auto with a 64 KiB /dev/shm: parameters differ from the run on MPI" "$out"
+else
+  ok "auto with a 64 KiB /dev/shm warns and trains through MPI, bitwise as SHARDOPT_HOST_COMM=mpi"
+fi
+
+# 2. Stale names. A pid that is surely gone: one past the kernel's maximum.
+gone=$(( $(cat /proc/sys/kernel/pid_max) + 1 ))
+stale=/dev/shm/shardopt-$(id -u)-$gone-00000000deadbeef
+live=/dev/shm/shardopt-$(id -u)-$$-00000000cafef00d
+printf x >"$stale"
+printf x >"$live"
+before=$(find /dev/shm -maxdepth 1 -name 'shardopt-*' | sort)
+out=$tmp/stale.out
+if ! timeout 120 "$mpiexec" -n 2 "$train" "${args[@]}" >"$out" 2>&1; then
+  fail "a run with stale names in /dev/shm failed" "$out"
+elif [ -e "$stale" ]; then
+  fail "the name of a job whose process is gone was left in /dev/shm" "$out"
+elif [ ! -e "$live" ]; then
+  fail "the name of a running process was removed from /dev/shm" "$out"
+elif [ "$(find /dev/shm -maxdepth 1 -name 'shardopt-*' | sort)" != "$(grep -v deadbeef <<<"$before")" ]; then
+  fail "the job left names in /dev/shm: $(find /dev/shm -maxdepth 1 -name 'shardopt-*' | tr '\n' ' ')" "$out"
+else
+  ok "a stale name is removed, a live one kept, and the job leaves none of its own"
+fi
+rm -f "$stale" "$live"
+
+# 3. A rank that dies while the others wait in shared memory. Without
+# mpirun's abort, the others find it gone by themselves.
+out=$tmp/die.out
+start=$SECONDS
+timeout 60 "$mpiexec" -n 3 --oversubscribe --mca orte_abort_on_non_zero_status 0 \
+  "$fault_job" die 1 >"$out" 2>&1
+rc=$?
+took=$((SECONDS - start))
+if [ $rc -eq 124 ]; then
+  fail "rank 1 died: the others still waited after 60 s" "$out"
+elif [ "$(grep -c 'rank 1 of this node (pid [0-9]*) ended while the node.s other ranks waited' "$out")" -lt 2 ]; then
+  fail "rank 1 died: ranks 0 and 2 did not both name it (exit status $rc, $took s)" "$out"
+else
+  ok "rank 1 died: ranks 0 and 2 ended by themselves, naming it ($took s)"
+fi
+out=$tmp/die-watchdog.out
+start=$SECONDS
+SHARDOPT_TIMEOUT=3 timeout 60 "$mpiexec" -n 3 --oversubscribe "$fault_job" die 2 >"$out" 2>&1
+rc=$?
+took=$((SECONDS - start))
+if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 20 ]; then
+  fail "rank 2 died under mpirun with SHARDOPT_TIMEOUT=3: exit status $rc after $took s" "$out"
+else
+  ok "rank 2 died under mpirun with SHARDOPT_TIMEOUT=3: the job ended in $took s (status $rc)"
+fi
+# The jobs' own processes (their command lines start with the program).
+if pgrep -f "^$fault_job " >/dev/null; then
+  fail "processes of the fault jobs are left: $(pgrep -af "^$fault_job ")"
+  pkill -9 -f "^$fault_job "
+fi
+
+echo "test_shm: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
