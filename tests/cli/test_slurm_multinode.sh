@@ -10,7 +10,8 @@
 # - cpu.sbatch at 2 nodes x 2 tasks runs shardopt-train (ranks 4 on 2
 #   nodes, 2 per node) to the README's loss threshold, and its parameters
 #   (--save-params) are bitwise those of the same run under mpirun -n 4 on
-#   this machine alone; node 2's link carries the run's traffic.
+#   this machine alone (both with SHARDOPT_HOST_COMM=mpi, whose sums do not
+#   depend on the node layout); node 2's link carries the run's traffic.
 # - train-requeue.sbatch at 2 nodes x 2 tasks: USR1 to the batch shell
 #   after the first checkpoint (scancel --batch --signal=USR1, as
 #   --signal=B:USR1@N sends it) stops the run at a checkpoint; the job
@@ -91,6 +92,10 @@ export OMPI_MCA_btl_tcp_if_include=198.51.100.0/24
 export OMPI_MCA_oob_tcp_if_include=198.51.100.0/24
 export OMPI_MCA_mpi_yield_when_idle=1
 export TMPDIR=$tmp/jobtmp
+# Compared bitwise with a run on one node: MPI's own collectives, whose
+# sums do not depend on the node layout (shardopt's default, hier at 2 x 2,
+# sums each node first; tests/cli/test_multinode.sh runs it).
+export SHARDOPT_HOST_COMM=mpi
 mkdir -p "$TMPDIR"
 
 # job_info, wait_job.

@@ -30,6 +30,7 @@
 #include "comm/shm/shm_channel.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
+#include "common/watchdog.hpp"
 
 namespace shardopt::detail {
 
@@ -174,9 +175,11 @@ class ShmBackend final : public Backend {
     const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
     void* partial = scratch(n * nodes_ * dtype_size(t));
     node_->reduce_scatter(in, partial, n, t, node_op, nodes_, blocks_);
-    SHARDOPT_CHECK_MPI(MPI_Reduce_scatter_block(partial, out, static_cast<int>(n), mpi_datatype(t),
-                                                mpi_op(t, node_op), inter_),
+    MPI_Request req = MPI_REQUEST_NULL;
+    SHARDOPT_CHECK_MPI(MPI_Ireduce_scatter_block(partial, out, static_cast<int>(n),
+                                                 mpi_datatype(t), mpi_op(t, node_op), inter_, &req),
                        "reduce_scatter across nodes");
+    finish_mpi(req, "reduce_scatter across nodes");
     if (op == ReduceOp::avg) divide_elements(out, n, t, size());
   }
 
@@ -188,9 +191,11 @@ class ShmBackend final : public Backend {
       return;
     }
     void* gathered = scratch(n * nodes_ * dtype_size(t));
-    SHARDOPT_CHECK_MPI(MPI_Allgather(own, static_cast<int>(n), mpi_datatype(t), gathered,
-                                     static_cast<int>(n), mpi_datatype(t), inter_),
+    MPI_Request req = MPI_REQUEST_NULL;
+    SHARDOPT_CHECK_MPI(MPI_Iallgather(own, static_cast<int>(n), mpi_datatype(t), gathered,
+                                      static_cast<int>(n), mpi_datatype(t), inter_, &req),
                        "allgather across nodes");
+    finish_mpi(req, "allgather across nodes");
     node_->allgather(gathered, out, n, t, nodes_, blocks_);
   }
 
@@ -211,11 +216,30 @@ class ShmBackend final : public Backend {
       const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
       node_->allreduce(static_cast<const char*>(send) + done * es, r + done * es, n - done, t,
                        node_op);
-      SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, r + done * es, static_cast<int>(n - done),
-                                       mpi_datatype(t), mpi_op(t, node_op), inter_),
+      MPI_Request req = MPI_REQUEST_NULL;
+      SHARDOPT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, r + done * es, static_cast<int>(n - done),
+                                        mpi_datatype(t), mpi_op(t, node_op), inter_, &req),
                          "allreduce across nodes");
+      finish_mpi(req, "allreduce across nodes");
       if (op == ReduceOp::avg) divide_elements(r + done * es, n - done, t, size());
     }
+  }
+
+  // Completes an operation across nodes. On the caller's thread with the
+  // watchdog armed, polled by it (a stall across nodes is then reported at
+  // the timeout, like one of MPI's own operations); otherwise waited for.
+  void finish_mpi(MPI_Request& req, const char* what) {
+    if (watchdog_armed() && std::this_thread::get_id() != worker_id_) {
+      watch_poll(
+          [&] {
+            int flag = 0;
+            SHARDOPT_CHECK_MPI(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+            return flag != 0;
+          },
+          watch.get());
+      return;
+    }
+    SHARDOPT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
   }
 
   // Backend-owned memory for the node phase of hier (one operation runs
@@ -238,7 +262,10 @@ class ShmBackend final : public Backend {
     {
       std::lock_guard lk(m_);
       if (!broken_.empty()) throw_broken();
-      if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+      if (!worker_.joinable()) {
+        worker_ = std::thread([this] { work(); });
+        worker_id_ = worker_.get_id();
+      }
       queue_.push_back(t);
     }
     cv_.notify_all();
@@ -357,6 +384,7 @@ class ShmBackend final : public Backend {
   bool busy_ = false;
   bool stopping_ = false;
   std::thread worker_;
+  std::thread::id worker_id_;  // set under m_ before the worker takes a task
 };
 
 const char* choice_name(HostComm c) {
