@@ -176,8 +176,8 @@ class ShmBackend final : public Backend {
     void* partial = scratch(n * nodes_ * dtype_size(t));
     node_->reduce_scatter(in, partial, n, t, node_op, nodes_, blocks_);
     MPI_Request req = MPI_REQUEST_NULL;
-    SHARDOPT_CHECK_MPI(MPI_Ireduce_scatter_block(partial, out, static_cast<int>(n),
-                                                 mpi_datatype(t), mpi_op(t, node_op), inter_, &req),
+    SHARDOPT_CHECK_MPI(MPI_Ireduce_scatter_block(partial, out, static_cast<int>(n), mpi_datatype(t),
+                                                 mpi_op(t, node_op), inter_, &req),
                        "reduce_scatter across nodes");
     finish_mpi(req, "reduce_scatter across nodes");
     if (op == ReduceOp::avg) divide_elements(out, n, t, size());
