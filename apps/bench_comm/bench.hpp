@@ -33,7 +33,7 @@ struct Row {
   long long wrong;  // -1: not checked
   bool device;      // --memory device: copy holds the copies' time
   Stats copy;       // the slower of the copy down and the copy back
-  Stats mem;        // host: the memory-only kernel of the same traffic (memory_limit)
+  Stats floor;      // host: the same traffic without the rest (memory_limit, network_limit)
 };
 
 // The time the operation chases: MPI's on host buffers, or with device
@@ -48,9 +48,10 @@ inline double algbw_gbps(const Row& r) {
 inline double ratio_of(const Row& r) {
   return r.so.median_us > 0 ? limit_us(r) / r.so.median_us : 0;
 }
-// Host buffers: the memory-bandwidth limit's time over shardopt's.
-inline double mem_ratio_of(const Row& r) {
-  return !r.device && r.so.median_us > 0 ? r.mem.median_us / r.so.median_us : 0;
+// Host buffers: the floor's time (memory on one node, network across
+// nodes) over shardopt's.
+inline double floor_ratio_of(const Row& r) {
+  return !r.device && r.so.median_us > 0 ? r.floor.median_us / r.so.median_us : 0;
 }
 
 template <class T>
@@ -71,6 +72,11 @@ class Bench {
         dsend_(static_cast<T*>(dsend)),
         drecv_(static_cast<T*>(drecv)),
         data_(comm.size(), exact_integer_limit<T>(), opt.redop) {
+    // Several nodes of as many ranks each: the ranks at one place of every
+    // node, for network_limit.
+    const shardopt::NodeLayout& layout = comm.nodes();
+    if (layout.nodes > 1 && layout.uniform)
+      MPI_Comm_split(raw, layout.local_rank, layout.node, &inter_);
     fill_input(send_, max_elements(), rank_, 0);
     upload(dsend_, send_, max_elements());
   }
@@ -107,8 +113,15 @@ class Bench {
     };
     auto run_shardopt = [&] { call_shardopt(op, inplace, count); };
     auto run_mpi = [&] { call_mpi(op, inplace, count); };
-    auto run_mem = [&] { memory_limit(op, inplace, count); };
-    time_series(prepare, run_shardopt, run_mpi, row.device ? nullptr : &run_mem, row);
+    auto run_floor = [&] {
+      if (inter_ != MPI_COMM_NULL) {
+        network_limit(op, count);
+      } else {
+        memory_limit(op, inplace, count);
+      }
+    };
+    const bool floor = !row.device && (inter_ == MPI_COMM_NULL || op != Collective::broadcast);
+    time_series(prepare, run_shardopt, run_mpi, floor ? &run_floor : nullptr, row);
     if (row.device) row.copy = time_copies(row.bytes, row.iters);
     row.wrong = opt_.check ? check(op, inplace, count) : -1;
     return row;
@@ -243,6 +256,39 @@ class Bench {
     }
   }
 
+  // Across nodes: the bytes the hierarchical algorithm must move between
+  // nodes, moved alone (every rank at once, so the nodes' links are shared
+  // as in the operation): each rank exchanges a block of count elements
+  // (a reduce-scatter's or an allgather's; an allreduce's block is count /
+  // ranks, exchanged twice) with the rank at its place on every other node.
+  void network_limit(Collective op, std::size_t count) {
+    const std::size_t n = static_cast<std::size_t>(nranks_);
+    std::size_t block = count * sizeof(T);
+    int rounds = 1;
+    if (op == Collective::allreduce) {
+      block = count / n * sizeof(T);
+      rounds = 2;
+    }
+    int me = 0, nodes = 1;
+    MPI_Comm_rank(inter_, &me);
+    MPI_Comm_size(inter_, &nodes);
+    const auto* in = reinterpret_cast<const unsigned char*>(send_);
+    auto* out = reinterpret_cast<unsigned char*>(recv_);
+    std::vector<MPI_Request> reqs;
+    for (int round = 0; round < rounds; ++round) {
+      reqs.clear();
+      for (int m = 0, k = 0; m < nodes; ++m) {
+        if (m == me) continue;
+        reqs.push_back(MPI_REQUEST_NULL);
+        MPI_Irecv(out + k * block, static_cast<int>(block), MPI_BYTE, m, 0, inter_, &reqs.back());
+        reqs.push_back(MPI_REQUEST_NULL);
+        MPI_Isend(in + k * block, static_cast<int>(block), MPI_BYTE, m, 0, inter_, &reqs.back());
+        ++k;
+      }
+      MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    }
+  }
+
   // Times shardopt (A), MPI (B) and, when given, the memory limit (C) as
   // A B C A B C ..., each iteration alone after a barrier; an iteration's
   // time is the slowest rank's.
@@ -294,7 +340,7 @@ class Bench {
     };
     row.so = series(0);
     row.mpi = series(1);
-    if (run_c != nullptr) row.mem = series(2);
+    if (run_c != nullptr) row.floor = series(2);
   }
 
   void fill_input(T* p, std::size_t count, int rank, std::size_t first) const {
@@ -405,6 +451,7 @@ class Bench {
   T* dsend_;  // device copies (--memory device), else null
   T* drecv_;
   InputData data_;
+  MPI_Comm inter_ = MPI_COMM_NULL;  // across nodes (network_limit), else null
 };
 
 }  // namespace bench_comm

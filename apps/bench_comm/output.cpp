@@ -36,10 +36,15 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   else
     std::printf(
         "# time: median of the slowest rank; mpi: the same MPI call, timed alternately on "
-        "the same buffers; ratio = mpi / time; memlim: the memory traffic the operation needs "
-        "on every rank at once (read every rank's slices of its block, write its own: "
-        "reduce-scatter; read and write the other blocks: allgather), timed alternately, "
-        "without communication; xmem = memlim / time\n");
+        "the same buffers; ratio = mpi / time; floor: %s, timed alternately; xfloor = floor / "
+        "time\n",
+        comm.nodes().nodes > 1
+            ? "the bytes the hierarchical algorithm moves between nodes, moved alone (each "
+              "rank exchanging its block with the rank at its place on every other node, all "
+              "at once)"
+            : "the memory traffic the operation needs on every rank at once (read every "
+              "rank's slices of its block, write its own: reduce-scatter; read and write the "
+              "other blocks: allgather), without communication");
   if (o.dtype == DType::bf16 || o.dtype == DType::f16) {
     std::printf("# mpi reference for %s: MPI_UINT16_T, integer arithmetic (MPI has no %s type)\n",
                 shardopt::dtype_name(o.dtype), shardopt::dtype_name(o.dtype));
@@ -57,9 +62,9 @@ void print_header(const Options& o, const shardopt::Communicator& comm, int iter
   TableLine units;
   units.add("# %-14s %12s %11s %5s %5s ", "", "(B)", "(elements)", "", "");
   for (int v = 0; v < 2; ++v) {
-    names.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "time", "algbw", "busbw", "#wrong",
-              o.device ? "limit" : "mpi", "ratio", "memlim", "xmem");
-    units.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "",
+    names.add(" %10s %8s %8s %6s %10s %6s %10s %6s ", "time", "algbw", "busbw", "#wrong",
+              o.device ? "limit" : "mpi", "ratio", "floor", "xfloor");
+    units.add(" %10s %8s %8s %6s %10s %6s %10s %6s ", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "",
               "(us)", "");
   }
   names.print();
@@ -70,7 +75,7 @@ namespace {
 
 void add_variant(TableLine& line, const Row* r, int nranks) {
   if (r == nullptr) {
-    line.add(" %10s %8s %8s %6s %10s %6s %10s %5s ", "-", "-", "-", "-", "-", "-", "-", "-");
+    line.add(" %10s %8s %8s %6s %10s %6s %10s %6s ", "-", "-", "-", "-", "-", "-", "-", "-");
     return;
   }
   const double algbw = algbw_gbps(*r);
@@ -82,10 +87,10 @@ void add_variant(TableLine& line, const Row* r, int nranks) {
   }
   line.add(" %10.2f %8.3f %8.3f %6s %10.2f %6.3f ", r->so.median_us, algbw,
            algbw * busbw_factor(r->op, nranks), wrong, limit_us(*r), ratio_of(*r));
-  if (r->device) {
-    line.add("%10s %5s ", "-", "-");
+  if (r->device || r->floor.median_us <= 0) {
+    line.add("%10s %6s ", "-", "-");
   } else {
-    line.add("%10.2f %5.2f ", r->mem.median_us, mem_ratio_of(*r));
+    line.add("%10.2f %6.3f ", r->floor.median_us, floor_ratio_of(*r));
   }
 }
 
@@ -106,13 +111,14 @@ void print_line(const Options& o, const Row* out, const Row* in, int nranks) {
 void print_json(const Options& o, const Row& r, const shardopt::Communicator& comm) {
   const int nranks = comm.size();
   const double algbw = algbw_gbps(r);
-  char extra[96] = "";
+  char extra[160] = "";
   if (r.device)
     std::snprintf(extra, sizeof extra, ",\"copy_time_us\":%.3f,\"limit_us\":%.3f", r.copy.median_us,
                   limit_us(r));
   else
-    std::snprintf(extra, sizeof extra, ",\"mem_time_us\":%.3f,\"mem_ratio\":%.4f", r.mem.median_us,
-                  mem_ratio_of(r));
+    std::snprintf(extra, sizeof extra, ",\"floor\":\"%s\",\"floor_us\":%.3f,\"floor_ratio\":%.4f",
+                  comm.nodes().nodes > 1 ? "network" : "memory", r.floor.median_us,
+                  floor_ratio_of(r));
   char wrong[32];
   if (r.wrong < 0) {
     std::snprintf(wrong, sizeof wrong, "null");

@@ -11,10 +11,10 @@ struct Summary {
   double min_ratio = std::numeric_limits<double>::infinity();
   const Row* worst = nullptr;
   long long wrong = 0;
-  // Host rows of at least kMemGoalBytes: the lowest xmem, its row, and the
-  // lowest ratio to MPI among them.
-  double min_mem = std::numeric_limits<double>::infinity();
-  const Row* mem_worst = nullptr;
+  // Host rows of at least kFloorGoalBytes: the lowest xfloor, its row, and
+  // the lowest ratio to MPI among them.
+  double min_floor = std::numeric_limits<double>::infinity();
+  const Row* floor_worst = nullptr;
   double min_mpi_large = std::numeric_limits<double>::infinity();
 };
 

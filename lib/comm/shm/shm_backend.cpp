@@ -28,6 +28,7 @@
 #include "comm/backend.hpp"
 #include "comm/mpi/mpi_types.hpp"
 #include "comm/shm/shm_channel.hpp"
+#include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "common/watchdog.hpp"
@@ -81,6 +82,8 @@ class ShmBackend final : public Backend {
         nodes_(nodes),
         local_(node_->ranks()) {
     watch = mpi_->watch;
+    if (inter_ != MPI_COMM_NULL)
+      SHARDOPT_CHECK_MPI(MPI_Comm_rank(inter_, &node_index_), "querying the node's index");
     int level = MPI_THREAD_SINGLE;
     SHARDOPT_CHECK_MPI(MPI_Query_thread(&level), "querying MPI's thread level");
     background_ = nodes_ == 1 || level == MPI_THREAD_MULTIPLE;
@@ -166,37 +169,69 @@ class ShmBackend final : public Backend {
  private:
   // Reduce-scatter over every rank: within the node (each place gets the
   // node's sums of the blocks of the ranks at its place on every node),
-  // then across nodes among the ranks at one place.
+  // then across nodes among the ranks at one place: each sends every other
+  // node its partial sum of that node's block and adds what it receives,
+  // in node order. Every byte crosses the network once, where MPI's
+  // reduce-scatter may reduce to one rank and scatter from it (Open MPI's
+  // basic one: twice the bytes, over one rank's link).
   void hier_reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op) {
     if (nodes_ == 1) {
       node_->reduce_scatter(in, out, n, t, op, 1, blocks_);
       return;
     }
+    const std::size_t es = dtype_size(t);
     const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
-    void* partial = scratch(n * nodes_ * dtype_size(t));
+    auto* partial = static_cast<std::byte*>(scratch(2 * n * nodes_ * es));
+    std::byte* received = partial + n * nodes_ * es;  // block m from node m
     node_->reduce_scatter(in, partial, n, t, node_op, nodes_, blocks_);
-    MPI_Request req = MPI_REQUEST_NULL;
-    SHARDOPT_CHECK_MPI(MPI_Ireduce_scatter_block(partial, out, static_cast<int>(n), mpi_datatype(t),
-                                                 mpi_op(t, node_op), inter_, &req),
-                       "reduce_scatter across nodes");
-    finish_mpi(req, "reduce_scatter across nodes");
+    exchange(
+        n, t, [&](int m) { return partial + m * n * es; },
+        [&](int m) { return received + m * n * es; }, "reduce_scatter across nodes");
+    std::vector<const void*> srcs(static_cast<std::size_t>(nodes_));
+    for (int m = 0; m < nodes_; ++m)
+      srcs[m] = m == node_index_ ? partial + node_index_ * n * es : received + m * n * es;
+    reduce_arrays(t, node_op, srcs.data(), nodes_, out, n);
     if (op == ReduceOp::avg) divide_elements(out, n, t, size());
   }
 
-  // Allgather: across nodes among the ranks at one place, then within the
-  // node.
+  // Allgather: across nodes among the ranks at one place (each sends its
+  // block to every other node), then within the node.
   void hier_allgather(const void* own, void* out, std::size_t n, DType t) {
     if (nodes_ == 1) {
       node_->allgather(own, out, n, t, 1, blocks_);
       return;
     }
-    void* gathered = scratch(n * nodes_ * dtype_size(t));
-    MPI_Request req = MPI_REQUEST_NULL;
-    SHARDOPT_CHECK_MPI(MPI_Iallgather(own, static_cast<int>(n), mpi_datatype(t), gathered,
-                                      static_cast<int>(n), mpi_datatype(t), inter_, &req),
-                       "allgather across nodes");
-    finish_mpi(req, "allgather across nodes");
+    const std::size_t es = dtype_size(t);
+    auto* gathered = static_cast<std::byte*>(scratch(n * nodes_ * es));
+    std::memcpy(gathered + node_index_ * n * es, own, n * es);
+    exchange(
+        n, t, [&](int) { return static_cast<const std::byte*>(own); },
+        [&](int m) { return gathered + m * n * es; }, "allgather across nodes");
     node_->allgather(gathered, out, n, t, nodes_, blocks_);
+  }
+
+  // n elements from send_to(m) to every other node m, and into recv_from(m)
+  // from each, at once (in pieces of at most max_chunk() elements).
+  template <class SendTo, class RecvFrom>
+  void exchange(std::size_t n, DType t, SendTo send_to, RecvFrom recv_from, const char* what) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t chunk = std::max<std::size_t>(1, max_chunk());
+    std::vector<MPI_Request> reqs;
+    for (int m = 0; m < nodes_; ++m) {
+      if (m == node_index_) continue;
+      for (std::size_t off = 0; off < n; off += chunk) {
+        const int len = static_cast<int>(std::min(chunk, n - off));
+        reqs.push_back(MPI_REQUEST_NULL);
+        SHARDOPT_CHECK_MPI(
+            MPI_Irecv(recv_from(m) + off * es, len, mpi_datatype(t), m, 0, inter_, &reqs.back()),
+            what);
+        reqs.push_back(MPI_REQUEST_NULL);
+        SHARDOPT_CHECK_MPI(
+            MPI_Isend(send_to(m) + off * es, len, mpi_datatype(t), m, 0, inter_, &reqs.back()),
+            what);
+      }
+    }
+    finish_mpi(reqs, what);
   }
 
   // Across nodes: a reduce-scatter and an allgather of equal blocks (the
@@ -216,9 +251,9 @@ class ShmBackend final : public Backend {
       const ReduceOp node_op = op == ReduceOp::avg ? ReduceOp::sum : op;
       node_->allreduce(static_cast<const char*>(send) + done * es, r + done * es, n - done, t,
                        node_op);
-      MPI_Request req = MPI_REQUEST_NULL;
+      std::vector<MPI_Request> req(1, MPI_REQUEST_NULL);
       SHARDOPT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, r + done * es, static_cast<int>(n - done),
-                                        mpi_datatype(t), mpi_op(t, node_op), inter_, &req),
+                                        mpi_datatype(t), mpi_op(t, node_op), inter_, &req[0]),
                          "allreduce across nodes");
       finish_mpi(req, "allreduce across nodes");
       if (op == ReduceOp::avg) divide_elements(r + done * es, n - done, t, size());
@@ -228,18 +263,19 @@ class ShmBackend final : public Backend {
   // Completes an operation across nodes. On the caller's thread with the
   // watchdog armed, polled by it (a stall across nodes is then reported at
   // the timeout, like one of MPI's own operations); otherwise waited for.
-  void finish_mpi(MPI_Request& req, const char* what) {
+  void finish_mpi(std::vector<MPI_Request>& reqs, const char* what) {
+    const int count = static_cast<int>(reqs.size());
     if (watchdog_armed() && std::this_thread::get_id() != worker_id_) {
       watch_poll(
           [&] {
             int flag = 0;
-            SHARDOPT_CHECK_MPI(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+            SHARDOPT_CHECK_MPI(MPI_Testall(count, reqs.data(), &flag, MPI_STATUSES_IGNORE), what);
             return flag != 0;
           },
           watch.get());
       return;
     }
-    SHARDOPT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
+    SHARDOPT_CHECK_MPI(MPI_Waitall(count, reqs.data(), MPI_STATUSES_IGNORE), what);
   }
 
   // Backend-owned memory for the node phase of hier (one operation runs
@@ -284,13 +320,21 @@ class ShmBackend final : public Backend {
     if (!broken_.empty()) throw_broken();
     busy_ = true;
     lk.unlock();
+    // On this thread the watchdog polls the waits for the node's ranks, so
+    // that this rank answers its questions there too.
+    const NodeChannel::Waiter poll = [this](const std::function<bool()>& attempt) {
+      watch_poll(attempt, watch.get());
+    };
+    if (watchdog_armed()) node_->set_waiter(&poll);
     try {
       fn();
     } catch (...) {
+      node_->set_waiter(nullptr);
       note_broken();
       release();
       throw;
     }
+    node_->set_waiter(nullptr);
     release();
   }
   void release() {
@@ -374,6 +418,7 @@ class ShmBackend final : public Backend {
   std::vector<int> rank_at_;
   std::vector<int> blocks_;
   int nodes_, local_;
+  int node_index_ = 0;  // this rank's node: its rank across nodes
   bool background_ = true;
   std::vector<char> scratch_;
   std::string broken_;

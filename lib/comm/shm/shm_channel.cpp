@@ -135,7 +135,8 @@ void NodeChannel::wait_one(int q, bool posted, std::uint32_t step) {
     if (reached(word.load(std::memory_order_acquire), step)) return;
   }
   auto last_check = std::chrono::steady_clock::now();
-  for (;;) {
+  // One sleep on the word (at most 1 ms); whether the step is reached.
+  auto attempt = [&] {
     if (stop_.load(std::memory_order_relaxed)) {
       SHARDOPT_THROW(mpi,
                      std::string(what_) + " through shared memory was stopped while rank " +
@@ -146,13 +147,20 @@ void NodeChannel::wait_one(int q, bool posted, std::uint32_t step) {
     const std::uint32_t v = word.load(std::memory_order_seq_cst);
     if (!reached(v, step)) futex_wait(&word, v);
     control_->head.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(word.load(std::memory_order_acquire), step)) return;
+    if (reached(word.load(std::memory_order_acquire), step)) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now - last_check > std::chrono::seconds(1)) {
       last_check = now;
       const auto pid = static_cast<pid_t>(l.pid.load(std::memory_order_relaxed));
       if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) peer_gone(q);
     }
+    return false;
+  };
+  if (waiter_ != nullptr) {
+    (*waiter_)(attempt);
+    return;
+  }
+  while (!attempt()) {
   }
 }
 

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -69,6 +70,11 @@ class NodeChannel {
   // What the channel is doing, for the message when a rank of the node
   // ends while the others wait for it (a string literal).
   void set_operation(const char* what) noexcept { what_ = what; }
+  // Waits longer than a brief spin call (*waiter)(attempt) (null: loop on
+  // attempt() here), attempt() sleeping up to 1 ms and saying whether the
+  // wait is over: the caller's thread lets the watchdog poll them.
+  using Waiter = std::function<void(const std::function<bool()>& attempt)>;
+  void set_waiter(const Waiter* waiter) noexcept { waiter_ = waiter; }
   // Makes every wait of the channel throw from now on (another thread
   // stopping a worker stuck in a wait).
   void stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
@@ -94,6 +100,7 @@ class NodeChannel {
   std::uint32_t step_ = 0;
   const char* what_ = "a collective";
   std::atomic<bool> stop_{false};
+  const Waiter* waiter_ = nullptr;
   std::vector<const void*> srcs_;  // per rank, reused
 };
 
