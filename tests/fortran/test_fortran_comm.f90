@@ -129,6 +129,16 @@ contains
     call check(ierr == 0, 'shardopt_barrier')
     call shardopt_comm_destroy(from_int, ierr)
     call check(ierr == 0 .and. .not. c_associated(from_int%ptr), 'shardopt_comm_destroy nulls the handle')
+    ! The transport of host buffers: MPI's own collectives asked for, and a
+    ! name that is not a transport refused.
+    call shardopt_comm_create(MPI_COMM_WORLD, from_int, ierr=ierr, host_comm='mpi')
+    call check(ierr == 0, 'shardopt_comm_create with host_comm=''mpi'': '//shardopt_error_message())
+    call shardopt_barrier(from_int, ierr)
+    call check(ierr == 0, 'shardopt_barrier on MPI''s collectives')
+    call shardopt_comm_destroy(from_int, ierr)
+    call shardopt_comm_create(MPI_COMM_WORLD, from_int, ierr=ierr, host_comm='smoke-signals')
+    call check(ierr == SHARDOPT_ERR_INVALID_ARGUMENT, 'host_comm=''smoke-signals'' is refused')
+    call check(index(shardopt_error_message(), 'smoke-signals') > 0, 'the error names host_comm''s value')
   end subroutine
 
   subroutine test_r4(comm)
