@@ -34,6 +34,13 @@ constexpr std::size_t kStreamBytes = std::size_t{4} << 20;
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
+// How long a wait spins before it yields and sleeps: a few microseconds.
+// Longer spins made the steps slower, not faster, on the 2-core virtual
+// machines shardopt is measured on (a spinning rank takes from the one it
+// waits for what the two share): 10 us made whole ZeRO steps bimodal (40
+// or 63 ms), 200 us most collectives 2-3x slower (docs/benchmarks.md).
+constexpr auto kSpin = std::chrono::microseconds(3);
+
 // Whether counter value v has reached step s (steps wrap at 2^32).
 bool reached(std::uint32_t v, std::uint32_t s) { return static_cast<std::int32_t>(v - s) >= 0; }
 
@@ -124,13 +131,15 @@ void NodeChannel::wait_one(int q, bool posted, std::uint32_t step) {
   auto& l = control_->line[q];
   std::atomic<std::uint32_t>& word = posted ? l.posted : l.consumed;
   if (reached(word.load(std::memory_order_acquire), step)) return;
-  // Spin briefly (the other rank is usually a step away), then give the
-  // core away (ranks may outnumber cores), then sleep on the word.
-  for (int i = 0; i < 256; ++i) {
+  // Spin briefly (kSpin), yield the core a few times (ranks may outnumber
+  // cores), then sleep on the word (woken by the rank that posts it).
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
     cpu_relax();
     if (reached(word.load(std::memory_order_acquire), step)) return;
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - start > kSpin) break;
   }
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < 16; ++i) {
     sched_yield();
     if (reached(word.load(std::memory_order_acquire), step)) return;
   }
