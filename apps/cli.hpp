@@ -5,9 +5,12 @@
 // starts MPI for a program.
 #pragma once
 
+#include <mpi.h>
+
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -182,6 +185,42 @@ inline void print_error(const char* program, int rank, const std::string& what) 
   std::fprintf(stderr, "%s: rank %d: %s\n", program, rank, what.c_str());
   std::fflush(stderr);
 }
+
+// How a rank that caught an error ends the job. Where every rank caught one
+// (shardopt raises a bad setting, or a failure agreed across ranks, on every
+// rank at once), the ranks meet on their own communicator within a short
+// grace period and end normally with `status`: mpirun reports it once, and
+// is spared several ranks' MPI_Abort at the same moment (Open MPI 4.1's
+// mpirun can crash collecting their messages). Otherwise some ranks may be
+// waiting for this one in a collective: MPI_Abort ends the job.
+class ErrorExit {
+ public:
+  // Collective over MPI_COMM_WORLD: make one before anything can fail.
+  ErrorExit() { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
+  ~ErrorExit() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  ErrorExit(const ErrorExit&) = delete;
+  ErrorExit& operator=(const ErrorExit&) = delete;
+
+  // `status` where every rank arrives within grace_s, else MPI_Abort.
+  int end(int status, double grace_s = 2.0) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    MPI_Ibarrier(comm_, &r);
+    const double until = MPI_Wtime() + grace_s;
+    int met = 0;
+    while (MPI_Test(&r, &met, MPI_STATUS_IGNORE) == MPI_SUCCESS && met == 0 &&
+           MPI_Wtime() < until) {
+      const timespec pause{0, 1000000};  // 1 ms
+      nanosleep(&pause, nullptr);
+    }
+    if (met == 0) MPI_Abort(MPI_COMM_WORLD, status);
+    return status;
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
 
 // The thread level MPI starts at for a program whose argv asks for
 // `--device cuda`: MPI_THREAD_MULTIPLE, since the transports of device

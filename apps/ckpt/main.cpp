@@ -302,7 +302,9 @@ int ckpt_main(int argc, char** argv) {
   // agreed on (local()), so the errors above are reported and every rank
   // goes on or stops alike. Anything else may have struck one rank only, in
   // the middle of a collective the others wait in: abort the job rather than
-  // hang.
+  // hang (cli::ErrorExit: where every rank failed, the job ends normally).
+  cli::ErrorExit error_exit;
+  const int failed = p.command == Command::diff ? 2 : 1;
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
     shardopt::Communicator tool(MPI_COMM_WORLD);
@@ -331,12 +333,10 @@ int ckpt_main(int argc, char** argv) {
     return rc;
   } catch (const shardopt::Error& e) {
     cli::print_error(kProgram, w.rank, e.message() + " (fix: " + e.hint() + ")");
-    MPI_Abort(MPI_COMM_WORLD, p.command == Command::diff ? 2 : 1);
-    return 1;
+    return error_exit.end(failed);
   } catch (const std::exception& e) {
     cli::print_error(kProgram, w.rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, p.command == Command::diff ? 2 : 1);
-    return 1;
+    return error_exit.end(failed);
   }
 }
 

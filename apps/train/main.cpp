@@ -119,6 +119,7 @@ int train_main(int argc, char** argv) {
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 
   int status = 1;
+  cli::ErrorExit error_exit;
   try {
     // The trainer's own reductions and checks run beside the library's.
     shardopt::Communicator stats(MPI_COMM_WORLD);
@@ -130,10 +131,11 @@ int train_main(int argc, char** argv) {
     comm.free();
     stats.free();
   } catch (const std::exception& e) {
-    // A failure on some ranks only, possibly in the middle of a collective
-    // the others wait in: stop the job rather than hang.
+    // Every rank failed alike: end with status 1. A failure on some ranks
+    // only, possibly in the middle of a collective the others wait in: stop
+    // the job rather than hang.
     cli::print_error(kProgram, rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    status = error_exit.end(1);
   }
   return status;
 }
