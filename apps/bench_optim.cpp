@@ -34,12 +34,14 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "bench_optim_harness.hpp"
 #include "cli.hpp"
 #include "machine.hpp"
 #include "optim_steps.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/types.hpp"
@@ -63,17 +65,39 @@ constexpr int kMaxReps = 2000;
 //
 // Both split the range across OpenMP threads as the CPU optimizer kernels do
 // (one static block per thread, rounded up to 16 floats; one thread below
-// 32768 elements) and run a loop compiled for the widest vector unit present.
+// 32768 elements) and run a loop compiled for the vector unit the optimizer
+// kernels use (the widest present, capped by SHARDOPT_CPU_ISA).
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics start their unmasked forms from a
+// self-initialized "undefined" vector, which -Wmaybe-uninitialized reports
+// wherever they are inlined: a false positive, silenced for this header.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 enum class Isa { baseline, avx2, avx512 };
+// The widest vector unit present, capped as the optimizer kernels cap it
+// (SHARDOPT_CPU_ISA, shardopt::settings().cpu_isa): the limit kernels run
+// on the same unit as the steps they bound.
 Isa detect_isa() {
   __builtin_cpu_init();
+  Isa present = Isa::baseline;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
-  return Isa::baseline;
+    present = Isa::avx512;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    present = Isa::avx2;
+  const Isa cap = shardopt::settings().cpu_isa == shardopt::CpuIsa::avx2       ? Isa::avx2
+                  : shardopt::settings().cpu_isa == shardopt::CpuIsa::baseline ? Isa::baseline
+                                                                               : Isa::avx512;
+  return std::min(present, cap);
 }
 const char* isa_name(Isa i) {
   return i == Isa::avx512 ? "AVX-512" : i == Isa::avx2 ? "AVX2" : "x86-64 baseline";
@@ -88,7 +112,12 @@ const char* isa_name(Isa) { return "baseline"; }
 #define SHARDOPT_BENCH_AVX2
 #endif
 
-const Isa kIsa = detect_isa();
+// Decided at the first use (settings() may throw a ConfigError, which
+// main_of reports).
+Isa used_isa() {
+  static const Isa isa = detect_isa();
+  return isa;
+}
 
 // Opaque to the compiler, so the limit kernel's arithmetic is not folded away.
 volatile float g_zero = 0.0f;
@@ -101,115 +130,244 @@ inline float grad_value(shardopt::bfloat16 g) {
 }
 inline float grad_value(shardopt::float16 g) { return static_cast<float>(g.bits); }
 
-// The limit kernel over [begin, end): reads g, p and the K states; writes p,
-// the K states (each unchanged: x + g * 0) and, with Copy, 16 bits per
-// parameter. The same streams, read and written the same way, as the step.
-template <class G, int K, bool Copy>
-[[gnu::always_inline]] inline void touch_body(const Streams& s, float zero, std::size_t begin,
-                                              std::size_t end) {
-  float* __restrict p = s.param;
-  const G* __restrict g = static_cast<const G*>(s.grad);
-  float* __restrict s0 = s.state[0];
-  float* __restrict s1 = s.state[1];
-  float* __restrict s2 = s.state[2];
-  std::uint16_t* __restrict c = static_cast<std::uint16_t*>(s.copy);
-  // Every load before every store, as the optimizer loops do: the arrays are
-  // 2 MiB aligned, so a store to p[i] and a later load of s0[i] share their
-  // low address bits and the load would wait on the store (4K aliasing).
-#pragma omp simd
-  for (std::size_t i = begin; i < end; ++i) {
+// The limit kernels move the optimizer kernels' streams the way the
+// optimizer kernels move them (kernels/cpu/runner.hpp: range_lanes): 16
+// elements at a time, one 64-byte access per fp32 array and one 32-byte
+// access per 16-bit array, every load of a group before its stores (the
+// arrays are 2 MiB aligned, so a store to p[i] and a later load of s0[i]
+// share their low address bits, and the load would wait on the store), then
+// the states, p and the copy stored in that order; the last (end - begin) %
+// 16 elements one by one. They are written with the vector unit's
+// instructions, through a Unit of 16 lanes (one AVX-512 register, or two
+// AVX2 ones), not left to the compiler's vectorizer: it picked the access
+// width per array mix (under AVX2 8 elements per step for fp32 arrays
+// without a copy, 16 with one), so the rows of one optimizer were bounded by
+// differently shaped loops. The Unit's functions carry their target
+// attribute without being forced inline; the kernels' entry points
+// (touch_avx512, ...) are flattened, which inlines them there.
+//
+// The kernels compute x + g * 0 for p and the states (p + u * 0 in LAMB's
+// second pass), `zero` read from a volatile so that nothing is folded away;
+// the copy gets the top 16 bits of the new p.
+#if defined(__x86_64__)
+struct Unit512 {
+  struct V {
+    __m512 v;
+  };
+  SHARDOPT_BENCH_AVX512 static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  SHARDOPT_BENCH_AVX512 static void store(float* p, V x) { _mm512_storeu_ps(p, x.v); }
+  SHARDOPT_BENCH_AVX512 static __m512i halves(const void* p) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  // Gradients as grad_value converts them.
+  SHARDOPT_BENCH_AVX512 static V grad(const float* g) { return load(g); }
+  SHARDOPT_BENCH_AVX512 static V grad(const shardopt::bfloat16* g) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(halves(g), 16))};
+  }
+  SHARDOPT_BENCH_AVX512 static V grad(const shardopt::float16* g) {
+    return {_mm512_cvtepi32_ps(halves(g))};
+  }
+  SHARDOPT_BENCH_AVX512 static V times(V x, float z) {
+    return {_mm512_mul_ps(x.v, _mm512_set1_ps(z))};
+  }
+  SHARDOPT_BENCH_AVX512 static V plus(V x, V t) { return {_mm512_add_ps(x.v, t.v)}; }
+  SHARDOPT_BENCH_AVX512 static void store_copy(std::uint16_t* c, V x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x.v), 16)));
+  }
+};
+
+struct Unit256x2 {
+  struct V {
+    __m256 lo, hi;
+  };
+  SHARDOPT_BENCH_AVX2 static V load(const float* p) {
+    return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+  }
+  SHARDOPT_BENCH_AVX2 static void store(float* p, V x) {
+    _mm256_storeu_ps(p, x.lo);
+    _mm256_storeu_ps(p + 8, x.hi);
+  }
+  SHARDOPT_BENCH_AVX2 static __m256i low8(__m256i h) {
+    return _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+  }
+  SHARDOPT_BENCH_AVX2 static __m256i high8(__m256i h) {
+    return _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+  }
+  SHARDOPT_BENCH_AVX2 static V grad(const float* g) { return load(g); }
+  SHARDOPT_BENCH_AVX2 static V grad(const shardopt::bfloat16* g) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(low8(h), 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(high8(h), 16))};
+  }
+  SHARDOPT_BENCH_AVX2 static V grad(const shardopt::float16* g) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    return {_mm256_cvtepi32_ps(low8(h)), _mm256_cvtepi32_ps(high8(h))};
+  }
+  SHARDOPT_BENCH_AVX2 static V times(V x, float z) {
+    const __m256 zz = _mm256_set1_ps(z);
+    return {_mm256_mul_ps(x.lo, zz), _mm256_mul_ps(x.hi, zz)};
+  }
+  SHARDOPT_BENCH_AVX2 static V plus(V x, V t) {
+    return {_mm256_add_ps(x.lo, t.lo), _mm256_add_ps(x.hi, t.hi)};
+  }
+  // One pack for the 16 lanes (within 128-bit halves; the permutation puts
+  // the halves in order).
+  SHARDOPT_BENCH_AVX2 static void store_copy(std::uint16_t* c, V x) {
+    const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(x.lo), 16);
+    const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(x.hi), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
+                        _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8));
+  }
+};
+#endif
+
+// The limit kernel of a one-pass step over [begin, end): reads g, p and the
+// K states; writes the K states, p (each unchanged: x + g * 0) and, with
+// Copy, 16 bits per parameter. The elements one by one where U is void (the
+// baseline unit: the compiler vectorizes the loop with SSE2).
+// The K states' 16 elements from i: each x + t, every load before every
+// store.
+template <class U, int K>
+void touch_states(float* const* st, std::size_t i, typename U::V t) {
+  typename U::V a[3]{};
+  for (int k = 0; k < K; ++k) a[k] = U::plus(U::load(st[k] + i), t);
+  for (int k = 0; k < K; ++k) U::store(st[k] + i, a[k]);
+}
+
+template <class U, class G, int K, bool Copy>
+void touch_lanes(const Streams& s, float zero, std::size_t begin, std::size_t end) {
+  float* p = s.param;
+  const G* g = static_cast<const G*>(s.grad);
+  float* s0 = s.state[0];
+  float* s1 = s.state[1];
+  float* s2 = s.state[2];
+  auto* c = static_cast<std::uint16_t*>(s.copy);
+  std::size_t i = begin;
+  if constexpr (!std::is_void_v<U>) {
+    using V = typename U::V;
+    for (; i + 16 <= end; i += 16) {
+      const V t = U::times(U::grad(g + i), zero);
+      const V pn = U::plus(U::load(p + i), t);
+      touch_states<U, K>(s.state.data(), i, t);
+      U::store(p + i, pn);
+      if constexpr (Copy) U::store_copy(c + i, pn);
+    }
+  }
+  for (; i < end; ++i) {
     const float t = grad_value(g[i]) * zero;
     const float pn = p[i] + t;
-    float a0 = 0, a1 = 0, a2 = 0;
-    if constexpr (K > 0) a0 = s0[i] + t;
-    if constexpr (K > 1) a1 = s1[i] + t;
-    if constexpr (K > 2) a2 = s2[i] + t;
+    if constexpr (K > 0) s0[i] = s0[i] + t;
+    if constexpr (K > 1) s1[i] = s1[i] + t;
+    if constexpr (K > 2) s2[i] = s2[i] + t;
     p[i] = pn;
-    if constexpr (K > 0) s0[i] = a0;
-    if constexpr (K > 1) s1[i] = a1;
-    if constexpr (K > 2) s2[i] = a2;
     if constexpr (Copy) c[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(pn) >> 16);
   }
 }
 
-// The two passes of a step with a scratch direction: the first reads g, p
-// and the K states and writes the states and the direction u = p + g * 0;
-// the second reads p and u and writes p = p + u * 0 (and the copy).
-template <class G, int K>
-[[gnu::always_inline]] inline void direction_body(const Streams& s, float zero, std::size_t begin,
-                                                  std::size_t end) {
-  const float* __restrict p = s.param;
-  const G* __restrict g = static_cast<const G*>(s.grad);
-  float* __restrict s0 = s.state[0];
-  float* __restrict s1 = s.state[1];
-  float* __restrict s2 = s.state[2];
-  float* __restrict u = s.scratch;
-#pragma omp simd
-  for (std::size_t i = begin; i < end; ++i) {  // loads first, as in touch_body
+// The two passes of a step with a scratch direction (LAMB's): the first
+// reads g, p and the K states and writes the states and the direction
+// u = p + g * 0; the second reads p and u and writes p = p + u * 0 (and the
+// copy).
+template <class U, class G, int K>
+void direction_lanes(const Streams& s, float zero, std::size_t begin, std::size_t end) {
+  const float* p = s.param;
+  const G* g = static_cast<const G*>(s.grad);
+  float* s0 = s.state[0];
+  float* s1 = s.state[1];
+  float* s2 = s.state[2];
+  float* u = s.scratch;
+  std::size_t i = begin;
+  if constexpr (!std::is_void_v<U>) {
+    using V = typename U::V;
+    for (; i + 16 <= end; i += 16) {
+      const V t = U::times(U::grad(g + i), zero);
+      const V ui = U::plus(U::load(p + i), t);
+      touch_states<U, K>(s.state.data(), i, t);
+      U::store(u + i, ui);
+    }
+  }
+  for (; i < end; ++i) {
     const float t = grad_value(g[i]) * zero;
-    const float ui = p[i] + t;
-    float a0 = 0, a1 = 0, a2 = 0;
-    if constexpr (K > 0) a0 = s0[i] + t;
-    if constexpr (K > 1) a1 = s1[i] + t;
-    if constexpr (K > 2) a2 = s2[i] + t;
-    if constexpr (K > 0) s0[i] = a0;
-    if constexpr (K > 1) s1[i] = a1;
-    if constexpr (K > 2) s2[i] = a2;
-    u[i] = ui;
+    if constexpr (K > 0) s0[i] = s0[i] + t;
+    if constexpr (K > 1) s1[i] = s1[i] + t;
+    if constexpr (K > 2) s2[i] = s2[i] + t;
+    u[i] = p[i] + t;
   }
 }
 
-template <bool Copy>
-[[gnu::always_inline]] inline void apply_body(const Streams& s, float zero, std::size_t begin,
-                                              std::size_t end) {
-  float* __restrict p = s.param;
-  const float* __restrict u = s.scratch;
-  std::uint16_t* __restrict c = static_cast<std::uint16_t*>(s.copy);
-#pragma omp simd
-  for (std::size_t i = begin; i < end; ++i) {
+template <class U, bool Copy>
+void apply_lanes(const Streams& s, float zero, std::size_t begin, std::size_t end) {
+  float* p = s.param;
+  const float* u = s.scratch;
+  auto* c = static_cast<std::uint16_t*>(s.copy);
+  std::size_t i = begin;
+  if constexpr (!std::is_void_v<U>) {
+    using V = typename U::V;
+    for (; i + 16 <= end; i += 16) {
+      const V pn = U::plus(U::load(p + i), U::times(U::load(u + i), zero));
+      U::store(p + i, pn);
+      if constexpr (Copy) U::store_copy(c + i, pn);
+    }
+  }
+  for (; i < end; ++i) {
     const float pn = p[i] + u[i] * zero;
     p[i] = pn;
     if constexpr (Copy) c[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(pn) >> 16);
   }
 }
 
+#if defined(__x86_64__)
+using Avx512Lanes = Unit512;
+using Avx2Lanes = Unit256x2;
+#define SHARDOPT_BENCH_FLATTEN __attribute__((flatten))
+#else
+using Avx512Lanes = void;
+using Avx2Lanes = void;
+#define SHARDOPT_BENCH_FLATTEN
+#endif
+
 template <class G, int K>
-SHARDOPT_BENCH_AVX512 void direction_avx512(const Streams& s, float z, std::size_t b,
-                                            std::size_t e) {
-  direction_body<G, K>(s, z, b, e);
+SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void direction_avx512(const Streams& s, float z,
+                                                                   std::size_t b, std::size_t e) {
+  direction_lanes<Avx512Lanes, G, K>(s, z, b, e);
 }
 template <class G, int K>
-SHARDOPT_BENCH_AVX2 void direction_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
-  direction_body<G, K>(s, z, b, e);
+SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void direction_avx2(const Streams& s, float z,
+                                                               std::size_t b, std::size_t e) {
+  direction_lanes<Avx2Lanes, G, K>(s, z, b, e);
 }
 template <class G, int K>
 void direction_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
-  direction_body<G, K>(s, z, b, e);
+  direction_lanes<void, G, K>(s, z, b, e);
 }
 template <bool Copy>
-SHARDOPT_BENCH_AVX512 void apply_avx512(const Streams& s, float z, std::size_t b, std::size_t e) {
-  apply_body<Copy>(s, z, b, e);
+SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void apply_avx512(const Streams& s, float z,
+                                                               std::size_t b, std::size_t e) {
+  apply_lanes<Avx512Lanes, Copy>(s, z, b, e);
 }
 template <bool Copy>
-SHARDOPT_BENCH_AVX2 void apply_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
-  apply_body<Copy>(s, z, b, e);
+SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void apply_avx2(const Streams& s, float z, std::size_t b,
+                                                           std::size_t e) {
+  apply_lanes<Avx2Lanes, Copy>(s, z, b, e);
 }
 template <bool Copy>
 void apply_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
-  apply_body<Copy>(s, z, b, e);
-}
-
-template <class G, int K, bool Copy>
-SHARDOPT_BENCH_AVX512 void touch_avx512(const Streams& s, float z, std::size_t b, std::size_t e) {
-  touch_body<G, K, Copy>(s, z, b, e);
+  apply_lanes<void, Copy>(s, z, b, e);
 }
 template <class G, int K, bool Copy>
-SHARDOPT_BENCH_AVX2 void touch_avx2(const Streams& s, float z, std::size_t b, std::size_t e) {
-  touch_body<G, K, Copy>(s, z, b, e);
+SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void touch_avx512(const Streams& s, float z,
+                                                               std::size_t b, std::size_t e) {
+  touch_lanes<Avx512Lanes, G, K, Copy>(s, z, b, e);
+}
+template <class G, int K, bool Copy>
+SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void touch_avx2(const Streams& s, float z, std::size_t b,
+                                                           std::size_t e) {
+  touch_lanes<Avx2Lanes, G, K, Copy>(s, z, b, e);
 }
 template <class G, int K, bool Copy>
 void touch_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
-  touch_body<G, K, Copy>(s, z, b, e);
+  touch_lanes<void, G, K, Copy>(s, z, b, e);
 }
 
 // a = b + scalar * c
@@ -255,13 +413,13 @@ void partitioned(std::size_t n, const Range& range) {
 using RangeKernel = void (*)(const Streams& s, float z, std::size_t b, std::size_t e);
 
 // Runs on each thread's part of the streams the variant of a kernel
-// compiled for the widest vector unit present.
+// compiled for the vector unit in use (used_isa()).
 void run_partitioned(const Streams& s, RangeKernel avx512, RangeKernel avx2, RangeKernel baseline) {
   const float zero = g_zero;
   RangeKernel kernel = baseline;
 #if defined(__x86_64__)
-  if (kIsa == Isa::avx512) kernel = avx512;
-  if (kIsa == Isa::avx2) kernel = avx2;
+  if (used_isa() == Isa::avx512) kernel = avx512;
+  if (used_isa() == Isa::avx2) kernel = avx2;
 #else
   (void)avx512;
   (void)avx2;
@@ -325,7 +483,7 @@ void memory_only(const Streams& s, int k) {
 void triad(float* a, const float* b, const float* c, std::size_t n) {
   const float scalar = 0.5f + g_zero;
   partitioned(n, [&](std::size_t lo, std::size_t hi) {
-    switch (kIsa) {
+    switch (used_isa()) {
 #if defined(__x86_64__)
       case Isa::avx512:
         return triad_avx512(a, b, c, scalar, lo, hi);
@@ -451,8 +609,13 @@ class HostMemory final : public bench::Memory {
 
   int start(const bench::Options&, bench::Needs& needs, FILE* info) override {
     std::fprintf(info,
-                 "# machine: %s, %d cores for OpenMP, vector unit %s, MemAvailable %.1f GiB\n",
-                 machine::cpu_model().c_str(), nproc_, isa_name(kIsa),
+                 "# machine: %s, %d cores for OpenMP, vector unit %s%s%s, MemAvailable %.1f "
+                 "GiB\n",
+                 machine::cpu_model().c_str(), nproc_, isa_name(used_isa()),
+                 std::getenv("SHARDOPT_CPU_ISA") != nullptr ? " (SHARDOPT_CPU_ISA=" : "",
+                 std::getenv("SHARDOPT_CPU_ISA") != nullptr
+                     ? (std::string(std::getenv("SHARDOPT_CPU_ISA")) + ")").c_str()
+                     : "",
                  bench::gib(machine::mem_available_bytes()));
     if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && nproc_ == 1) {
       std::fprintf(info,
@@ -571,19 +734,25 @@ std::string HostMemory::usage() const {
          "           grads with a bf16 copy: 2 B more.\n"
          "  time_us  median time of one step\n"
          "  GB/s     numel * B_pp / time_us\n"
+         "  min-max  GB/s of the slowest and of the fastest step of the row: the spread\n"
+         "           over its repetitions (this machine's memory bandwidth moves)\n"
          "  limit    GB/s of the memory-only kernel: the same arrays, the same reads and\n"
          "           in-place writes (every input stream read, every output stream\n"
          "           written: p, states += g * 0; c = the top 16 bits of p), trivial\n"
          "           arithmetic, the same OpenMP threads and static partition, the same\n"
-         "           passes, counted with the same B_pp. The step cannot beat it by more\n"
-         "           than noise.\n"
+         "           passes, the same accesses (16 elements at a time, every load before\n"
+         "           the stores, on the same vector unit: SHARDOPT_CPU_ISA applies),\n"
+         "           counted with the same B_pp (its median time; the next min-max is\n"
+         "           its spread). The step cannot beat it by more than noise.\n"
          "  stream   GB/s of STREAM triad a[i] = b[i] + s * c[i] over three fp32 arrays of\n"
          "           numel elements, counted 12 B per element (read b, c, write a; STREAM's\n"
          "           24 B per double element are the same bytes).\n"
          "           A reference only: it understates the in-place limit, since its counted\n"
          "           bytes leave out the write-allocate read of a, which an in-place update\n"
          "           does not pay.\n"
-         "  ratio    GB/s / limit: the fraction of the memory limit the step reaches.\n"
+         "  ratio    GB/s / limit of the medians: the fraction of the memory limit the\n"
+         "           step reaches. Step and limit are timed in pairs, alternately, so\n"
+         "           both medians come from the same stretch of the machine's time.\n"
          "  other    CPU time other processes used while the row ran, as a share of all\n"
          "           cores (from /proc/stat); over 5% the row is marked * and its times\n"
          "           are those of a busy machine, not of the kernel.\n"
@@ -594,7 +763,10 @@ std::string HostMemory::usage() const {
          "\n"
          "Exit status: 0 all steps ran, 1 a step or an allocation failed, 2 a bad option.\n"
          "With --json, each row is an object with the keys optimizer, precision, numel,\n"
-         "threads, bytes_per_param, time_us, gbps, limit_gbps, stream_gbps, ratio.\n";
+         "threads, bytes_per_param, time_us, gbps, limit_gbps, stream_gbps, ratio, reps\n"
+         "(pairs timed), time_us_min, time_us_max, limit_time_us, limit_time_us_min,\n"
+         "limit_time_us_max, gbps_min, gbps_max, limit_gbps_min, limit_gbps_max,\n"
+         "other_load (the other column as a fraction, null if unknown).\n";
 }
 
 }  // namespace

@@ -586,12 +586,15 @@ std::string DeviceMemory::usage() const {
          "           u = LAMB's direction.\n"
          "  time_us  median time of one step, the functional call on a stream\n"
          "  GB/s     numel * B_pp / time_us\n"
+         "  min-max  GB/s of the slowest and of the fastest repetition\n"
          "  limit    GB/s of the memory-only kernel: the same arrays, the same reads and\n"
          "           in-place writes, trivial arithmetic, 16-byte loads and stores, the same\n"
-         "           passes, counted with the same B_pp.\n"
+         "           passes, counted with the same B_pp (median time; min-max as for\n"
+         "           the step).\n"
          "  memcpy   GB/s of a device-to-device cudaMemcpy of numel fp32 values, counting\n"
          "           the bytes read and written (2 * 4 B per element), for reference.\n"
-         "  ratio    GB/s / limit: the fraction of the memory limit the step reaches.\n"
+         "  ratio    GB/s / limit of the medians: the fraction of the memory limit the\n"
+         "           step reaches.\n"
          "\n"
          "After the table, one line per optimizer and precision gives its smallest ratio and\n"
          "its smallest GB/s / memcpy at >= 16M params, beside the goal (a step at >= 0.90 of\n"
@@ -600,7 +603,9 @@ std::string DeviceMemory::usage() const {
          "Exit status: 0 all steps ran, 1 a step or a CUDA call failed, 2 a bad option, 77 no\n"
          "CUDA device. With --json, each row is an object with the keys optimizer,\n"
          "precision, numel, threads, bytes_per_param, time_us, gbps, limit_gbps, stream_gbps\n"
-         "(the memcpy rate), ratio.\n";
+         "(the memcpy rate), ratio, reps (pairs timed), time_us_min, time_us_max,\n"
+         "limit_time_us, limit_time_us_min, limit_time_us_max, gbps_min, gbps_max,\n"
+         "limit_gbps_min, limit_gbps_max.\n";
 }
 
 }  // namespace

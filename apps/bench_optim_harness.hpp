@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
@@ -370,8 +371,10 @@ class Memory {
 // ---------------------------------------------------------------------------
 // Timing
 
+// The times of a and b over the repetitions of a series, each its median,
+// min and max in microseconds.
 struct PairTimes {
-  double a = 0, b = 0;  // median seconds
+  report::Stats a, b;
   int reps = 0;
 };
 
@@ -385,8 +388,9 @@ inline int series_reps(const Series& s, double last, double budget_s) {
   return std::max(s.reps, budget_reps);
 }
 
-// Median seconds of a and of b on m's clock, timed alternately in a random
-// order per pair, after warm-up.
+// The times of a and of b on m's clock, timed alternately in a random order
+// per pair, after warm-up: each pair sees the same state of the machine, so
+// the ratio of the medians holds where the machine's memory bandwidth drifts.
 inline PairTimes time_pair(Memory& m, const std::function<void()>& a,
                            const std::function<void()>& b, const Series& s, std::mt19937_64& rng) {
   double last = 0;
@@ -405,7 +409,7 @@ inline PairTimes time_pair(Memory& m, const std::function<void()>& a,
       ta.push_back(m.seconds(a));
     }
   }
-  return {report::median(ta), report::median(tb), reps};
+  return {report::stats_of(std::move(ta)), report::stats_of(std::move(tb)), reps};
 }
 
 // Median seconds of a on m's clock, after warm-up.
@@ -430,20 +434,42 @@ inline double wall_seconds(const std::function<void()>& f) {
 // ---------------------------------------------------------------------------
 // The rows
 
+// A rate's median and its spread over the repetitions: GB/s of the median
+// time, of the slowest and of the fastest repetition.
+struct Rate {
+  double median = 0, min = 0, max = 0;
+};
+
+// The rate of moving `bytes` in the times t.
+inline Rate rate_of(double bytes, const report::Stats& t) {
+  return {bytes / t.median_us / 1e3, bytes / t.max_us / 1e3, bytes / t.min_us / 1e3};
+}
+
 struct Row {
   const OptimizerEntry* opt;
   const Precision* prec;
   std::size_t numel;
   int threads;
   std::size_t bpp;
-  double time_us = 0, gbps = 0, limit_gbps = 0, reference_gbps = 0, ratio = 0;
+  report::Stats step_us{}, limit_us{};  // the step's and the limit's times
+  int reps = 0;                         // pairs timed
+  Rate gbps{}, limit_gbps{};
+  double reference_gbps = 0;
+  double ratio = 0;        // of the medians: limit time / step time
   double other_load = -1;  // other processes' share of the CPUs during the row; -1 unknown
 };
 
+// "min-max" of a rate, with `digits` decimals.
+inline std::string rate_range(const Rate& r, int digits) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f-%.*f", digits, r.min, digits, r.max);
+  return buf;
+}
+
 inline void print_table_header(const Table& t) {
-  std::printf("#\n# %-8s %-10s %6s %*s %4s %*s %8s %8s %8s %6s", "optimizer", "precision", "numel",
-              t.threads_width, t.threads, "B_pp", t.time_width, "time_us", "GB/s", "limit",
-              t.reference, "ratio");
+  std::printf("#\n# %-8s %-10s %6s %*s %4s %*s %8s %15s %8s %15s %8s %6s", "optimizer", "precision",
+              "numel", t.threads_width, t.threads, "B_pp", t.time_width, "time_us", "GB/s",
+              "min-max", "limit", "min-max", t.reference, "ratio");
   if (t.load) std::printf(" %6s", "other");
   std::printf("  %s\n", "bytes per param (r read, w written)");
 }
@@ -454,15 +480,25 @@ inline void print_row(const Table& t, const Options& o, const Row& r) {
     std::printf(
         "{\"optimizer\": \"%s\", \"precision\": \"%s\", \"numel\": %zu, \"threads\": %d, "
         "\"bytes_per_param\": %zu, \"time_us\": %s, \"gbps\": %s, \"limit_gbps\": %s, "
-        "\"stream_gbps\": %s, \"ratio\": %s}\n",
-        r.opt->name, r.prec->name, r.numel, r.threads, r.bpp, num(r.time_us, 2).c_str(),
-        num(r.gbps, 3).c_str(), num(r.limit_gbps, 3).c_str(), num(r.reference_gbps, 3).c_str(),
-        num(r.ratio, 4).c_str());
+        "\"stream_gbps\": %s, \"ratio\": %s, \"reps\": %d, \"time_us_min\": %s, "
+        "\"time_us_max\": %s, \"limit_time_us\": %s, \"limit_time_us_min\": %s, "
+        "\"limit_time_us_max\": %s, \"gbps_min\": %s, \"gbps_max\": %s, "
+        "\"limit_gbps_min\": %s, \"limit_gbps_max\": %s, \"other_load\": %s}\n",
+        r.opt->name, r.prec->name, r.numel, r.threads, r.bpp, num(r.step_us.median_us, 2).c_str(),
+        num(r.gbps.median, 3).c_str(), num(r.limit_gbps.median, 3).c_str(),
+        num(r.reference_gbps, 3).c_str(), num(r.ratio, 4).c_str(), r.reps,
+        num(r.step_us.min_us, 2).c_str(), num(r.step_us.max_us, 2).c_str(),
+        num(r.limit_us.median_us, 2).c_str(), num(r.limit_us.min_us, 2).c_str(),
+        num(r.limit_us.max_us, 2).c_str(), num(r.gbps.min, 3).c_str(), num(r.gbps.max, 3).c_str(),
+        num(r.limit_gbps.min, 3).c_str(), num(r.limit_gbps.max, 3).c_str(),
+        r.other_load >= 0 ? num(r.other_load, 3).c_str() : "null");
   } else {
     const int d = t.rate_digits;
-    std::printf("%-10s %-10s %6s %*d %4zu %*.1f %8.*f %8.*f %8.*f %6.3f", r.opt->name, r.prec->name,
-                cli::human_count(r.numel).c_str(), t.threads_width, r.threads, r.bpp, t.time_width,
-                r.time_us, d, r.gbps, d, r.limit_gbps, d, r.reference_gbps, r.ratio);
+    std::printf("%-10s %-10s %6s %*d %4zu %*.1f %8.*f %15s %8.*f %15s %8.*f %6.3f", r.opt->name,
+                r.prec->name, cli::human_count(r.numel).c_str(), t.threads_width, r.threads, r.bpp,
+                t.time_width, r.step_us.median_us, d, r.gbps.median, rate_range(r.gbps, d).c_str(),
+                d, r.limit_gbps.median, rate_range(r.limit_gbps, d).c_str(), d, r.reference_gbps,
+                r.ratio);
     if (t.load) {
       char other[16] = "?";
       if (r.other_load >= 0) {
@@ -482,7 +518,7 @@ inline void print_row(const Table& t, const Options& o, const Row& r) {
 // The value the goal is judged on: the ratio to the limit, or the fraction
 // of the reference rate.
 inline double goal_value(const Program& p, const Row& r) {
-  return p.goal.of_reference ? r.gbps / r.reference_gbps : r.ratio;
+  return p.goal.of_reference ? r.gbps.median / r.reference_gbps : r.ratio;
 }
 
 inline void print_goal(const Program& p, Memory& m, const std::vector<Row>& rows, const Options& o,
@@ -627,11 +663,13 @@ inline int run(Memory& m, const Options& o) {
           Row r{opt, prec, n, lane.threads, bytes_per_param(*opt, *prec)};
           r.other_load = m.other_load();
           const double bytes = static_cast<double>(n) * static_cast<double>(r.bpp);
-          r.time_us = t.a * 1e6;
-          r.gbps = bytes / t.a / 1e9;
-          r.limit_gbps = bytes / t.b / 1e9;
+          r.step_us = t.a;
+          r.limit_us = t.b;
+          r.reps = t.reps;
+          r.gbps = rate_of(bytes, t.a);
+          r.limit_gbps = rate_of(bytes, t.b);
           r.reference_gbps = lane.reference_gbps;
-          r.ratio = r.gbps / r.limit_gbps;
+          r.ratio = t.b.median_us / t.a.median_us;
           print_row(p.table, o, r);
           rows.push_back(r);
         }

@@ -45,16 +45,16 @@ inline AdagradScalars make_adagrad_scalars(double lr, double lr_decay, double we
 // One element: p and sum updated in place; g is the gradient as stored,
 // converted to float. Wd is weight_decay != 0. Returns whether the gradient
 // (after grad_mul) is finite.
-template <bool Wd>
-SHARDOPT_HOST_DEVICE inline bool adagrad_element(float& p, float g, float& sum,
-                                                 const AdagradScalars& s) {
+template <bool Wd, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto adagrad_element(F& p, F g, F& sum,
+                                                                const AdagradScalars& s) {
   g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
+  const auto finite = finite_op(g);
   g = g * s.grad_sign;
-  if constexpr (Wd) g = fmaf(s.weight_decay, p, g);  // grad.add(param, alpha=wd)
-  sum = fmaf(g, g, sum);                             // state_sum.addcmul_(grad, grad, value=1)
-  const float std_ = sqrtf(sum) + s.eps;             // state_sum.sqrt().add_(eps)
-  p = p + (s.neg_clr * g) / std_;                    // param.addcdiv_(grad, std, value=-clr)
+  if constexpr (Wd) g = fma_op(s.weight_decay, p, g);  // grad.add(param, alpha=wd)
+  sum = fma_op(g, g, sum);                             // state_sum.addcmul_(grad, grad, value=1)
+  const F std_ = sqrt_op(sum) + s.eps;                 // state_sum.sqrt().add_(eps)
+  p = p + (s.neg_clr * g) / std_;                      // param.addcdiv_(grad, std, value=-clr)
   return finite;
 }
 
@@ -65,7 +65,7 @@ struct AdagradBuffers : StateBuffers<AdagradBuffers> {
   float* sum = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(sum);
   }
 };
@@ -74,9 +74,10 @@ struct AdagradBuffers : StateBuffers<AdagradBuffers> {
 // (kernels/element_loop.hpp).
 template <bool Wd>
 struct AdagradStep : StepTypes<AdagradBuffers, AdagradScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return adagrad_element<Wd>(p, g, b.sum[i], s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return adagrad_element<Wd>(p, g, lane<F>(b.sum, i), s);
   }
 };
 

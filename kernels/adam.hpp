@@ -44,20 +44,22 @@ inline AdamScalars make_adam_scalars(double lr, double beta1, double beta2, doub
   return s;
 }
 
-// One element. p, m, v (and vmax when amsgrad) are updated in place; g is
-// the gradient as stored, already converted to float. W and Ams are the
+// One element (F float, or a vector of lanes: kernels/element.hpp). p, m, v
+// (and vmax when amsgrad) are updated in place; g is the gradient as stored,
+// already converted to float. W and Ams are the
 // step's wd_mode and amsgrad, as template arguments so that the loops
 // carry no branches. Returns whether the gradient (after grad_mul) is finite.
-template <WeightDecay W, bool Ams>
-SHARDOPT_HOST_DEVICE inline bool adam_element(float& p, float g, float& m, float& v, float* vmax,
-                                              const AdamScalars& s) {
-  const bool finite = update_moments<W>(p, g, m, v, s);
-  float second = v;
+template <WeightDecay W, bool Ams, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto adam_element(F& p, F g, F& m, F& v, F* vmax,
+                                                             const AdamScalars& s) {
+  const auto finite = update_moments<W>(p, g, m, v, s);
+  F second = v;
   if constexpr (Ams) {
-    *vmax = *vmax < v ? v : *vmax;  // torch.maximum; a NaN in v propagates through p anyway
+    // torch.maximum; a NaN in v propagates through p anyway
+    *vmax = select_op(*vmax < v, v, *vmax);
     second = *vmax;
   }
-  const float denom = sqrtf(second) / s.bias_correction2_sqrt + s.eps;
+  const F denom = sqrt_op(second) / s.bias_correction2_sqrt + s.eps;
   p = p + (s.neg_step_size * m) / denom;  // addcdiv_(m, denom, -step)
   return finite;
 }
@@ -73,7 +75,7 @@ struct AdamBuffers : StateBuffers<AdamBuffers> {
   float* max_exp_avg_sq = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(exp_avg);
     f(exp_avg_sq);
     f(max_exp_avg_sq);
@@ -83,10 +85,11 @@ struct AdamBuffers : StateBuffers<AdamBuffers> {
 // One element of an Adam step of the given modes (kernels/element_loop.hpp).
 template <WeightDecay W, bool Ams>
 struct AdamStep : StepTypes<AdamBuffers, AdamScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return adam_element<W, Ams>(p, g, b.exp_avg[i], b.exp_avg_sq[i],
-                                Ams ? b.max_exp_avg_sq + i : nullptr, s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return adam_element<W, Ams>(p, g, lane<F>(b.exp_avg, i), lane<F>(b.exp_avg_sq, i),
+                                Ams ? lane_ptr<F>(b.max_exp_avg_sq, i) : nullptr, s);
   }
 };
 

@@ -1,9 +1,10 @@
 // shardopt kernels: what every optimizer's per-element function shares:
-// the finiteness test, gradient loads and low-precision parameter stores,
-// each one definition for the reference, CPU and CUDA kernels, and the
-// storage of the parameters that the loops share.
+// the finiteness test, the arithmetic it is written in, gradient loads and
+// low-precision parameter stores, each one definition for the reference, CPU
+// and CUDA kernels, and the storage of the parameters that the loops share.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,15 @@
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 
+// Forced inline: the element functions and what they call, so that the CPU
+// kernels' vector loops hold all of them (kernels/cpu/runner.hpp), and the
+// CUDA kernels' vector steps (kernels/vector_step.hpp).
+#if defined(__CUDACC__)
+#define SHARDOPT_FORCE_INLINE __forceinline__
+#else
+#define SHARDOPT_FORCE_INLINE [[gnu::always_inline]] inline
+#endif
+
 namespace shardopt::kernels {
 
 // True unless x is inf or nan; integer arithmetic, so loops vectorize.
@@ -19,6 +29,47 @@ SHARDOPT_HOST_DEVICE inline bool is_finite_bits(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);
   return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+// The element functions (kernels/<name>.hpp) are templates over the type F
+// of the values they compute on: float in the reference and CUDA kernels,
+// and in the CPU kernels also a vector of lanes (kernels/cpu/lanes.hpp),
+// whose operators and overloads of the functions below do the same IEEE
+// operation in every lane. So each optimizer's math is written once and the
+// vector code computes exactly what the scalar code does. Besides + - * /
+// and comparisons, the functions use only these:
+//   fma_op(a, b, c):   a * b + c rounded once (fmaf)
+//   sqrt_op(x):        the correctly rounded square root (sqrtf)
+//   finite_op(x):      whether x is neither inf nor nan (a lane mask for vectors)
+//   select_op(c, a, b): c ? a : b, per lane for a mask c
+//   splat<F>(x):       x as an F
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE float fma_op(float a, float b, float c) {
+  return fmaf(a, b, c);
+}
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE float sqrt_op(float x) { return sqrtf(x); }
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE bool finite_op(float x) { return is_finite_bits(x); }
+template <class T>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE T select_op(bool c, T a, T b) {
+  return c ? a : b;
+}
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE F splat(float x) {
+  return F(x);
+}
+
+// Element i of a state buffer as an F: the float itself, or for a vector of
+// lanes the F whose address the CPU kernels put in the buffer's pointer (its
+// lanes loaded from memory, written back after the step; i is 0 then).
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE F& lane(float* p, std::size_t i) {
+  if constexpr (std::is_same_v<F, float>)
+    return p[i];
+  else
+    return *reinterpret_cast<F*>(p + i);
+}
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE F* lane_ptr(float* p, std::size_t i) {
+  return &lane<F>(p, i);
 }
 
 // How a step uses one of its buffers, as each Buffers struct's each_buffer
@@ -163,6 +214,19 @@ struct MasterParams {
     p[i] = x;
     if constexpr (!std::is_same_v<O, float>) store_param(copy, i, x);
   }
+  // The same for the V::width elements from i, a vector of lanes V
+  // (kernels/cpu/lanes.hpp: the CPU kernels).
+  template <class V>
+  [[gnu::always_inline]] static inline V load_lanes(const float* p, const Copy*,
+                                                    const std::uint16_t*, std::size_t i) {
+    return V::load(p + i);
+  }
+  template <class V>
+  [[gnu::always_inline]] static inline void store_lanes(float* p, Copy* copy, std::uint16_t*,
+                                                        std::size_t i, const V& x) {
+    V::store(p + i, x);
+    if constexpr (!std::is_same_v<O, float>) V::store(copy + i, x);
+  }
 };
 
 // MasterParams<float> that also writes each new value to `copy` as fp32:
@@ -198,6 +262,16 @@ struct RemainderParams {
   SHARDOPT_HOST_DEVICE static void store(float*, Copy* copy, std::uint16_t* rem, std::size_t i,
                                          float x) {
     encode_remainder(x, copy[i], rem[i]);
+  }
+  template <class V>
+  [[gnu::always_inline]] static inline V load_lanes(const float*, const Copy* copy,
+                                                    const std::uint16_t* rem, std::size_t i) {
+    return V::load_remainder(copy + i, rem + i);
+  }
+  template <class V>
+  [[gnu::always_inline]] static inline void store_lanes(float*, Copy* copy, std::uint16_t* rem,
+                                                        std::size_t i, const V& x) {
+    V::store_remainder(copy + i, rem + i, x);
   }
 };
 

@@ -63,6 +63,15 @@ struct StateBuffers : StepBuffers {
 
 namespace shardopt::kernels::detail {
 
+// The number of states B::each_state lists.
+template <class B>
+constexpr int state_count() {
+  B b{};
+  int n = 0;
+  b.each_state([&n](float*&) { ++n; });
+  return n;
+}
+
 // Whether Step says its loop vectorizes without help (Step::plain_loop):
 // then the CPU loop is not forced to vectorize, and its 16-bit buffers are
 // staged through fp32 (kernels/cpu/runner.hpp).
@@ -103,6 +112,46 @@ struct ElementLoop {
           P::store(p, copy, rem, i, pi);
           return finite;
         });
+  }
+  // Updates the V::width elements from i at once, V a vector of lanes (the
+  // CPU kernels: kernels/cpu/lanes.hpp): the parameters, gradients and every
+  // state there loaded into V's lanes (16-bit buffers converted), the element
+  // step run on the lanes, what it writes stored back. Returns a mask of the
+  // lanes whose gradient was finite (bit l for lane l).
+  template <class V>
+  [[gnu::always_inline]] static inline unsigned lanes(const Buffers& b, const Scalars& s,
+                                                      std::size_t i) {
+    using Copy = typename P::Copy;
+    Copy* copy = static_cast<Copy*>(b.param_out);
+    V p = P::template load_lanes<V>(b.param, copy, b.remainder, i);
+    const V g = V::load(static_cast<const G*>(b.grad) + i);
+    // The element step finds each state's lanes through the buffers' pointer
+    // (lane<V>(ptr, 0), kernels/element.hpp), set whether or not the state
+    // is there: a step never touches a state its modes do not use (the
+    // buffers of an unused slot are null), and pointers that are always
+    // those of `states` let the compiler keep the lanes in registers. The
+    // lambdas only move pointers: the lanes' operations are inlined only
+    // into the vector unit's loop, never into generic code
+    // (kernels/cpu/lanes.hpp).
+    constexpr int kStates = state_count<Buffers>();
+    float* in[kStates];
+    V states[kStates];
+    Buffers view = b;
+    int k = 0;
+    view.each_state([&](float*& ptr) __attribute__((always_inline)) {
+      in[k] = ptr;
+      ptr = reinterpret_cast<float*>(&states[k]);
+      ++k;
+    });
+    for (int j = 0; j < kStates; ++j) {
+      if (in[j] != nullptr) states[j] = V::load(in[j] + i);
+    }
+    const unsigned finite = V::bits(Step::apply(p, g, view, 0, s));
+    for (int j = 0; j < kStates; ++j) {
+      if (in[j] != nullptr) V::store(in[j] + i, states[j]);
+    }
+    P::template store_lanes<V>(b.param, copy, b.remainder, i, p);
+    return finite;
   }
   // Updates element i (the CUDA kernels: kernels/vector_step.hpp).
   SHARDOPT_HOST_DEVICE static bool apply(const Buffers& b, const Scalars& s, std::size_t i) {

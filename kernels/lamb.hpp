@@ -51,11 +51,13 @@ inline LambScalars make_lamb_scalars(double beta1, double beta2, double eps, dou
 
 // One element of the direction: m and v updated in place, r written; p is
 // only read. Returns whether the gradient (after grad_mul) is finite.
-SHARDOPT_HOST_DEVICE inline bool lamb_direction_element(float p, float g, float& m, float& v,
-                                                        float& r, const LambScalars& s) {
-  const bool finite = update_moments<WeightDecay::none>(p, g, m, v, s);
-  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
-  r = fmaf(s.weight_decay, p, (m / s.bias_correction1) / denom);  // m_hat / denom + wd * p
+// (F float, or a vector of lanes: kernels/element.hpp.)
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto lamb_direction_element(F p, F g, F& m, F& v, F& r,
+                                                                       const LambScalars& s) {
+  const auto finite = update_moments<WeightDecay::none>(p, g, m, v, s);
+  const F denom = sqrt_op(v) / s.bias_correction2_sqrt + s.eps;
+  r = fma_op(s.weight_decay, p, (m / s.bias_correction1) / denom);  // m_hat / denom + wd * p
   return finite;
 }
 
@@ -124,8 +126,9 @@ struct LambApplyBuffers {
   }
 };
 
-SHARDOPT_HOST_DEVICE inline void lamb_apply_element(float& p, float r, float neg_step) {
-  p = fmaf(neg_step, r, p);
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE void lamb_apply_element(F& p, F r, float neg_step) {
+  p = fma_op(neg_step, r, p);
 }
 
 // The apply pass's neg_step from the norms of a whole tensor: -(lr * trust)

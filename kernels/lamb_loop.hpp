@@ -61,6 +61,63 @@ struct LambDirectionLoop {
     }
     return all_finite;
   }
+  // range with a vector of lanes V (the CPU kernels: kernels/cpu/lanes.hpp):
+  // 16 elements at a time, element j of a norm block in lane j % 16 of the
+  // block's sums, so that the sums are lane_sum_squares2's bitwise, taken
+  // while p and r are still in registers. prefetch(i) prefetches the
+  // buffers ahead of the group of elements from i.
+  template <class V, class Prefetch>
+  [[gnu::always_inline]] static inline bool range_lanes(const LambWork& w, const LambScalars& s,
+                                                        std::size_t begin, std::size_t end,
+                                                        const Prefetch& prefetch) {
+    static_assert(V::width == kNormLanes && kLambNormBlock % kNormLanes == 0);
+    const LambBuffers& b = w.b;
+    const auto* hi = reinterpret_cast<const typename P::Copy*>(b.param_bf16);
+    const G* g = static_cast<const G*>(b.grad);
+    unsigned finite = ~0u;
+    bool tail_finite = true;
+    for (std::size_t k = begin; k < end; k += kLambNormBlock) {
+      const std::size_t count = end - k < kLambNormBlock ? end - k : kLambNormBlock;
+      typename V::Sums sp = V::zero_sums(), sr = V::zero_sums();
+      std::size_t j = 0;
+      for (; j + V::width <= count; j += V::width) {
+        const std::size_t i = k + j;
+        prefetch(i);
+        const V p = P::template load_lanes<V>(b.param, hi, b.remainder, i);
+        V m = V::load(b.exp_avg + i), v = V::load(b.exp_avg_sq + i), r;
+        finite &= V::bits(lamb_direction_element(p, V::load(g + i), m, v, r, s));
+        V::store(b.exp_avg + i, m);
+        V::store(b.exp_avg_sq + i, v);
+        V::store(b.update + i, r);
+        V::add_squares(sp, p);
+        V::add_squares(sr, r);
+      }
+      double lp[kNormLanes], lr[kNormLanes];
+      V::store_sums(lp, sp);
+      V::store_sums(lr, sr);
+      // The block's last count - j elements (the end of the range), element
+      // j + l to lane l, then the lanes' tree: as lane_sum_squares2.
+      const auto p = values(b);
+      for (std::size_t l = 0; j + l < count; ++l) {
+        const std::size_t i = k + j + l;
+        tail_finite = lamb_direction_element(p[i], load_grad(g, i), b.exp_avg[i], b.exp_avg_sq[i],
+                                             b.update[i], s) &&
+                      tail_finite;
+        const double u = static_cast<double>(p[i]), x = static_cast<double>(b.update[i]);
+        lp[l] += u * u;
+        lr[l] += x * x;
+      }
+      for (int width = kNormLanes / 2; width > 0; width /= 2) {
+        for (int l = 0; l < width; ++l) {
+          lp[l] += lp[l + width];
+          lr[l] += lr[l + width];
+        }
+      }
+      w.sums[2 * (k / kLambNormBlock)] = lp[0];
+      w.sums[2 * (k / kLambNormBlock) + 1] = lr[0];
+    }
+    return (finite & 0xffffu) == 0xffffu && tail_finite;
+  }
   SHARDOPT_HOST_DEVICE static bool apply(const LambBuffers& b, const LambScalars& s,
                                          std::size_t i) {
     return lamb_direction_element(values(b)[i], load_grad(static_cast<const G*>(b.grad), i),
@@ -93,6 +150,17 @@ struct LambApplyLoop {
       P::store(p, copy, rem, i, pi);
     }
     return true;
+  }
+  // The V::width elements from i with a vector of lanes V (kernels/cpu/lanes.hpp).
+  template <class V>
+  [[gnu::always_inline]] static inline unsigned lanes(const LambApplyBuffers& b,
+                                                      const float& neg_step, std::size_t i) {
+    using Copy = typename P::Copy;
+    Copy* copy = static_cast<Copy*>(b.param_out);
+    V p = P::template load_lanes<V>(b.param, copy, b.remainder, i);
+    lamb_apply_element(p, V::load(b.update + i), neg_step);
+    P::template store_lanes<V>(b.param, copy, b.remainder, i, p);
+    return ~0u;
   }
   SHARDOPT_HOST_DEVICE static bool apply(const LambApplyBuffers& b, const float& neg_step,
                                          std::size_t i) {

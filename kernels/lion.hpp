@@ -44,16 +44,18 @@ inline LionScalars make_lion_scalars(double lr, double beta1, double beta2, doub
 
 // One element: p and m updated in place. Returns whether the gradient
 // (after grad_mul) is finite.
-SHARDOPT_HOST_DEVICE inline bool lion_element(float& p, float g, float& m, const LionScalars& s) {
+template <class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto lion_element(F& p, F g, F& m,
+                                                             const LionScalars& s) {
   g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
+  const auto finite = finite_op(g);
   g = g * s.grad_sign;
-  p = p * s.decay;                                          // p.mul_(1 - lr * wd)
-  const float c = fmaf(s.one_minus_beta1, g, m * s.beta1);  // m * b1 + (1 - b1) * g
+  p = p * s.decay;                                        // p.mul_(1 - lr * wd)
+  const F c = fma_op(s.one_minus_beta1, g, m * s.beta1);  // m * b1 + (1 - b1) * g
   // sign(c): +-1, zero stays zero and NaN stays NaN, as torch.sign.
-  const float sign = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c;
-  p = fmaf(s.neg_lr, sign, p);                  // p.add_(sign(c), alpha=-lr): exact product
-  m = fmaf(s.one_minus_beta2, g, m * s.beta2);  // m.mul_(b2).add_(g, alpha=1 - b2)
+  const F sign = select_op(c > 0.0f, splat<F>(1.0f), select_op(c < 0.0f, splat<F>(-1.0f), c));
+  p = fma_op(s.neg_lr, sign, p);                  // p.add_(sign(c), alpha=-lr): exact product
+  m = fma_op(s.one_minus_beta2, g, m * s.beta2);  // m.mul_(b2).add_(g, alpha=1 - b2)
   return finite;
 }
 
@@ -64,16 +66,17 @@ struct LionBuffers : StateBuffers<LionBuffers> {
   float* exp_avg = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(exp_avg);
   }
 };
 
 // One element of a Lion step (kernels/element_loop.hpp).
 struct LionStep : StepTypes<LionBuffers, LionScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return lion_element(p, g, b.exp_avg[i], s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return lion_element(p, g, lane<F>(b.exp_avg, i), s);
   }
 };
 

@@ -55,16 +55,17 @@ inline MomentScalars make_moment_scalars(double lr, std::pair<double, double> be
 // float) scaled by grad_mul and signed, weight decay W applied to p or g,
 // and the moments m and v updated in place. Returns whether the gradient
 // (after grad_mul) is finite; g is left as the moments saw it.
-template <WeightDecay W>
-SHARDOPT_HOST_DEVICE inline bool update_moments(float& p, float& g, float& m, float& v,
-                                                const MomentScalars& s) {
+template <WeightDecay W, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto update_moments(F& p, F& g, F& m, F& v,
+                                                               const MomentScalars& s) {
   g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
+  const auto finite = finite_op(g);
   g = g * s.grad_sign;
-  if constexpr (W == WeightDecay::decoupled) p = p * s.decay;          // param.mul_(1 - lr*wd)
-  if constexpr (W == WeightDecay::l2) g = fmaf(s.weight_decay, p, g);  // grad.add(param, alpha=wd)
-  m = fmaf(s.one_minus_beta1, g, m * s.beta1);                         // mul_(b1).add_(g, 1-b1)
-  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);  // mul_(b2).addcmul_(g, g, 1-b2)
+  if constexpr (W == WeightDecay::decoupled) p = p * s.decay;  // param.mul_(1 - lr*wd)
+  if constexpr (W == WeightDecay::l2)
+    g = fma_op(s.weight_decay, p, g);                 // grad.add(param, alpha=wd)
+  m = fma_op(s.one_minus_beta1, g, m * s.beta1);      // mul_(b1).add_(g, 1-b1)
+  v = fma_op(s.one_minus_beta2 * g, g, v * s.beta2);  // mul_(b2).addcmul_(g, g, 1-b2)
   return finite;
 }
 
@@ -77,7 +78,7 @@ struct MomentBuffers : StateBuffers<MomentBuffers> {
   float* exp_avg_sq = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(exp_avg);
     f(exp_avg_sq);
   }

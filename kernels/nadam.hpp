@@ -71,13 +71,13 @@ inline NAdamScalars make_nadam_scalars(const NAdam& o, std::int64_t step, double
 
 // One element: p, m and v updated in place; g is the gradient as stored,
 // converted to float. Returns whether the gradient (after grad_mul) is finite.
-template <WeightDecay W>
-SHARDOPT_HOST_DEVICE inline bool nadam_element(float& p, float g, float& m, float& v,
-                                               const NAdamScalars& s) {
-  const bool finite = update_moments<W>(p, g, m, v, s);
-  const float denom = sqrtf(v / s.bias_correction2) + s.eps;  // div(bc2).sqrt().add_(eps)
-  p = p + (s.grad_coef * g) / denom;                          // addcdiv_(grad, denom, coef)
-  p = p + (s.avg_coef * m) / denom;                           // addcdiv_(exp_avg, denom, coef)
+template <WeightDecay W, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto nadam_element(F& p, F g, F& m, F& v,
+                                                              const NAdamScalars& s) {
+  const auto finite = update_moments<W>(p, g, m, v, s);
+  const F denom = sqrt_op(v / s.bias_correction2) + s.eps;  // div(bc2).sqrt().add_(eps)
+  p = p + (s.grad_coef * g) / denom;                        // addcdiv_(grad, denom, coef)
+  p = p + (s.avg_coef * m) / denom;                         // addcdiv_(exp_avg, denom, coef)
   return finite;
 }
 
@@ -87,9 +87,10 @@ using NAdamBuffers = MomentBuffers;
 // One element of a NAdam step of the given weight decay (kernels/element_loop.hpp).
 template <WeightDecay W>
 struct NAdamStep : StepTypes<NAdamBuffers, NAdamScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return nadam_element<W>(p, g, b.exp_avg[i], b.exp_avg_sq[i], s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return nadam_element<W>(p, g, lane<F>(b.exp_avg, i), lane<F>(b.exp_avg_sq, i), s);
   }
 };
 

@@ -54,14 +54,14 @@ inline RAdamScalars make_radam_scalars(const RAdam& o, std::int64_t step, double
 
 // One element: p, m and v updated in place; g is the gradient as stored,
 // converted to float. Returns whether the gradient (after grad_mul) is finite.
-template <WeightDecay W, bool Rectified>
-SHARDOPT_HOST_DEVICE inline bool radam_element(float& p, float g, float& m, float& v,
-                                               const RAdamScalars& s) {
-  const bool finite = update_moments<W>(p, g, m, v, s);
-  const float corrected = m / s.bias_correction1;  // exp_avg / bias_correction1
+template <WeightDecay W, bool Rectified, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto radam_element(F& p, F g, F& m, F& v,
+                                                              const RAdamScalars& s) {
+  const auto finite = update_moments<W>(p, g, m, v, s);
+  const F corrected = m / s.bias_correction1;  // exp_avg / bias_correction1
   if constexpr (Rectified) {
     // sqrt(bc2) / (sqrt(v) + eps): torch's scalar / tensor is reciprocal() * scalar.
-    const float adaptive = (1.0f / (sqrtf(v) + s.eps)) * s.bias_correction2_sqrt;
+    const F adaptive = (1.0f / (sqrt_op(v) + s.eps)) * s.bias_correction2_sqrt;
     p = p -
         ((corrected * s.lr) * adaptive) * s.rect;  // add_(m_hat * lr * adaptive * rect, alpha=-1)
   } else {
@@ -76,9 +76,10 @@ using RAdamBuffers = MomentBuffers;
 // One element of a RAdam step of the given modes (kernels/element_loop.hpp).
 template <WeightDecay W, bool Rectified>
 struct RAdamStep : StepTypes<RAdamBuffers, RAdamScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return radam_element<W, Rectified>(p, g, b.exp_avg[i], b.exp_avg_sq[i], s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return radam_element<W, Rectified>(p, g, lane<F>(b.exp_avg, i), lane<F>(b.exp_avg_sq, i), s);
   }
 };
 

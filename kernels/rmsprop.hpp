@@ -53,25 +53,25 @@ inline RmspropScalars make_rmsprop_scalars(double lr, double alpha, double eps, 
 // updated in place; g is the gradient as stored, converted to float. Wd
 // (weight_decay != 0), Centered and Mom (momentum != 0) are template
 // arguments. Returns whether the gradient (after grad_mul) is finite.
-template <bool Wd, bool Centered, bool Mom>
-SHARDOPT_HOST_DEVICE inline bool rmsprop_element(float& p, float g, float& sq, float* grad_avg,
-                                                 float* buf, const RmspropScalars& s) {
+template <bool Wd, bool Centered, bool Mom, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto rmsprop_element(F& p, F g, F& sq, F* grad_avg,
+                                                                F* buf, const RmspropScalars& s) {
   g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
+  const auto finite = finite_op(g);
   g = g * s.grad_sign;
-  if constexpr (Wd) g = fmaf(s.weight_decay, p, g);   // grad.add(param, alpha=wd)
-  sq = fmaf(s.one_minus_alpha * g, g, sq * s.alpha);  // mul_(alpha).addcmul_(g, g, 1-alpha)
-  float avg;
+  if constexpr (Wd) g = fma_op(s.weight_decay, p, g);   // grad.add(param, alpha=wd)
+  sq = fma_op(s.one_minus_alpha * g, g, sq * s.alpha);  // mul_(alpha).addcmul_(g, g, 1-alpha)
+  F avg;
   if constexpr (Centered) {
-    *grad_avg = fmaf(s.one_minus_alpha, g, *grad_avg * s.alpha);  // mul_(a).add_(g, 1-a)
-    avg = sqrtf(fmaf(-*grad_avg, *grad_avg, sq));  // sq.addcmul(ga, ga, value=-1).sqrt_()
+    *grad_avg = fma_op(s.one_minus_alpha, g, *grad_avg * s.alpha);  // mul_(a).add_(g, 1-a)
+    avg = sqrt_op(fma_op(-*grad_avg, *grad_avg, sq));  // sq.addcmul(ga, ga, value=-1).sqrt_()
   } else {
-    avg = sqrtf(sq);
+    avg = sqrt_op(sq);
   }
   avg = avg + s.eps;  // add_(eps)
   if constexpr (Mom) {
     *buf = *buf * s.momentum + g / avg;  // buf.mul_(momentum).addcdiv_(grad, avg)
-    p = fmaf(s.neg_lr, *buf, p);         // param.add_(buf, alpha=-lr)
+    p = fma_op(s.neg_lr, *buf, p);       // param.add_(buf, alpha=-lr)
   } else {
     p = p + (s.neg_lr * g) / avg;  // param.addcdiv_(grad, avg, value=-lr)
   }
@@ -89,7 +89,7 @@ struct RmspropBuffers : StateBuffers<RmspropBuffers> {
   float* momentum_buffer = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(square_avg);
     f(grad_avg);
     f(momentum_buffer);
@@ -99,11 +99,12 @@ struct RmspropBuffers : StateBuffers<RmspropBuffers> {
 // One element of an RMSprop step of the given modes (kernels/element_loop.hpp).
 template <bool Wd, bool Centered, bool Mom>
 struct RmspropStep : StepTypes<RmspropBuffers, RmspropScalars> {
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return rmsprop_element<Wd, Centered, Mom>(p, g, b.square_avg[i],
-                                              Centered ? b.grad_avg + i : nullptr,
-                                              Mom ? b.momentum_buffer + i : nullptr, s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return rmsprop_element<Wd, Centered, Mom>(p, g, lane<F>(b.square_avg, i),
+                                              Centered ? lane_ptr<F>(b.grad_avg, i) : nullptr,
+                                              Mom ? lane_ptr<F>(b.momentum_buffer, i) : nullptr, s);
   }
 };
 

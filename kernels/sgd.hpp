@@ -55,18 +55,19 @@ inline SgdScalars make_sgd_scalars(double lr, double momentum, double dampening,
 // gradient as stored, converted to float. Wd (weight_decay != 0) and Mom
 // (momentum != 0) are template arguments so that the loops carry no
 // branches. Returns whether the gradient (after grad_mul) is finite.
-template <bool Wd, bool Mom>
-SHARDOPT_HOST_DEVICE inline bool sgd_element(float& p, float g, float* buf, const SgdScalars& s) {
+template <bool Wd, bool Mom, class F>
+SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE auto sgd_element(F& p, F g, F* buf,
+                                                            const SgdScalars& s) {
   g = g * s.grad_mul;
-  const bool finite = is_finite_bits(g);
+  const auto finite = finite_op(g);
   g = g * s.grad_sign;
-  if constexpr (Wd) g = fmaf(s.weight_decay, p, g);  // d_p.add(param, alpha=wd)
+  if constexpr (Wd) g = fma_op(s.weight_decay, p, g);  // d_p.add(param, alpha=wd)
   if constexpr (Mom) {
     // buf.mul_(momentum).add_(d_p, alpha=1 - dampening), or clone(d_p) on step 1
-    *buf = s.first_step ? g : fmaf(s.one_minus_dampening, g, *buf * s.momentum);
-    g = s.nesterov ? fmaf(s.momentum, *buf, g) : *buf;  // d_p.add(buf, alpha=momentum)
+    *buf = s.first_step ? g : fma_op(s.one_minus_dampening, g, *buf * s.momentum);
+    g = s.nesterov ? fma_op(s.momentum, *buf, g) : *buf;  // d_p.add(buf, alpha=momentum)
   }
-  p = fmaf(s.neg_lr, g, p);  // param.add_(d_p, alpha=-lr)
+  p = fma_op(s.neg_lr, g, p);  // param.add_(d_p, alpha=-lr)
   return finite;
 }
 
@@ -77,7 +78,7 @@ struct SgdBuffers : StateBuffers<SgdBuffers> {
   float* momentum_buffer = nullptr;
 
   template <class F>
-  SHARDOPT_HOST_DEVICE constexpr void each_state(F&& f) {
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE constexpr void each_state(F&& f) {
     f(momentum_buffer);
   }
 };
@@ -90,9 +91,10 @@ struct SgdStep : StepTypes<SgdBuffers, SgdScalars> {
   // (kernels/cpu/runner.hpp).
   static constexpr bool plain_loop = true;
   // sgd_element reads the momentum buffer only after the first step.
-  SHARDOPT_HOST_DEVICE static bool apply(float& p, float g, const Buffers& b, std::size_t i,
-                                         const Scalars& s) {
-    return sgd_element<Wd, Mom>(p, g, Mom ? b.momentum_buffer + i : nullptr, s);
+  template <class F>
+  SHARDOPT_HOST_DEVICE SHARDOPT_FORCE_INLINE static auto apply(F& p, F g, const Buffers& b,
+                                                               std::size_t i, const Scalars& s) {
+    return sgd_element<Wd, Mom>(p, g, Mom ? lane_ptr<F>(b.momentum_buffer, i) : nullptr, s);
   }
   // The buffers and how this step uses them (the CUDA kernels' vector
   // loads): with momentum, the first step only writes the momentum buffer.

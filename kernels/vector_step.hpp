@@ -14,11 +14,6 @@
 
 #include "kernels/element.hpp"
 
-#if defined(__CUDACC__)
-#define SHARDOPT_FORCE_INLINE __forceinline__
-#else
-#define SHARDOPT_FORCE_INLINE [[gnu::always_inline]] inline
-#endif
 #if defined(__CUDA_ARCH__)
 #define SHARDOPT_UNROLL _Pragma("unroll")
 #elif defined(__CUDACC__)

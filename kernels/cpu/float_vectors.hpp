@@ -19,12 +19,18 @@
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics start their unmasked forms from a
-// self-initialized "undefined" vector, which -Wmaybe-uninitialized reports
-// wherever they are inlined: a false positive, silenced for these headers.
+// self-initialized "undefined" vector, which -Wmaybe-uninitialized (and,
+// where GCC sees the whole path, -Wuninitialized) reports wherever they are
+// inlined: a false positive, silenced for these headers.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 namespace shardopt::kernels::cpu::detail {
 
@@ -50,16 +56,19 @@ struct Avx512 {
   // bf16_from_float in every lane: a NaN keeps its high half, made quiet;
   // anything else rounds to nearest even (inf stays inf, overflow gives inf).
   [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX512 static inline void store(bfloat16* p, Vec x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(x)));
+  }
+  // bf16_from_float's bits in the low half of every 32-bit lane: the NaN
+  // lanes (an unordered self-comparison) take their quiet high half in the
+  // same masked OR that would otherwise be a blend.
+  [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX512 static inline __m512i bf16_bits(Vec x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i high = _mm512_srli_epi32(u, 16);
     const __m512i bias =
         _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
     const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    const __m512i bits = _mm512_mask_mov_epi32(rounded, nan, quiet);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40));
   }
   [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX512 static inline void store(float16* p, Vec x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
@@ -99,19 +108,23 @@ struct Avx2 {
   }
   // As Avx512::store(bfloat16*, ...).
   [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX2 static inline void store(bfloat16* p, Vec x) {
+    const __m256i bits = bf16_bits(x);
+    // Every lane is below 2^16: the unsigned saturating pack keeps it.
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  // As Avx512::bf16_bits.
+  [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX2 static inline __m256i bf16_bits(Vec x) {
     const __m256i u = _mm256_castps_si256(x);
     const __m256i high = _mm256_srli_epi32(u, 16);
     const __m256i bias =
         _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
     const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i bits = _mm256_blendv_epi8(rounded, quiet, nan);
-    // Every lane is below 2^16: the unsigned saturating pack keeps it.
-    const __m128i packed =
-        _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
   }
   [[gnu::always_inline]] SHARDOPT_CPU_TARGET_AVX2 static inline void store(float16* p, Vec x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
