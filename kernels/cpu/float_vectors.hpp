@@ -18,19 +18,7 @@
 #include "shardopt/half.hpp"
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics start their unmasked forms from a
-// self-initialized "undefined" vector, which -Wmaybe-uninitialized (and,
-// where GCC sees the whole path, -Wuninitialized) reports wherever they are
-// inlined: a false positive, silenced for these headers.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+// The intrinsics: common/cpu_features.hpp (through kernels/cpu/isa.hpp).
 
 namespace shardopt::kernels::cpu::detail {
 

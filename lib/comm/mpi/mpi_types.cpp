@@ -8,18 +8,6 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-// GCC 12's AVX-512 intrinsics start their unmasked forms from a
-// self-initialized "undefined" vector, which -Wmaybe-uninitialized reports
-// wherever they are inlined: a false positive, silenced for this header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #endif
 
 #include "common/check.hpp"
