@@ -18,10 +18,17 @@
 //                        optimizer's communicator while the others call an
 //                        allgather: with SHARDOPT_DESYNC_CHECK=1 every rank
 //                        prints the DesyncError and exits with status 1.
+//   fault_job owned      (tests/cli/test_shm.sh) stage 2 with gradients the
+//                        optimizer owns, 5 steps of Adam on gradients that
+//                        differ by rank; rank 0 prints "node_shared <bytes>"
+//                        (memory_report: the fused update's shared
+//                        gradients, 0 without it) and "params <FNV-1a hash
+//                        of the parameters' bytes>".
 #include <mpi.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,39 +36,73 @@
 
 #include "shardopt/shardopt.hpp"
 
+namespace {
+
+// The "owned" job (above).
+void run_owned(shardopt::Communicator& comm, int rank) {
+  // 300000 elements: 1.2 MB of gradients per rank.
+  std::vector<float> w(300000, 0.5f);
+  shardopt::ZeroRedundancyOptimizer opt(comm, {{.name = "w", .data = w.data(), .numel = w.size()}},
+                                        shardopt::Adam{.lr = 1e-3}, {.stage = 2});
+  for (int s = 0; s < 5; ++s) {
+    auto* g = static_cast<float*>(opt.grad(0));
+    for (std::size_t i = 0; i < w.size(); ++i)
+      g[i] =
+          0.01f * static_cast<float>((rank + 1) * (s + 1)) - 1e-7f * static_cast<float>(i % 1000);
+    opt.step();
+  }
+  std::uint64_t h = 1469598103934665603ULL;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
+  for (std::size_t k = 0; k < w.size() * sizeof(float); ++k) h = (h ^ bytes[k]) * 1099511628211ULL;
+  if (rank == 0)
+    std::printf("node_shared %zu\nparams %016llx\n", opt.memory_report().node_shared,
+                static_cast<unsigned long long>(h));
+}
+
+// The other jobs (above).
+void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, bool apart, bool die) {
+  std::vector<float> w(4096, 0.5f), g(4096, 0.01f);
+  shardopt::ZeroRedundancyOptimizer opt(
+      comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = g.data()}},
+      shardopt::Adam{.lr = 1e-3}, {.stage = 2});
+  for (int s = 0; s < 3; ++s) opt.step();
+  if (desync) {
+    std::vector<double> x(3 * static_cast<std::size_t>(comm.size()), 1.0);
+    if (rank == odd)
+      comm.allreduce(x.data(), x.data(), 3, shardopt::DType::f64, shardopt::ReduceOp::sum);
+    else
+      comm.allgather(x.data() + 3 * rank, x.data(), 3, shardopt::DType::f64);
+  } else if (apart && rank == odd) {
+    comm.barrier();
+  } else if (rank == odd) {
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::printf("%s at %.3f\n", die ? "died" : "stalled", now);
+    std::fflush(stdout);
+    if (die) _exit(9);
+    sleep(600);
+  }
+  opt.step();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool desync = argc > 1 && std::strcmp(argv[1], "desync") == 0;
   const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
   const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
+  const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
-    std::vector<float> w(4096, 0.5f), g(4096, 0.01f);
-    shardopt::ZeroRedundancyOptimizer opt(
-        comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = g.data()}},
-        shardopt::Adam{.lr = 1e-3}, {.stage = 2});
-    for (int s = 0; s < 3; ++s) opt.step();
-    if (desync) {
-      std::vector<double> x(3 * static_cast<std::size_t>(comm.size()), 1.0);
-      if (rank == odd)
-        comm.allreduce(x.data(), x.data(), 3, shardopt::DType::f64, shardopt::ReduceOp::sum);
-      else
-        comm.allgather(x.data() + 3 * rank, x.data(), 3, shardopt::DType::f64);
-    } else if (apart && rank == odd) {
-      comm.barrier();
-    } else if (rank == odd) {
-      const double now =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
-      std::printf("%s at %.3f\n", die ? "died" : "stalled", now);
-      std::fflush(stdout);
-      if (die) _exit(9);
-      sleep(600);
+    if (owned) {
+      run_owned(comm, rank);
+    } else {
+      run_fault(comm, rank, odd, desync, apart, die);
     }
-    opt.step();
   } catch (const shardopt::Error& e) {
     std::fprintf(stderr, "fault_job: rank %d: %s\n", rank, e.what());
     status = 1;

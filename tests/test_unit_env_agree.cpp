@@ -36,11 +36,11 @@ std::string value(const std::string& var, const std::string& set) {
 }  // namespace
 
 TEST_CASE("settings: the variables every rank must set alike", "[settings][agree]") {
-  const std::set<std::string> expected = {"SHARDOPT_COMM_MAX_CHUNK", "SHARDOPT_CHECK_ARGS",
-                                          "SHARDOPT_BUCKET_MB",      "SHARDOPT_TIMEOUT",
-                                          "SHARDOPT_DESYNC_CHECK",   "SHARDOPT_STAGED_CHUNK_KB",
-                                          "SHARDOPT_DEVICE_COMM",    "SHARDOPT_CHECK_SYNC",
-                                          "SHARDOPT_HOST_COMM",      "SHARDOPT_SHM_CHUNK_KB"};
+  const std::set<std::string> expected = {
+      "SHARDOPT_COMM_MAX_CHUNK", "SHARDOPT_CHECK_ARGS",   "SHARDOPT_BUCKET_MB",
+      "SHARDOPT_TIMEOUT",        "SHARDOPT_DESYNC_CHECK", "SHARDOPT_STAGED_CHUNK_KB",
+      "SHARDOPT_DEVICE_COMM",    "SHARDOPT_CHECK_SYNC",   "SHARDOPT_HOST_COMM",
+      "SHARDOPT_SHM_CHUNK_KB",   "SHARDOPT_FUSED_UPDATE"};
   std::set<std::string> flagged;
   for (const auto& v : shardopt::environment_variables())
     if (v.same_on_every_rank) flagged.insert(v.name);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mpi_test.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/zero.hpp"
 #include "zero_helpers.hpp"
 
@@ -587,5 +588,83 @@ TEST_CASE("ZeRO: a moved optimizer steps on", "[zero][basics][host-memory]") {
     INFO("move construction and assignment, stage " << stage);
     if (!failure.empty()) UNSCOPED_INFO("rank " << rank << ": " << failure);
     CHECK(all_ranks_true(failure.empty()));
+  }
+}
+
+// Stage 2 with gradient buffers the optimizer owns, every rank on one node
+// with the shm transport, host buffers: the owned gradients live in shared
+// memory and step() runs the fused reduce-scatter + update
+// (SHARDOPT_FUSED_UPDATE), reading every rank's gradients of the shard
+// block by block. Bitwise the functional step: every element-wise optimizer
+// of the table on tiny buckets (blocks that cross buckets), fp32 and bf16
+// with remainders; Adam on pieces larger than the update's blocks, in every
+// precision, with micro-batches (the shard accumulating the earlier ones,
+// the last one fused or reduced by reduce_gradients()); clipping and a
+// non-finite check, which need the reduced gradients before the update.
+// memory_report counts this rank's part of the shared gradients in
+// node_shared (0 where the step is not fused: one rank, the mpi transport,
+// a device).
+TEST_CASE("ZeRO stage 2: the fused reduce-scatter + update of owned gradients", "[zero][fused]") {
+  Communicator world(MPI_COMM_WORLD);
+  const bool fused = world_size() > 1 && !Model::on_device &&
+                     std::string(world.backend_name()) == "shm" && settings().fused_update;
+  auto memory_check = [fused](std::shared_ptr<std::string> problem) {
+    return [fused, problem](ZeroRedundancyOptimizer& opt, const StepInfo&, const Grads&, int) {
+      const MemoryReport m = opt.memory_report();
+      const std::size_t want = fused ? m.owned_grads : 0;
+      if (m.node_shared != want || m.owned_grads == 0)
+        *problem = "memory_report: node_shared " + std::to_string(m.node_shared) +
+                   ", owned_grads " + std::to_string(m.owned_grads) + ", expected node_shared " +
+                   std::to_string(want);
+    };
+  };
+  auto run_checked = [&](Run run) {
+    run.owned_grads = true;
+    auto problem = std::make_shared<std::string>();
+    if (!run.after_step) run.after_step = memory_check(problem);
+    run_and_compare(run);
+    INFO(describe(run) << (fused ? ": fused" : ": not fused"));
+    if (!problem->empty()) UNSCOPED_INFO("rank " << world_rank() << ": " << *problem);
+    CHECK(all_ranks_true(problem->empty()));
+  };
+  Optimizers::each([&]<class O>() {
+    if constexpr (is_elementwise<O>) {
+      O o{};
+      o.lr = 1e-3;
+      for (Precision p : {Precision::f32, Precision::bf16_rem}) {
+        Run run = base_run(awkward_layout(), p, o, 2, 2);
+        run.options.bucket_mb = kTinyBucket;
+        run.key = 61;
+        run_checked(run);
+      }
+    }
+  });
+  // 110007 elements: pieces of 36669 at 3 ranks, more than one block.
+  const Layout large = make_layout({70000, 3, 40001, 0, 3});
+  for (Precision p : {Precision::f32, Precision::bf16, Precision::f16})
+    for (int mode = 0; mode < 3; ++mode) {
+      // 0: one micro-batch; 1: three, reduce_gradients() after each but
+      // the last; 2: three, after each, the last too.
+      Run run = base_run(large, p, Adam{.lr = 1e-2}, 2, 3);
+      run.micro_batches = mode == 0 ? 1 : 3;
+      run.reduce_last = mode == 2;
+      run.ready = mode == 1 ? Ready::none : Ready::reverse;
+      run.key = 62;
+      run_checked(run);
+    }
+  const int n = world_size();
+  const double norm0 =
+      averaged_norm(reduced_grads(large, DType::f32, GradKind::exact, 63, 0, n), n);
+  for (NonFinite policy : {NonFinite::ignore, NonFinite::skip, NonFinite::error}) {
+    Run run = base_run(large, Precision::f32, SGD{.lr = 0.1, .momentum = 0.9}, 2, 3);
+    run.options.non_finite = policy;
+    run.key = 63;
+    if (policy == NonFinite::skip)
+      run.before_update = [=](ZeroRedundancyOptimizer& opt, const Grads&, int, double grad_mul) {
+        const double norm = opt.clip_grad_norm(0.5 * norm0);
+        const double coef = 0.5 * norm0 / (norm + 1e-6);
+        return coef < 1.0 ? grad_mul * coef : grad_mul;
+      };
+    run_checked(run);
   }
 }

@@ -71,7 +71,10 @@ Row Bench::run(int stage, DType t, bool& differ) {
   // gradient would: no full-size gradient buffer is registered, which is
   // the memory the stage-2 formula counts. b_.grads stands for the
   // backward pass's output and is not counted.
-  const bool stream = stage == 2;
+  // With --grads owned the optimizer owns them instead (Param::grad null),
+  // and grad_ready(i, grad) copies into its buffer: the fused update.
+  const bool stream = stage == 2 && !o_.owned_grads;
+  const bool owned = stage == 2 && o_.owned_grads;
   std::vector<const unsigned char*> grad_of;
   std::size_t offset = 0;
   for (const Tensor& x : layout) {
@@ -79,7 +82,7 @@ Row Bench::run(int stage, DType t, bool& differ) {
     p.name = x.name;
     p.data = b_.params.as<unsigned char>() + offset * es;
     grad_of.push_back(b_.grads.as<unsigned char>() + offset * es);
-    p.grad = stream ? nullptr : b_.grads.as<unsigned char>() + offset * es;
+    p.grad = stream || owned ? nullptr : b_.grads.as<unsigned char>() + offset * es;
     p.numel = x.numel;
     p.dtype = t;
     params.push_back(std::move(p));
@@ -152,7 +155,7 @@ Row Bench::run(int stage, DType t, bool& differ) {
   auto run_engine = [&] {
     sample[kTotal] = timed([&] {
       for (std::size_t i = np; i-- > 0;) {
-        if (stream)
+        if (stream || owned)
           opt.grad_ready(i, grad_of[i]);
         else
           opt.grad_ready(i);
@@ -292,6 +295,7 @@ Row Bench::run(int stage, DType t, bool& differ) {
   r.mem_bytes = mem;
   r.formula_bytes =
       shardopt::zero_memory_formula(stage, static_cast<double>(b_.psi), nranks_, t, state_bytes());
+  if (owned) r.formula_bytes += static_cast<double>(b_.psi * es);  // the owned gradients
   r.bucket_bytes = bucket_bytes(b_.psi, t, stage);
 
   // Every rank must hold the same parameters after a step.

@@ -38,6 +38,12 @@ std::string usage() {
          "  -w, --warmup N         untimed steps first (default 3)\n"
          "  -n, --iters N          timed steps, at least (default 20); small sizes run more,\n"
          "                         about 1 s worth per row, up to 1000 (after -w warm-up)\n"
+         "  -g, --grads MODE       stage 2's gradients: stream (default: stream_grads, each\n"
+         "                         copied into its bucket by grad_ready(i, grad)) or owned\n"
+         "                         (buffers the optimizer owns, filled by the same call: the\n"
+         "                         fused reduce-scatter + update where SHARDOPT_FUSED_UPDATE\n"
+         "                         and the shm transport allow; the formula then counts the\n"
+         "                         full gradient buffer too)\n"
          "      --json             one JSON object per row on stdout; the rest on stderr\n"
          "  -h, --help             this text\n"
          "\n"
@@ -121,7 +127,7 @@ Options parse_options(int argc, char** argv) {
       {'s', "stages", true},    {'p', "params", true},    {'d', "dtype", true},
       {'o', "optimizer", true}, {'b', "bucket-mb", true}, {'w', "warmup", true},
       {'n', "iters", true},     {0, "json", false},       {'h', "help", false},
-      {0, "device", true},
+      {0, "device", true},      {'g', "grads", true},
   };
   cli::for_each_option(
       argc, argv, kSpecs,
@@ -167,6 +173,8 @@ Options parse_options(int argc, char** argv) {
           o.json = true;
         } else if (name == "device") {
           o.device = cli::parse_choice<bool>(label, v, {{"host", false}, {"cuda", true}});
+        } else if (name == "grads") {
+          o.owned_grads = cli::parse_choice<bool>(label, v, {{"stream", false}, {"owned", true}});
         } else if (name == "help") {
           o.help = true;
         }

@@ -58,6 +58,9 @@ struct Options {
   int iters = 20;
   bool json = false;
   bool help = false;
+  // Stage 2's gradients: streamed into the buckets (stream_grads), or in
+  // buffers the optimizer owns (the fused update where it applies).
+  bool owned_grads = false;
   bool device = false;  // --device cuda: the step on device buffers (device.hpp)
 };
 

@@ -66,6 +66,7 @@ struct Settings {
   CudaAwareMpi cuda_aware_mpi = CudaAwareMpi::ask;  // SHARDOPT_CUDA_AWARE_MPI
   HostComm host_comm = HostComm::automatic;         // SHARDOPT_HOST_COMM
   std::size_t shm_chunk_kb = 1024;                  // SHARDOPT_SHM_CHUNK_KB
+  bool fused_update = true;                         // SHARDOPT_FUSED_UPDATE
 };
 
 // The settings of this process, read from the environment at the first call.

@@ -266,7 +266,8 @@ typedef struct shardopt_memory_report_t {
   size_t master_params, optimizer_state, grad_shard, reduced_grads, owned_grads, buckets;
   size_t user_params, user_grads;
   size_t device_bytes, host_bytes;
-  size_t allocated; /* everything shardopt allocated */
+  size_t allocated;   /* everything shardopt allocated */
+  size_t node_shared; /* of allocated: this rank's part of memory its node's ranks share */
 } shardopt_memory_report_t;
 
 /* Collective over comm: registers num_params parameters (the same on every

@@ -233,6 +233,11 @@ struct MemoryReport {
   // node's ranks per communicator, once per node) are not counted.
   std::size_t device_bytes = 0;
   std::size_t host_bytes = 0;
+  // Of allocated(): this rank's part of memory the ranks of its node share
+  // (stage 2's fused update keeps the owned gradients there,
+  // SHARDOPT_FUSED_UPDATE). Each rank counts its own part, so the sum over
+  // a node's ranks counts the shared memory once.
+  std::size_t node_shared = 0;
   // Everything shardopt allocated.
   std::size_t allocated() const noexcept {
     return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets;

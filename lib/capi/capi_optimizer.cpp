@@ -326,7 +326,7 @@ SHARDOPT_API shardopt_status_t shardopt_memory_report(shardopt_optimizer_t opt,
     *report =
         shardopt_memory_report_t{m.master_params, m.optimizer_state, m.grad_shard,  m.reduced_grads,
                                  m.owned_grads,   m.buckets,         m.user_params, m.user_grads,
-                                 m.device_bytes,  m.host_bytes,      m.allocated()};
+                                 m.device_bytes,  m.host_bytes,      m.allocated(), m.node_shared};
   });
 }
 

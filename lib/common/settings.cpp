@@ -298,6 +298,16 @@ const VarSpec kVars[] = {
      },
      // Agreed: the ranks of a node must step through the same chunks.
      value_text<&Settings::shm_chunk_kb>},
+    {"SHARDOPT_FUSED_UPDATE", "1", "1, 0 (also true/false, yes/no, on/off)",
+     "ZeRO stage 2 on host buffers, all ranks on one node (SHARDOPT_HOST_COMM shm) and "
+     "gradient buffers the optimizer owns: keep those buffers in memory the node's ranks all "
+     "map, and let each rank's update read every rank's gradients of its shard directly, "
+     "summing them in rank order block by block as it updates, so the reduced gradient shard "
+     "is never written. The same results bitwise. 0: reduce-scatter into the shard first.",
+     apply_bool<&Settings::fused_update>,
+     // Agreed: the ranks map the gradients together or not at all, and the
+     // fused step makes no reduce-scatters.
+     value_text<&Settings::fused_update>},
     {"SHARDOPT_CUDA_AWARE_MPI", "ask", "ask, yes, no (any case)",
      "Whether MPI can be given device buffers. ask: as the MPI library says at run time (Open "
      "MPI's MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support; an MPI that has neither "

@@ -100,6 +100,7 @@ module shardopt
     integer(c_size_t) :: user_params, user_grads
     integer(c_size_t) :: device_bytes, host_bytes
     integer(c_size_t) :: allocated
+    integer(c_size_t) :: node_shared
   end type
 
   type, bind(c), public :: shardopt_load_report_t
@@ -2235,7 +2236,7 @@ contains
     type(shardopt_optimizer), intent(in) :: opt
     type(shardopt_memory_report_t), intent(out) :: report
     integer, intent(out), optional :: ierr
-    report = shardopt_memory_report_t(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    report = shardopt_memory_report_t(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     call done(c_memory_report(opt%ptr, report), ierr)
   end subroutine
 

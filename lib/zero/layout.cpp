@@ -394,7 +394,8 @@ void ZeroEngine::allocate() {
       comm_, ctl_, space_, params_, layout_, opt_, dtype_, reduce_type_,
       [this](const char* what, std::size_t bucket, bool after_update) {
         watch(what, bucket, after_update);
-      });
+      },
+      kind_ != kind_of<Lamb>() && kind_ != kCustomKind);
   shard_ = std::make_unique<ShardState>(comm_, space_, params_, groups_, layout_, opt_.stage,
                                         dtype_, remainders_);
   if (opt_.loss_scaler) {

@@ -3,22 +3,27 @@
 #include "zero/reduction.hpp"
 
 #include <mpi.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "comm/agree.hpp"
+#include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
 #include "common/log.hpp"
+#include "shardopt/config.hpp"
 
 namespace shardopt::detail {
 
 GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
                          const std::vector<Param>& params, const ShardLayout& layout,
-                         const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch)
+                         const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch,
+                         bool fusable)
     : comm_(comm),
       ctl_(ctl),
       space_(space),
@@ -30,7 +35,8 @@ GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& spa
       elem_(dtype_size(dtype)),
       rank_(comm.rank()),
       nranks_(comm.size()),
-      watch_(std::move(watch)) {
+      watch_(std::move(watch)),
+      fusable_(fusable) {
   for (const BucketRange& b : layout_.buckets) buckets_.push_back(Bucket{b});
   ready_.assign(params_.size(), 0);
   next_launch_ = buckets_.size();
@@ -66,12 +72,25 @@ void GradReducer::allocate() {
     else
       owned = true;
   }
-  if (owned) owned_grads_ = space_.allocate(full * elem_, "the gradients");
+  // The fused step (reduction.hpp): decided on agreed values only, then
+  // agreed on whether every rank's gradients are all owned.
+  if (opt_.stage == 2 && fusable_ && settings().fused_update && !space_.on_device() &&
+      nranks_ > 1 && std::string_view(comm_.backend_name()) == "shm") {
+    bool all_owned = true;
+    for (const Param& p : params_) all_owned = all_owned && (p.grad == nullptr || p.numel == 0);
+    std::int64_t want = owned && all_owned && !opt_.stream_grads && reduce_type_ == dtype_ &&
+                        opt_.predivide_factor == 1.0;
+    ctl_.allreduce(&want, &want, 1, DType::i64, ReduceOp::min);
+    if (want != 0) share_owned_grads(full * elem_);
+  }
+  if (owned && !fused_) owned_grads_ = space_.allocate(full * elem_, "the gradients");
+  std::byte* owned_base =
+      fused_ ? const_cast<std::byte*>(peers_[std::size_t(rank_)]) : owned_grads_.as<std::byte>();
   grad_ptr_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    grad_ptr_[i] = params_[i].grad != nullptr
-                       ? static_cast<std::byte*>(params_[i].grad)
-                       : (owned ? owned_grads_.as<std::byte>() + layout_.flat[i] * elem_ : nullptr);
+    grad_ptr_[i] = params_[i].grad != nullptr ? static_cast<std::byte*>(params_[i].grad)
+                   : owned                    ? owned_base + layout_.flat[i] * elem_
+                                              : nullptr;
   }
   const std::size_t rsize = dtype_size(reduce_type_);
   std::size_t pool_bytes = 0;
@@ -117,7 +136,106 @@ void GradReducer::allocate() {
   }
 }
 
+void GradReducer::share_owned_grads(std::size_t bytes) {
+  MPI_Comm node = MPI_COMM_NULL;
+  SHARDOPT_CHECK_MPI(
+      MPI_Comm_split_type(ctl_.mpi_comm(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+      "finding the ranks of this node for the fused update");
+  std::string error;
+  // The shm transport runs only with every rank on one node: the node's
+  // ranks are the communicator's, in its order (key: the rank).
+  shared_ = NodeSegment::create(node, bytes * std::size_t(nranks_), error);
+  SHARDOPT_CHECK_MPI(MPI_Comm_free(&node), "freeing the communicator of this node");
+  if (shared_ == nullptr) {  // the same outcome on every rank
+    if (rank_ == 0)
+      SHARDOPT_LOG(warn,
+                   "ZeRO stage 2: the fused update is off, the gradients stay in each "
+                   "rank's own memory: "
+                       << error << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
+    return;
+  }
+  for (int q = 0; q < nranks_; ++q) peers_.push_back(shared_->data() + std::size_t(q) * bytes);
+  // The pages of this rank's gradients are touched by this rank first.
+  std::memset(shared_->data() + std::size_t(rank_) * bytes, 0, bytes);
+  shared_bytes_ = bytes;
+  block_threads_ = std::max(1, omp_get_max_threads());
+  blocks_ = space_.allocate(std::size_t(block_threads_) * kBlock * 8,
+                            "the fused update's blocks of gradients");
+  block_srcs_.assign(std::size_t(block_threads_) * std::size_t(nranks_), nullptr);
+  fused_ = true;
+  SHARDOPT_LOG(info, "ZeRO stage 2: fused reduce-scatter + update, the owned gradients in "
+                         << (bytes * std::size_t(nranks_)) / (1024 * 1024)
+                         << " MiB of shared memory (" << bytes / (1024 * 1024) << " MiB per rank)");
+}
+
+void GradReducer::node_barrier(const char* what) {
+  watch_(what, SIZE_MAX, false);
+  comm_.barrier();
+}
+
+void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* out,
+                               int t) const noexcept {
+  const void** srcs = block_srcs_.data() + std::size_t(t) * std::size_t(nranks_);
+  std::byte* scratch =
+      blocks_.as<std::byte>() + (std::size_t(block_threads_) + std::size_t(t)) * kBlock * 4;
+  const float* shard = grad_shard_.as<float>();
+  // The bucket holding `storage`: the last starting at or before it.
+  auto it = std::upper_bound(buckets_.begin(), buckets_.end(), storage,
+                             [](std::size_t v, const Bucket& b) { return v < b.shard_offset; });
+  for (std::size_t done = 0; done < count; ++it) {
+    const Bucket& b = *(it - 1);
+    const std::size_t pc = piece(b), lo = storage + done - b.shard_offset;
+    const std::size_t n = std::min(count - done, pc - lo);
+    for (int q = 0; q < nranks_; ++q)
+      srcs[q] = peers_[std::size_t(q)] + (b.begin + std::size_t(rank_) * pc + lo) * elem_;
+    float* dst = out + done;
+    // As complete(): the piece reduced in rank order (reduce_arrays, as the
+    // shm reduce-scatter), then converted into the shard or added to what
+    // the earlier micro-batches left there.
+    if (!pending_accumulate_ && reduce_type_ == DType::f32) {
+      reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, dst, n);
+    } else {
+      reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, scratch, n);
+      if (!pending_accumulate_) {
+        space_.convert(scratch, reduce_type_, dst, DType::f32, n, 1.0f);
+      } else {
+        const float* acc = shard + storage + done;
+        if (acc != dst) std::memcpy(dst, acc, n * 4);
+        space_.accumulate(scratch, reduce_type_, dst, n);
+      }
+    }
+    done += n;
+  }
+}
+
+void GradReducer::materialize() {
+  if (!pending_) return;
+  watch_("reducing the shared gradients into the gradient shard", SIZE_MAX, false);
+  std::vector<std::pair<std::size_t, std::size_t>> blocks;  // storage, count
+  for (const Bucket& b : buckets_)
+    for (std::size_t off = 0; off < piece(b); off += kBlock)
+      blocks.emplace_back(b.shard_offset + off, std::min(kBlock, piece(b) - off));
+  float* shard = grad_shard_.as<float>();
+  const long nb = static_cast<long>(blocks.size());
+#pragma omp parallel for schedule(static) num_threads(block_threads_) if (nb > 1)
+  for (long k = 0; k < nb; ++k) {
+    const auto [at, n] = blocks[std::size_t(k)];
+    reduce_block(at, n, shard + at, omp_get_thread_num());
+  }
+  node_barrier("the fused reduction: every rank has read the others' gradients");
+  pending_ = false;
+}
+
+void GradReducer::release_fused() {
+  if (!pending_) return;
+  node_barrier("the fused update: every rank has read the others' gradients");
+  pending_ = false;
+}
+
 const void* GradReducer::reduced_grad(const Segment& s, DType& type) const {
+  if (pending_)
+    throw_error(ErrorCode::internal, "the reduced gradients were read before materialize()",
+                "report this as a bug in shardopt", __FILE__, __LINE__);
   if (opt_.stage == 2) {
     type = DType::f32;
     return grad_shard_.as<float>() + s.storage;
@@ -131,6 +249,7 @@ const void* GradReducer::reduced_grad(const Segment& s, DType& type) const {
 }
 
 void GradReducer::end_step() {
+  pending_ = false;
   stats_ = CommStats{};
   micro_batches_ = 0;
   reduced_once_ = false;
@@ -140,7 +259,9 @@ void GradReducer::end_step() {
 void GradReducer::add_memory(MemoryReport& m) const {
   m.grad_shard = grad_shard_.size();
   m.reduced_grads = reduced_.size();
-  m.owned_grads = owned_grads_.size();
+  m.owned_grads = fused_ ? shared_bytes_ : owned_grads_.size();
+  m.node_shared = fused_ ? shared_bytes_ : 0;
+  m.buckets = blocks_.size();
   for (const SpaceBuffer& b : pool_) m.buckets += b.size();
 }
 
@@ -188,6 +309,7 @@ void GradReducer::discard() {
   micro_batches_ = 0;
   reduced_once_ = false;
   open_ = true;
+  pending_ = false;
 }
 
 void GradReducer::zero_grad_buffers() {
@@ -267,6 +389,7 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
 }
 
 void GradReducer::launch_ready_buckets() {
+  if (fused_) return;  // the update reads the gradients where they are
   while (next_launch_ > 0 && buckets_[next_launch_ - 1].ready == buckets_[next_launch_ - 1].len) {
     --next_launch_;
     launch(next_launch_);
@@ -446,8 +569,16 @@ void GradReducer::finish() {
   if (!marked_any_) {
     for (Bucket& b : buckets_) b.ready = b.len;
   }
-  launch_ready_buckets();
-  drain();
+  if (fused_) {
+    if (stats_.first_launch < 0) stats_.first_launch = MPI_Wtime();
+    stats_.reduce_bytes += layout_.shard * std::size_t(nranks_) * dtype_size(reduce_type_);
+    node_barrier("the fused reduction: every rank's gradients written");
+    pending_ = true;
+    pending_accumulate_ = micro_batches_ > 0;
+  } else {
+    launch_ready_buckets();
+    drain();
+  }
   if (opt_.stage < 2) allgather_grads();
   stats_.reduce_end = MPI_Wtime();
   clear_marks();

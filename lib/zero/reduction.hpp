@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "comm/shm/shm_segment.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
@@ -56,9 +58,13 @@ class GradReducer {
   // Allocates the buffers. params, layout and options must outlive the
   // reducer (the engine's own); dtype is the parameters' and gradients',
   // reduce_type the communicated one.
+  // fusable: the update can take the reduced gradients block by block
+  // (element-wise optimizers); with the conditions of fused() below, the
+  // owned gradients then live in the node's shared memory.
   GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
               const std::vector<Param>& params, const ShardLayout& layout,
-              const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch);
+              const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch,
+              bool fusable);
   ~GradReducer();  // waits for the reductions in flight
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -91,8 +97,34 @@ class GradReducer {
   bool reduced_once() const noexcept { return reduced_once_; }
 
   // The reduced gradients of segment s: fp32 (the stage-2 shard, or fp32
-  // reductions of 16-bit gradients) or the user's buffer, of `type`.
+  // reductions of 16-bit gradients) or the user's buffer, of `type`. Not
+  // while a fused reduction is pending (materialize() first).
   const void* reduced_grad(const Segment& s, DType& type) const;
+
+  // The fused stage-2 step (SHARDOPT_FUSED_UPDATE): every rank of the
+  // communicator on one node (the shm transport), host buffers, gradients
+  // the optimizer owns, kept in one segment of shared memory (rank q's
+  // buffers at q's place in it). finish() then reduces nothing: it waits
+  // until every rank's gradients are written and leaves the reduction
+  // pending, for the update to read every rank's slices of its shard
+  // (reduce_block) as it goes, or for materialize() to write them into the
+  // shard when something needs the reduced gradients first.
+  bool fused() const noexcept { return fused_; }
+  bool fused_pending() const noexcept { return pending_; }
+  // Collective: the pending reduction into the gradient shard (nothing if
+  // none), bitwise what the reduce-scatters would have made.
+  void materialize();
+  // The reduced gradients of shard elements [storage, storage + count)
+  // into out (fp32), as materialize() would make them; count <=
+  // block_elements(); thread t < block_threads() uses its own scratch. No
+  // collective, no throw.
+  void reduce_block(std::size_t storage, std::size_t count, float* out, int t) const noexcept;
+  float* block(int t) const noexcept { return blocks_.as<float>() + std::size_t(t) * kBlock; }
+  static constexpr std::size_t block_elements() noexcept { return kBlock; }
+  int block_threads() const noexcept { return block_threads_; }
+  // Collective, after the update read the pending reduction: no rank
+  // writes its gradients before every rank has read them.
+  void release_fused();
   const CommStats& stats() const noexcept { return stats_; }
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   // Adds the reducer's buffers to m.
@@ -166,6 +198,11 @@ class GradReducer {
   Watch watch_;
   std::vector<Bucket> buckets_;
 
+  // The fused step's owned gradients in shared memory; null otherwise.
+  void share_owned_grads(std::size_t bytes);
+  // Every rank's gradients written (finish), or read (after the update).
+  void node_barrier(const char* what);
+
   // Buffers, allocated once.
   SpaceBuffer grad_shard_;         // stage 2: fp32 accumulator, S
   SpaceBuffer reduced_;            // stages 0/1 with fp32 reduction of 16-bit grads: N * S fp32
@@ -173,6 +210,19 @@ class GradReducer {
   std::vector<SpaceBuffer> pool_;  // bucket-sized scratch for packing
   std::vector<bool> pool_busy_;
   std::size_t pool_bytes_ = 0;
+  // The fused step: the segment holding every rank's owned gradients,
+  // rank q's at peers_[q]; per thread, a block of reduced gradients and
+  // the scratch of its reduction (kBlock elements each).
+  static constexpr std::size_t kBlock = 32768;
+  bool fusable_ = false, fused_ = false;
+  std::unique_ptr<NodeSegment> shared_;
+  std::vector<const std::byte*> peers_;
+  std::size_t shared_bytes_ = 0;  // per rank
+  SpaceBuffer blocks_;
+  mutable std::vector<const void*> block_srcs_;  // per thread, a pointer per rank
+  int block_threads_ = 0;
+  bool pending_ = false;              // a fused reduction not yet read
+  bool pending_accumulate_ = false;   // it adds to the micro-batches in the shard
   std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready
   std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
   EventHandle produced_ = nullptr;    // device: carries producer streams' work

@@ -2,9 +2,12 @@
 // rank's optimizer state and the fused update of its segments.
 #include "zero/shard_state.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "kernels/lamb.hpp"
@@ -165,7 +168,10 @@ ShardState::Run ShardState::run_of(const Segment& s) {
   r.storage = s.storage;
   r.count = s.count;
   r.param = master_ ? master_buf_.as<std::byte>() + s.storage * 4 : user_param(s);
-  r.grad = static_cast<const std::byte*>(grads_->reduced_grad(s, r.grad_type));
+  // A pending fused reduction: the update reduces block by block (no
+  // gradient buffer to point at).
+  if (!grads_->fused_pending())
+    r.grad = static_cast<const std::byte*>(grads_->reduced_grad(s, r.grad_type));
   r.out = master_ ? user_param(s) : nullptr;
   return r;
 }
@@ -180,7 +186,8 @@ void ShardState::for_each_run(const std::function<void(const Run&)>& f) {
     const Run r = run_of(layout_.segments[si]);
     if (open && r.group == cur.group && r.storage == cur.storage + cur.count &&
         r.param == cur.param + cur.count * psize &&
-        r.grad == cur.grad + cur.count * dtype_size(cur.grad_type) &&
+        (cur.grad == nullptr ? r.grad == nullptr
+                             : r.grad == cur.grad + cur.count * dtype_size(cur.grad_type)) &&
         r.grad_type == cur.grad_type && (r.out == nullptr) == (cur.out == nullptr) &&
         (r.out == nullptr || r.out == cur.out + cur.count * elem_)) {
       cur.count += r.count;
@@ -193,36 +200,72 @@ void ShardState::for_each_run(const std::function<void(const Run&)>& f) {
   if (open) f(cur);
 }
 
-void ShardState::update_elementwise(double mul) {
+// Elements [off, off + n) of run r, their gradients at grad (of type gt).
+void ShardState::step_range(const Run& r, std::size_t off, std::size_t n, const void* grad,
+                            DType gt, double mul, std::vector<std::span<float>>& states) {
   using namespace functional;
+  const ParamView pv =
+      remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param) + off, n),
+                              std::span<std::uint16_t>(
+                                  master_buf_.as<std::uint16_t>() + r.storage + off, n))
+                  : ParamView(reinterpret_cast<float*>(r.param) + off, n);
+  const GradView gv(grad, n, gt);
+  StepOptions so;
+  so.grad_mul = mul;
+  so.param_out = r.out != nullptr ? r.out + off * elem_ : nullptr;
+  so.param_out_dtype = dtype_;
+  std::visit(
+      [&](const auto& o) {
+        if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
+          // This group's slots, in order, from the engine's state buffers
+          // (allocated for the slots any group uses).
+          states.clear();
+          o.slots([&](const Slot& slot) {
+            std::span<float> span;
+            for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
+              if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage + off, n};
+            states.push_back(span);
+          });
+          functional::step(pv, gv, states, step_, o, so);
+        }
+      },
+      groups_[std::size_t(r.group)]);
+}
+
+void ShardState::update_elementwise(double mul) {
   std::vector<std::span<float>> states;
+  if (!grads_->fused_pending()) {
+    for_each_run(
+        [&](const Run& r) { step_range(r, 0, r.count, r.grad, r.grad_type, mul, states); });
+    return;
+  }
+  // The fused step: each thread reduces a block of the run's gradients
+  // from every rank's shared buffers into its own block, which stays in
+  // its cache, and updates it; blocks in order, each thread a contiguous
+  // share of them. Element-wise, so the split changes no result.
+  const std::size_t B = GradReducer::block_elements();
+  const int threads = std::max(1, std::min(grads_->block_threads(), omp_get_max_threads()));
   for_each_run([&](const Run& r) {
-    const ParamView pv =
-        remainders_ ? ParamView(std::span<bfloat16>(reinterpret_cast<bfloat16*>(r.param), r.count),
-                                std::span<std::uint16_t>(
-                                    master_buf_.as<std::uint16_t>() + r.storage, r.count))
-                    : ParamView(reinterpret_cast<float*>(r.param), r.count);
-    const GradView gv(r.grad, r.count, r.grad_type);
-    StepOptions so;
-    so.grad_mul = mul;
-    so.param_out = r.out;
-    so.param_out_dtype = dtype_;
-    std::visit(
-        [&](const auto& o) {
-          if constexpr (is_elementwise<std::remove_cvref_t<decltype(o)>>) {
-            // This group's slots, in order, from the engine's state buffers
-            // (allocated for the slots any group uses).
-            states.clear();
-            o.slots([&](const Slot& slot) {
-              std::span<float> span;
-              for (std::size_t k = 0; slot.used && k < slots_.size(); ++k)
-                if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage, r.count};
-              states.push_back(span);
-            });
-            functional::step(pv, gv, states, step_, o, so);
-          }
-        },
-        groups_[std::size_t(r.group)]);
+    const long blocks = static_cast<long>((r.count + B - 1) / B);
+    std::exception_ptr error;
+#pragma omp parallel num_threads(threads) if (blocks > 1)
+    {
+      std::vector<std::span<float>> mine;
+      const int t = omp_get_thread_num();
+#pragma omp for schedule(static)
+      for (long k = 0; k < blocks; ++k) {
+        try {
+          const std::size_t off = std::size_t(k) * B, n = std::min(B, r.count - off);
+          float* g = grads_->block(t);
+          grads_->reduce_block(r.storage + off, n, g, t);
+          step_range(r, off, n, g, DType::f32, mul, mine);
+        } catch (...) {
+#pragma omp critical(shardopt_fused_update)
+          if (!error) error = std::current_exception();
+        }
+      }
+    }
+    if (error) std::rethrow_exception(error);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,8 @@ class ShardState {
   void init();
   Run run_of(const Segment& s);
   void for_each_run(const std::function<void(const Run&)>& f);
+  void step_range(const Run& r, std::size_t off, std::size_t n, const void* grad, DType gt,
+                  double mul, std::vector<std::span<float>>& states);
   void update_elementwise(double mul);
   void update_elementwise_device(double mul, const std::uint32_t* noop);
   void update_lamb(double mul);

@@ -93,6 +93,7 @@ void ZeroEngine::reduce_gradients() {
   if (opt_.stage == 2) {
     // The micro-batch is in the shard: hand back zeroed buffers for the
     // next one, which step() (or the next call) reduces.
+    reducer().materialize();
     reducer().zero_grad_buffers();
     reducer().reopen();
   }
@@ -106,6 +107,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
                 "pass a finite max_norm > 0", __FILE__, __LINE__);
   settle();  // the scale
   ensure_reduced();
+  reducer().materialize();  // the norm reads the reduced gradients
   // Partial sums per rank, each over its segments in order, then over ranks
   // in order: the same additions in every stage.
   std::vector<double> partial(static_cast<std::size_t>(nranks_), 0.0);
@@ -189,6 +191,9 @@ StepInfo ZeroEngine::step() {
   info.loss_scale = opt_.loss_scaler ? scale_ : 1.0;
   info.grad_norm = grad_norm_;
   const NonFinite policy = non_finite_policy();
+  // The check reads the reduced gradients before the update: a pending
+  // fused reduction is made first (collective: the policy is agreed).
+  if (policy != NonFinite::ignore) reducer().materialize();
   watch("step(): agreeing that the gradients are finite");
   // On a device (element-wise optimizers, NonFinite::skip) the verdict
   // stays there: the update reads it, the host counts it later (settle()).
@@ -228,6 +233,7 @@ StepInfo ZeroEngine::step() {
   // raised when the host decided).
   shard().update(reducer(), mul, info.step,
                  verdict_.rt != nullptr ? verdict_.flag.as<std::uint32_t>() : nullptr);
+  reducer().release_fused();  // the update read the other ranks' gradients
   const double t2 = MPI_Wtime();
   if (opt_.stage > 0) reducer().gather_params();
   const double t3 = MPI_Wtime();

@@ -925,6 +925,7 @@ static void test_optimizer_calls(shardopt_optimizer_t opt, shardopt_comm_t comm)
   CHECK(mem.owned_grads >= 1001 * 4);
   CHECK(mem.allocated == mem.master_params + mem.optimizer_state + mem.grad_shard +
                              mem.reduced_grads + mem.owned_grads + mem.buckets);
+  CHECK(mem.node_shared == 0); /* one gradient is the user's: no fused update */
   EXPECT_ERR(shardopt_gather_state(opt, "nope", 0, state, 7), INVALID_ARGUMENT, "nope");
   LAST_ERROR_MENTIONS("exp_avg");
   EXPECT_ERR(shardopt_gather_state(opt, "exp_avg", 0, state, 6), INVALID_ARGUMENT, "6|7");

@@ -70,6 +70,36 @@ else
   ok "auto with a 64 KiB /dev/shm warns and trains through MPI, bitwise as SHARDOPT_HOST_COMM=mpi"
 fi
 
+# 1b. Stage 2 with owned gradients: the fused update keeps them in shared
+# memory (node_shared > 0); off (SHARDOPT_FUSED_UPDATE=0), and with a 1 MiB
+# /dev/shm that holds the collectives' slots (SHARDOPT_SHM_CHUNK_KB=4: 24 KiB
+# per communicator at 3 ranks, and a page per process that LLVM's OpenMP
+# runtime keeps there) but not 3 x 1.2 MB of gradients (a warning, the
+# unfused step), the parameters are bitwise the same.
+owned_run() {  # NAME, then the runner's words
+  local name=$1; shift
+  "$@" >"$tmp/$name.out" 2>&1 || fail "fault_job owned ($name) failed" "$tmp/$name.out"
+  shared=$(awk '$1 == "node_shared" { print $2 }' "$tmp/$name.out")
+  params=$(awk '$1 == "params" { print $2 }' "$tmp/$name.out")
+}
+owned_run fused timeout 120 "$mpiexec" -n 3 --oversubscribe "$fault_job" owned
+fused_shared=$shared fused_params=$params
+owned_run off timeout 120 env SHARDOPT_FUSED_UPDATE=0 "$mpiexec" -n 3 --oversubscribe \
+  -x SHARDOPT_FUSED_UPDATE "$fault_job" owned
+off_shared=$shared off_params=$params
+owned_run small unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"' sh \
+  env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 timeout 120 "$mpiexec" -n 3 --oversubscribe \
+  "$fault_job" owned
+if [ "${fused_shared:-0}" -lt 1200000 ] || [ "$off_shared" != 0 ] || [ "$shared" != 0 ]; then
+  fail "node_shared: $fused_shared fused (expected the 1.2 MB of gradients), $off_shared with SHARDOPT_FUSED_UPDATE=0, $shared with a 1 MiB /dev/shm (expected 0)" "$tmp/fused.out"
+elif ! grep -q 'the fused update is off' "$tmp/small.out"; then
+  fail "a /dev/shm too small for the fused update's gradients: no warning" "$tmp/small.out"
+elif [ -z "$fused_params" ] || [ "$off_params" != "$fused_params" ] || [ "$params" != "$fused_params" ]; then
+  fail "fault_job owned: parameters fused $fused_params, unfused $off_params, /dev/shm too small $params: not all equal" "$tmp/small.out"
+else
+  ok "stage 2's fused update: shared gradients counted in node_shared, bitwise the unfused step and the fallback when /dev/shm is too small (with a warning)"
+fi
+
 # 2. Stale names. A pid that is surely gone: one past the kernel's maximum.
 gone=$(( $(cat /proc/sys/kernel/pid_max) + 1 ))
 stale=/dev/shm/shardopt-$(id -u)-$gone-00000000deadbeef
