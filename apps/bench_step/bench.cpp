@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <utility>
 
@@ -71,8 +72,10 @@ Row Bench::run(int stage, DType t, bool& differ) {
   // gradient would: no full-size gradient buffer is registered, which is
   // the memory the stage-2 formula counts. b_.grads stands for the
   // backward pass's output and is not counted.
-  // With --grads owned the optimizer owns them instead (Param::grad null),
-  // and grad_ready(i, grad) copies into its buffer: the fused update.
+  // With --grads owned the optimizer owns them instead (Param::grad null):
+  // they are written into its buffers once, where a backward pass would
+  // write them, and each step marks them ready, as stages 0 and 1 do with
+  // the user's buffers (the fused update where it applies).
   const bool stream = stage == 2 && !o_.owned_grads;
   const bool owned = stage == 2 && o_.owned_grads;
   std::vector<const unsigned char*> grad_of;
@@ -94,6 +97,8 @@ Row Bench::run(int stage, DType t, bool& differ) {
   zo.stream_grads = stream;
   shardopt::ZeroRedundancyOptimizer opt(comm_, params, engine_config(*o_.optimizer), zo);
   const std::size_t np = params.size();
+  if (owned)
+    for (std::size_t i = 0; i < np; ++i) std::memcpy(opt.grad(i), grad_of[i], params[i].numel * es);
 
   // The limit's arrays: stage 0 updates the whole model, 1 and 2 this
   // rank's block; the gradients are the raw collectives' input (random,
@@ -155,7 +160,7 @@ Row Bench::run(int stage, DType t, bool& differ) {
   auto run_engine = [&] {
     sample[kTotal] = timed([&] {
       for (std::size_t i = np; i-- > 0;) {
-        if (stream || owned)
+        if (stream)
           opt.grad_ready(i, grad_of[i]);
         else
           opt.grad_ready(i);

@@ -24,7 +24,7 @@
 #   checkpoint verifies (shardopt-ckpt verify) and resumes at 1 x 4 to
 #   bitwise the uninterrupted run's parameters (where Open MPI's mpirun
 #   crashes instead, as it sometimes does, the watchdog ends the ranks and
-#   the case runs once more);
+#   the case runs again, up to three times in all);
 # - node 2's link taken down mid-run (SHARDOPT_TIMEOUT=3, on hier): every
 #   rank ends within SHARDOPT_TIMEOUT + 5 s, the job within 30 s with the
 #   watchdog's exit status 86 and its message naming node 2's ranks as the
@@ -305,8 +305,8 @@ since() {  # START
 # in its PMIx server while it relays the other ranks' "peer process has
 # unexpectedly disconnected" message; about 1 run in 7 here), leaving the
 # ranks waiting for the dead one, their output lost: the watchdog
-# (SHARDOPT_TIMEOUT=5) then ends each by itself, and the case is run once
-# more. Returns 2 for such a crash.
+# (SHARDOPT_TIMEOUT=5) then ends each by itself, and the case is run
+# again. Returns 2 for such a crash.
 kill_case() {  # DIR
   local d=$1 pids pid target="" start took rc left i gone=""
   background_job "$d" 5
@@ -360,11 +360,12 @@ the kill (the watchdog); once more:"
 ranks $gone s after it; mpirun names rank 3 on ${cluster}2"
   last_checkpoint_good "kill rank 3 on ${cluster}2" "$d"
 }
-kill_case "$tmp/kill"
-if [ $? -eq 2 ]; then
-  kill_case "$tmp/kill-again"
-  [ $? -ne 2 ] || fail "kill rank 3 on ${cluster}2: mpirun crashed twice in a row"
-fi
+# Up to three tries: the crash came twice in a row in one CI run of 50.
+for try in 1 2 3; do
+  kill_case "$tmp/kill-$try"
+  [ $? -eq 2 ] || break
+  [ "$try" -lt 3 ] || fail "kill rank 3 on ${cluster}2: mpirun crashed three times in a row"
+done
 
 # Node 2's link down in the middle of training. The watchdog ends every
 # rank, on both sides, by itself (each exits; none depends on the network
