@@ -109,7 +109,6 @@ class GradReducer {
   // pending, for the update to read every rank's slices of its shard
   // (reduce_block) as it goes, or for materialize() to write them into the
   // shard when something needs the reduced gradients first.
-  bool fused() const noexcept { return fused_; }
   bool fused_pending() const noexcept { return pending_; }
   // Collective: the pending reduction into the gradient shard (nothing if
   // none), bitwise what the reduce-scatters would have made.
