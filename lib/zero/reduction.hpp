@@ -212,7 +212,7 @@ class GradReducer {
   // The fused step: the segment holding every rank's owned gradients,
   // rank q's at peers_[q]; per thread, a block of reduced gradients and
   // the scratch of its reduction (kBlock elements each).
-  static constexpr std::size_t kBlock = 32768;
+  static constexpr std::size_t kBlock = 65536;
   bool fusable_ = false, fused_ = false;
   std::unique_ptr<NodeSegment> shared_;
   std::vector<const std::byte*> peers_;

@@ -16,9 +16,13 @@ namespace shardopt::detail {
 
 namespace {
 
-// Elements combined per tile: the accumulator and one widened source stay
-// in L1 while every source streams through once.
+// Elements combined per tile of the 16-bit types: the accumulator and one
+// widened source stay in L1 while every source streams through once.
 constexpr std::size_t kTile = 1024;
+// The same types' tile when streamed out, and their pieces when more than
+// one pass reads dst back (32 KiB of f32: L1).
+constexpr std::size_t kStreamTile = 256;
+constexpr std::size_t kPiece = 8192;
 
 struct Sum {
   template <class A>
@@ -144,27 +148,72 @@ template <bool Avx2, class H>
   narrow_scalar(s, d, n);
 }
 
-// A type combined in its own arithmetic: into a tile that stays in L1
-// while the sources stream through, then into dst.
+// Sources [0, k) (k from 1 to 4, elements off.. of each) combined into
+// d[0, len) in one pass, left to right; with Acc, d's own values first.
+// Each pass streams its sources at once: a pass per source, or a copy of
+// every small tile, leaves the memory idle between them (measured on a
+// 2-core Xeon: 9 GB/s read into a 1024-element tile, copied out, against
+// 16-20 GB/s in one pass).
+template <class T, class Op, bool Acc, int K>
+[[gnu::always_inline]] inline void combine_k(T* __restrict d, const void* const* src,
+                                             std::size_t off, std::size_t len) {
+  const T* __restrict s0 = static_cast<const T*>(src[0]) + off;
+  const T* __restrict s1 = static_cast<const T*>(src[K > 1 ? 1 : 0]) + off;
+  const T* __restrict s2 = static_cast<const T*>(src[K > 2 ? 2 : 0]) + off;
+  const T* __restrict s3 = static_cast<const T*>(src[K > 3 ? 3 : 0]) + off;
+  for (std::size_t i = 0; i < len; ++i) {
+    T x = Acc ? Op{}(d[i], s0[i]) : s0[i];
+    if constexpr (K > 1) x = Op{}(x, s1[i]);
+    if constexpr (K > 2) x = Op{}(x, s2[i]);
+    if constexpr (K > 3) x = Op{}(x, s3[i]);
+    d[i] = x;
+  }
+}
+template <class T, class Op, bool Acc>
+[[gnu::always_inline]] inline void combine(T* d, const void* const* src, int k, std::size_t off,
+                                           std::size_t len) {
+  switch (k) {
+    case 1:
+      return combine_k<T, Op, Acc, 1>(d, src, off, len);
+    case 2:
+      return combine_k<T, Op, Acc, 2>(d, src, off, len);
+    case 3:
+      return combine_k<T, Op, Acc, 3>(d, src, off, len);
+    default:
+      return combine_k<T, Op, Acc, 4>(d, src, off, len);
+  }
+}
+// Every source into d[0, len), in rank order: four at a time, the later
+// passes onto d; avg divides at the end.
+template <class T, class Op>
+[[gnu::always_inline]] inline void combine_all(T* d, const void* const* src, int n, std::size_t off,
+                                               std::size_t len, bool avg) {
+  combine<T, Op, false>(d, src, std::min(n, 4), off, len);
+  for (int q = 4; q < n; q += 4) combine<T, Op, true>(d, src + q, std::min(n - q, 4), off, len);
+  if constexpr (std::is_floating_point_v<T>) {
+    if (avg) {
+      const T div = static_cast<T>(n);
+      for (std::size_t i = 0; i < len; ++i) d[i] /= div;
+    }
+  }
+}
+
+// A type combined in its own arithmetic. Into dst directly (in pieces that
+// stay in cache when later passes read them back), or, streamed, through a
+// small tile in L1 whose lines are written past the caches.
 template <bool Avx2, class T, class Op>
 [[gnu::always_inline]] inline void reduce_same(const void* const* src, int n, T* dst,
                                                std::size_t count, bool avg, bool stream) {
-  alignas(64) T tile[kTile];
-  for (std::size_t t = 0; t < count; t += kTile) {
-    const std::size_t len = std::min(kTile, count - t);
-    T* __restrict d = tile;
-    const T* __restrict s0 = static_cast<const T*>(src[0]) + t;
-    for (std::size_t i = 0; i < len; ++i) d[i] = s0[i];
-    for (int q = 1; q < n; ++q) {
-      const T* __restrict s = static_cast<const T*>(src[q]) + t;
-      for (std::size_t i = 0; i < len; ++i) d[i] = Op{}(d[i], s[i]);
-    }
-    if constexpr (std::is_floating_point_v<T>) {
-      if (avg) {
-        const T div = static_cast<T>(n);
-        for (std::size_t i = 0; i < len; ++i) d[i] /= div;
-      }
-    }
+  if (!stream) {
+    const std::size_t piece = n <= 4 && !avg ? count : kPiece;
+    for (std::size_t t = 0; t < count; t += piece)
+      combine_all<T, Op>(dst + t, src, n, t, std::min(piece, count - t), avg);
+    return;
+  }
+  alignas(64) T tile[kStreamTile];
+  for (std::size_t t = 0; t < count; t += kStreamTile) {
+    const std::size_t len = std::min(kStreamTile, count - t);
+    combine_all<T, Op>(tile, src, n, t, len, avg);
     store_tile<Avx2>(dst + t, tile, len * sizeof(T), stream);
   }
 }
