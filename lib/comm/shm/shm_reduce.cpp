@@ -236,6 +236,12 @@ template <bool Avx2, class H, class Op>
       const float div = static_cast<float>(n);
       for (std::size_t i = 0; i < len; ++i) acc[i] /= div;
     }
+    // Into dst directly unless streamed: a small memcpy (rep movsb) stalls
+    // the loads around it.
+    if (!stream) {
+      narrow<Avx2>(acc, dst + t, len);
+      continue;
+    }
     narrow<Avx2>(acc, narrowed, len);
     store_tile<Avx2>(dst + t, narrowed, len * sizeof(H), stream);
   }
