@@ -24,7 +24,13 @@
 //                        (memory_report: the fused update's shared
 //                        gradients, 0 without it) and "params <FNV-1a hash
 //                        of the parameters' bytes>".
+//   fault_job user [nodump]  the same on the user's gradient buffers; with
+//                        nodump every rank first makes its process not
+//                        dumpable (prctl), as hardened programs do, so that
+//                        without CAP_SYS_PTRACE no other process may read its
+//                        memory.
 #include <mpi.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -38,12 +44,14 @@
 
 namespace {
 
-// The "owned" job (above).
-void run_owned(shardopt::Communicator& comm, int rank) {
+// The "owned" and "user" jobs (above).
+void run_owned(shardopt::Communicator& comm, int rank, bool user) {
   // 300000 elements: 1.2 MB of gradients per rank.
-  std::vector<float> w(300000, 0.5f);
-  shardopt::ZeroRedundancyOptimizer opt(comm, {{.name = "w", .data = w.data(), .numel = w.size()}},
-                                        shardopt::Adam{.lr = 1e-3}, {.stage = 2});
+  std::vector<float> w(300000, 0.5f), mine(user ? w.size() : 0);
+  shardopt::ZeroRedundancyOptimizer opt(
+      comm,
+      {{.name = "w", .data = w.data(), .numel = w.size(), .grad = user ? mine.data() : nullptr}},
+      shardopt::Adam{.lr = 1e-3}, {.stage = 2});
   for (int s = 0; s < 5; ++s) {
     auto* g = static_cast<float*>(opt.grad(0));
     for (std::size_t i = 0; i < w.size(); ++i)
@@ -93,13 +101,15 @@ int main(int argc, char** argv) {
   const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
   const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
   const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
+  const bool user = argc > 1 && std::strcmp(argv[1], "user") == 0;
+  if (user && argc > 2 && std::strcmp(argv[2], "nodump") == 0) prctl(PR_SET_DUMPABLE, 0);
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
-    if (owned) {
-      run_owned(comm, rank);
+    if (owned || user) {
+      run_owned(comm, rank, user);
     } else {
       run_fault(comm, rank, odd, desync, apart, die);
     }

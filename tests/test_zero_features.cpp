@@ -603,7 +603,8 @@ TEST_CASE("ZeRO: a moved optimizer steps on", "[zero][basics][host-memory]") {
 // non-finite check, which need the reduced gradients before the update.
 // memory_report counts this rank's part of the shared gradients in
 // node_shared (0 where the step is not fused: one rank, the mpi transport,
-// a device).
+// a device). Also on the user's gradient buffers (read from the other
+// ranks' memory; nothing shared).
 TEST_CASE("ZeRO stage 2: the fused reduce-scatter + update of owned gradients", "[zero][fused]") {
   Communicator world(MPI_COMM_WORLD);
   const bool fused = world_size() > 1 && !Model::on_device &&
@@ -651,6 +652,34 @@ TEST_CASE("ZeRO stage 2: the fused reduce-scatter + update of owned gradients", 
       run.ready = mode == 1 ? Ready::none : Ready::reverse;
       run.key = 62;
       run_checked(run);
+    }
+  // The same on the user's gradient buffers, which the fused update reads
+  // from the other ranks' memory (process_vm_readv): blocks that span
+  // several parameters and a bucket's padding (tiny buckets), pieces larger
+  // than a block, micro-batches. Nothing is shared (node_shared 0).
+  auto run_user = [&](Run run) {
+    auto problem = std::make_shared<std::string>();
+    run.after_step = [problem](ZeroRedundancyOptimizer& opt, const StepInfo&, const Grads&, int) {
+      if (opt.memory_report().node_shared != 0) *problem = "node_shared is not 0";
+    };
+    run_and_compare(run);
+    INFO(describe(run) << ", the user's gradient buffers");
+    CHECK(all_ranks_true(problem->empty()));
+  };
+  for (Precision p : {Precision::f32, Precision::bf16_rem}) {
+    Run run = base_run(awkward_layout(), p, Adam{.lr = 1e-3}, 2, 2);
+    run.options.bucket_mb = kTinyBucket;
+    run.key = 64;
+    run_user(run);
+  }
+  for (Precision p : {Precision::f32, Precision::bf16})
+    for (int mode = 0; mode < 3; ++mode) {
+      Run run = base_run(large, p, Adam{.lr = 1e-2}, 2, 3);
+      run.micro_batches = mode == 0 ? 1 : 3;
+      run.reduce_last = mode == 2;
+      run.ready = mode == 1 ? Ready::none : Ready::reverse;
+      run.key = 65;
+      run_user(run);
     }
   const int n = world_size();
   const double norm0 =

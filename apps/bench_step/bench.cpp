@@ -76,8 +76,11 @@ Row Bench::run(int stage, DType t, bool& differ) {
   // they are written into its buffers once, where a backward pass would
   // write them, and each step marks them ready, as stages 0 and 1 do with
   // the user's buffers (the fused update where it applies).
-  const bool stream = stage == 2 && !o_.owned_grads;
-  const bool owned = stage == 2 && o_.owned_grads;
+  // With --grads user they are the user's buffers (Param::grad), as at
+  // stages 0 and 1.
+  const bool stream = stage == 2 && o_.grads == Options::Grads::stream;
+  const bool owned = stage == 2 && o_.grads == Options::Grads::owned;
+  const bool user = stage == 2 && o_.grads == Options::Grads::user;
   std::vector<const unsigned char*> grad_of;
   std::size_t offset = 0;
   for (const Tensor& x : layout) {
@@ -300,7 +303,8 @@ Row Bench::run(int stage, DType t, bool& differ) {
   r.mem_bytes = mem;
   r.formula_bytes =
       shardopt::zero_memory_formula(stage, static_cast<double>(b_.psi), nranks_, t, state_bytes());
-  if (owned) r.formula_bytes += static_cast<double>(b_.psi * es);  // the owned gradients
+  // The owned gradients, or the user's registered ones.
+  if (owned || user) r.formula_bytes += static_cast<double>(b_.psi * es);
   r.bucket_bytes = bucket_bytes(b_.psi, t, stage);
 
   // Every rank must hold the same parameters after a step.

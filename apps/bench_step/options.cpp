@@ -39,12 +39,13 @@ std::string usage() {
          "  -n, --iters N          timed steps, at least (default 20); small sizes run more,\n"
          "                         about 1 s worth per row, up to 1000 (after -w warm-up)\n"
          "  -g, --grads MODE       stage 2's gradients: stream (default: stream_grads, each\n"
-         "                         copied into its bucket by grad_ready(i, grad)) or owned\n"
-         "                         (buffers the optimizer owns, written once before the steps\n"
-         "                         as a backward pass would write them, marked by\n"
-         "                         grad_ready(i): the fused reduce-scatter + update where\n"
-         "                         SHARDOPT_FUSED_UPDATE and the shm transport allow; the\n"
-         "                         formula then counts the full gradient buffer too)\n"
+         "                         copied into its bucket by grad_ready(i, grad)), owned\n"
+         "                         (buffers the optimizer owns) or user (the user's buffers,\n"
+         "                         registered in Param::grad); owned and user are written\n"
+         "                         once before the steps as a backward pass would write\n"
+         "                         them and marked by grad_ready(i): the fused reduce-scatter\n"
+         "                         + update where SHARDOPT_FUSED_UPDATE and the shm transport\n"
+         "                         allow; the formula then counts the full gradient buffer too\n"
          "      --json             one JSON object per row on stdout; the rest on stderr\n"
          "  -h, --help             this text\n"
          "\n"
@@ -175,7 +176,10 @@ Options parse_options(int argc, char** argv) {
         } else if (name == "device") {
           o.device = cli::parse_choice<bool>(label, v, {{"host", false}, {"cuda", true}});
         } else if (name == "grads") {
-          o.owned_grads = cli::parse_choice<bool>(label, v, {{"stream", false}, {"owned", true}});
+          o.grads = cli::parse_choice<Options::Grads>(label, v,
+                                                      {{"stream", Options::Grads::stream},
+                                                       {"owned", Options::Grads::owned},
+                                                       {"user", Options::Grads::user}});
         } else if (name == "help") {
           o.help = true;
         }

@@ -58,9 +58,11 @@ struct Options {
   int iters = 20;
   bool json = false;
   bool help = false;
-  // Stage 2's gradients: streamed into the buckets (stream_grads), or in
-  // buffers the optimizer owns (the fused update where it applies).
-  bool owned_grads = false;
+  // Stage 2's gradients: streamed into the buckets (stream_grads), in
+  // buffers the optimizer owns, or in the user's buffers (the fused update
+  // where it applies, for the last two).
+  enum class Grads { stream, owned, user };
+  Grads grads = Grads::stream;
   bool device = false;  // --device cuda: the step on device buffers (device.hpp)
 };
 

@@ -76,9 +76,13 @@ void print_header(const Options& o, const Bench& bench, int nranks, int local_ra
                kBucketsCounted, bench.bucket_mb());
   if (std::find(o.stages.begin(), o.stages.end(), 2) != o.stages.end())
     std::fprintf(f, "# stage 2 gradients: %s\n",
-                 o.owned_grads ? "owned by the optimizer (--grads owned; the formula adds the "
-                                 "full gradient buffer)"
-                               : "streamed into the buckets (stream_grads)");
+                 o.grads == Options::Grads::owned
+                     ? "owned by the optimizer (--grads owned; the formula adds the full "
+                       "gradient buffer)"
+                 : o.grads == Options::Grads::user
+                     ? "the user's buffers (--grads user; the formula adds the full gradient "
+                       "buffer)"
+                     : "streamed into the buckets (stream_grads)");
   if (std::find(o.dtypes.begin(), o.dtypes.end(), DType::bf16) != o.dtypes.end()) {
     std::fprintf(f, "# raw MPI reference for bf16: MPI_UINT16_T, MPI_SUM (MPI has no bf16 type)\n");
   }

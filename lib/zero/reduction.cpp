@@ -4,10 +4,15 @@
 
 #include <mpi.h>
 #include <omp.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -92,6 +97,18 @@ void GradReducer::allocate() {
                    : owned                    ? owned_base + layout_.flat[i] * elem_
                                               : nullptr;
   }
+  // The fused step on the user's own gradient buffers: the update reads the
+  // other ranks' slices from their memory (process_vm_readv), as it reads
+  // them from the shared segment above.
+  if (!fused_ && opt_.stage == 2 && fusable_ && settings().fused_update && !space_.on_device() &&
+      nranks_ > 1 && std::string_view(comm_.backend_name()) == "shm") {
+    bool all_user = true;
+    for (const Param& p : params_) all_user = all_user && (p.grad != nullptr || p.numel == 0);
+    std::int64_t want =
+        all_user && !opt_.stream_grads && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0;
+    ctl_.allreduce(&want, &want, 1, DType::i64, ReduceOp::min);
+    if (want != 0) read_peer_grads();
+  }
   const std::size_t rsize = dtype_size(reduce_type_);
   std::size_t pool_bytes = 0;
   for (Bucket& b : buckets_) {
@@ -158,14 +175,135 @@ void GradReducer::share_owned_grads(std::size_t bytes) {
   // The pages of this rank's gradients are touched by this rank first.
   std::memset(shared_->data() + std::size_t(rank_) * bytes, 0, bytes);
   shared_bytes_ = bytes;
+  start_fused();
+  SHARDOPT_LOG(info, "ZeRO stage 2: fused reduce-scatter + update, the owned gradients in "
+                         << (bytes * std::size_t(nranks_)) / (1024 * 1024)
+                         << " MiB of shared memory (" << bytes / (1024 * 1024) << " MiB per rank)");
+}
+
+void GradReducer::start_fused() {
   block_threads_ = std::max(1, omp_get_max_threads());
   blocks_ = space_.allocate(std::size_t(block_threads_) * kBlock * 8,
                             "the fused update's blocks of gradients");
   block_srcs_.assign(std::size_t(block_threads_) * std::size_t(nranks_), nullptr);
+  iov_.resize(std::size_t(block_threads_));
+  if (peer_read_)
+    slices_ = space_.allocate(std::size_t(block_threads_) * std::size_t(nranks_) * kBlock * elem_,
+                              "the fused update's slices of every rank's gradients");
   fused_ = true;
-  SHARDOPT_LOG(info, "ZeRO stage 2: fused reduce-scatter + update, the owned gradients in "
-                         << (bytes * std::size_t(nranks_)) / (1024 * 1024)
-                         << " MiB of shared memory (" << bytes / (1024 * 1024) << " MiB per rank)");
+}
+
+namespace {
+
+// Reads the (local, remote) pairs of process `pid`'s memory, all of them;
+// false with errno set if any byte could not be read.
+bool read_process(pid_t pid, std::vector<iovec>& local, std::vector<iovec>& remote) {
+  for (std::size_t at = 0; at < local.size(); at += IOV_MAX) {
+    const std::size_t n = std::min<std::size_t>(IOV_MAX, local.size() - at);
+    std::size_t want = 0;
+    for (std::size_t k = at; k < at + n; ++k) want += local[k].iov_len;
+    const ssize_t got = process_vm_readv(pid, local.data() + at, n, remote.data() + at, n, 0);
+    if (got < 0) return false;
+    if (static_cast<std::size_t>(got) != want) {
+      errno = EFAULT;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// Every rank's process and gradient addresses, then one element read from
+// each other rank's gradients: where the kernel refuses (a container's
+// seccomp filter, Yama's ptrace_scope, a process that is not dumpable),
+// the fused step is off on every rank, with a warning.
+void GradReducer::read_peer_grads() {
+  const std::size_t np = params_.size();
+  std::vector<std::int64_t> mine(np + 1), all((np + 1) * std::size_t(nranks_));
+  mine[0] = static_cast<std::int64_t>(getpid());
+  for (std::size_t i = 0; i < np; ++i)
+    mine[i + 1] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(grad_ptr_[i]));
+  ctl_.allgather(mine.data(), all.data(), np + 1, DType::i64);
+  pids_.resize(std::size_t(nranks_));
+  peer_grads_.resize(np * std::size_t(nranks_));
+  for (std::size_t q = 0; q < std::size_t(nranks_); ++q) {
+    pids_[q] = static_cast<pid_t>(all[q * (np + 1)]);
+    for (std::size_t i = 0; i < np; ++i)
+      peer_grads_[q * np + i] = static_cast<std::uintptr_t>(all[q * (np + 1) + i + 1]);
+  }
+  std::size_t first = 0;
+  while (first < np && params_[first].numel == 0) ++first;
+  std::string error;
+  for (int q = 0; q < nranks_ && first < np && error.empty(); ++q) {
+    if (q == rank_) continue;
+    std::byte probe[8];
+    std::vector<iovec> local{{probe, elem_}};
+    std::vector<iovec> remote{
+        {reinterpret_cast<void*>(peer_grads_[std::size_t(q) * np + first]), elem_}};
+    if (!read_process(pids_[std::size_t(q)], local, remote))
+      error = "reading rank " + std::to_string(q) +
+              "'s memory (process_vm_readv): " + std::strerror(errno);
+  }
+  int failed = error.empty() ? nranks_ : rank_;
+  ctl_.allreduce(&failed, &failed, 1, DType::i32, ReduceOp::min);
+  if (failed < nranks_) {
+    if (rank_ == failed)
+      SHARDOPT_LOG(warn, "ZeRO stage 2: the fused update is off on every rank: rank "
+                             << rank_ << ": " << error
+                             << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
+    return;
+  }
+  peer_read_ = true;
+  start_fused();
+  SHARDOPT_LOG(info,
+               "ZeRO stage 2: fused reduce-scatter + update, each rank reading the "
+               "others' gradient slices from their buffers (process_vm_readv)");
+}
+
+// Flat elements [f0, f0 + n) of rank q's gradients, contiguous: where they
+// are (this rank's, inside one parameter) or in thread t's slice of q
+// (padding as zeros). Throws if another rank's memory cannot be read.
+const std::byte* GradReducer::slice_of(int q, std::size_t f0, std::size_t n, int t) const {
+  const std::size_t np = params_.size();
+  // The parameters from the one holding f0 on (flat offsets ascend).
+  std::size_t p = static_cast<std::size_t>(
+      std::upper_bound(layout_.flat.begin(), layout_.flat.end(), f0) - layout_.flat.begin());
+  p = p > 0 ? p - 1 : 0;
+  if (q == rank_ && p < np && layout_.flat[p] + params_[p].numel >= f0 + n)
+    return grad_ptr_[p] + (f0 - layout_.flat[p]) * elem_;
+  std::byte* out = slices_.as<std::byte>() +
+                   (std::size_t(t) * std::size_t(nranks_) + std::size_t(q)) * kBlock * elem_;
+  std::vector<iovec>& local = iov_[std::size_t(t)].first;
+  std::vector<iovec>& remote = iov_[std::size_t(t)].second;
+  local.clear();
+  remote.clear();
+  std::size_t covered = f0;
+  for (; p < np && layout_.flat[p] < f0 + n; ++p) {
+    const auto [s, e] = overlap(p, f0, f0 + n);
+    if (s >= e) continue;
+    std::byte* dst = out + (s - f0) * elem_;
+    const std::size_t from = (s - layout_.flat[p]) * elem_, bytes = (e - s) * elem_;
+    if (q == rank_) {
+      std::memcpy(dst, grad_ptr_[p] + from, bytes);
+    } else {
+      local.push_back({dst, bytes});
+      remote.push_back(
+          {reinterpret_cast<void*>(peer_grads_[std::size_t(q) * np + p] + from), bytes});
+    }
+    covered = e;
+  }
+  // Past the last parameter: the bucket's padding.
+  if (covered < f0 + n) std::memset(out + (covered - f0) * elem_, 0, (f0 + n - covered) * elem_);
+  if (!local.empty() && !read_process(pids_[std::size_t(q)], local, remote))
+    throw_error(ErrorCode::mpi,
+                "ZeRO stage 2, fused update: reading rank " + std::to_string(q) +
+                    "'s gradients (process_vm_readv) failed: " + std::strerror(errno),
+                "a rank of this node ended or unmapped its gradient buffers during the step; "
+                "end the job (SHARDOPT_FUSED_UPDATE=0 reduces through the communicator "
+                "instead)",
+                __FILE__, __LINE__);
+  return out;
 }
 
 void GradReducer::node_barrier(const char* what) {
@@ -173,8 +311,7 @@ void GradReducer::node_barrier(const char* what) {
   comm_.barrier();
 }
 
-void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* out,
-                               int t) const noexcept {
+void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* out, int t) const {
   const void** srcs = block_srcs_.data() + std::size_t(t) * std::size_t(nranks_);
   std::byte* scratch =
       blocks_.as<std::byte>() + (std::size_t(block_threads_) + std::size_t(t)) * kBlock * 4;
@@ -186,8 +323,9 @@ void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* ou
     const Bucket& b = *(it - 1);
     const std::size_t pc = piece(b), lo = storage + done - b.shard_offset;
     const std::size_t n = std::min(count - done, pc - lo);
+    const std::size_t f0 = b.begin + std::size_t(rank_) * pc + lo;
     for (int q = 0; q < nranks_; ++q)
-      srcs[q] = peers_[std::size_t(q)] + (b.begin + std::size_t(rank_) * pc + lo) * elem_;
+      srcs[q] = peer_read_ ? slice_of(q, f0, n, t) : peers_[std::size_t(q)] + f0 * elem_;
     float* dst = out + done;
     // As complete(): the piece reduced in rank order (reduce_arrays, as the
     // shm reduce-scatter), then converted into the shard or added to what
@@ -217,11 +355,18 @@ void GradReducer::materialize() {
       blocks.emplace_back(b.shard_offset + off, std::min(kBlock, piece(b) - off));
   float* shard = grad_shard_.as<float>();
   const long nb = static_cast<long>(blocks.size());
+  std::exception_ptr error;
 #pragma omp parallel for schedule(static) num_threads(block_threads_) if (nb > 1)
   for (long k = 0; k < nb; ++k) {
     const auto [at, n] = blocks[std::size_t(k)];
-    reduce_block(at, n, shard + at, omp_get_thread_num());
+    try {
+      reduce_block(at, n, shard + at, omp_get_thread_num());
+    } catch (...) {
+#pragma omp critical(shardopt_fused_materialize)
+      if (!error) error = std::current_exception();
+    }
   }
+  if (error) std::rethrow_exception(error);
   node_barrier("the fused reduction: every rank has read the others' gradients");
   pending_ = false;
 }
@@ -259,9 +404,9 @@ void GradReducer::end_step() {
 void GradReducer::add_memory(MemoryReport& m) const {
   m.grad_shard = grad_shard_.size();
   m.reduced_grads = reduced_.size();
-  m.owned_grads = fused_ ? shared_bytes_ : owned_grads_.size();
-  m.node_shared = fused_ ? shared_bytes_ : 0;
-  m.buckets = blocks_.size();
+  m.owned_grads = shared_ != nullptr ? shared_bytes_ : owned_grads_.size();
+  m.node_shared = shared_ != nullptr ? shared_bytes_ : 0;
+  m.buckets = blocks_.size() + slices_.size();
   for (const SpaceBuffer& b : pool_) m.buckets += b.size();
 }
 

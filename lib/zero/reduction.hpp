@@ -13,6 +13,9 @@
 // on the control communicator, so they never interleave with the data.
 #pragma once
 
+#include <sys/types.h>
+#include <sys/uio.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -102,13 +105,14 @@ class GradReducer {
   const void* reduced_grad(const Segment& s, DType& type) const;
 
   // The fused stage-2 step (SHARDOPT_FUSED_UPDATE): every rank of the
-  // communicator on one node (the shm transport), host buffers, gradients
-  // the optimizer owns, kept in one segment of shared memory (rank q's
-  // buffers at q's place in it). finish() then reduces nothing: it waits
-  // until every rank's gradients are written and leaves the reduction
-  // pending, for the update to read every rank's slices of its shard
-  // (reduce_block) as it goes, or for materialize() to write them into the
-  // shard when something needs the reduced gradients first.
+  // communicator on one node (the shm transport), host buffers, and either
+  // gradients the optimizer owns, kept in one segment of shared memory
+  // (rank q's buffers at q's place in it), or the user's gradient buffers,
+  // which the update reads from the other ranks' memory with
+  // process_vm_readv (a single copy by the kernel, into a slice in cache). finish() then reduces
+  // nothing: it waits until every rank's gradients are written and leaves the reduction pending,
+  // for the update to read every rank's slices of its shard (reduce_block) as it goes, or for
+  // materialize() to write them into the shard when something needs the reduced gradients first.
   bool fused_pending() const noexcept { return pending_; }
   // Collective: the pending reduction into the gradient shard (nothing if
   // none), bitwise what the reduce-scatters would have made.
@@ -116,8 +120,9 @@ class GradReducer {
   // The reduced gradients of shard elements [storage, storage + count)
   // into out (fp32), as materialize() would make them; count <=
   // block_elements(); thread t < block_threads() uses its own scratch. No
-  // collective, no throw.
-  void reduce_block(std::size_t storage, std::size_t count, float* out, int t) const noexcept;
+  // collective; throws only if another rank's buffers cannot be read (the
+  // user's gradients, read with process_vm_readv).
+  void reduce_block(std::size_t storage, std::size_t count, float* out, int t) const;
   float* block(int t) const noexcept { return blocks_.as<float>() + std::size_t(t) * kBlock; }
   static constexpr std::size_t block_elements() noexcept { return kBlock; }
   int block_threads() const noexcept { return block_threads_; }
@@ -141,6 +146,12 @@ class GradReducer {
   using UserPtr = std::function<std::byte*(std::size_t p)>;
 
   void allocate();
+  // The fused step's setup: on shared owned gradients, on the user's
+  // (read_peer_grads, which may leave it off), and their common part.
+  void share_owned_grads(std::size_t bytes);
+  void read_peer_grads();
+  void start_fused();
+  const std::byte* slice_of(int q, std::size_t f0, std::size_t n, int t) const;
   std::size_t piece(const Bucket& b) const noexcept { return b.padded / nranks_; }
   // Flat elements [s, e) of parameter p inside [lo, hi) (s >= e if none).
   std::pair<std::size_t, std::size_t> overlap(std::size_t p, std::size_t lo,
@@ -197,8 +208,6 @@ class GradReducer {
   Watch watch_;
   std::vector<Bucket> buckets_;
 
-  // The fused step's owned gradients in shared memory; null otherwise.
-  void share_owned_grads(std::size_t bytes);
   // Every rank's gradients written (finish), or read (after the update).
   void node_barrier(const char* what);
 
@@ -214,6 +223,14 @@ class GradReducer {
   // the scratch of its reduction (kBlock elements each).
   static constexpr std::size_t kBlock = 65536;
   bool fusable_ = false, fused_ = false;
+  // The user's gradients, read from the other ranks' processes: their pids
+  // and every parameter's gradient address there (rank-major); per thread,
+  // a slice of kBlock elements per rank and its lists of pieces.
+  bool peer_read_ = false;
+  std::vector<pid_t> pids_;
+  std::vector<std::uintptr_t> peer_grads_;
+  SpaceBuffer slices_;
+  mutable std::vector<std::pair<std::vector<iovec>, std::vector<iovec>>> iov_;
   std::unique_ptr<NodeSegment> shared_;
   std::vector<const std::byte*> peers_;
   std::size_t shared_bytes_ = 0;  // per rank

@@ -12,7 +12,11 @@
 # - a rank that dies while the others wait for it in shared memory, with
 #   mpirun told not to end the job for it: the others end within seconds,
 #   each naming the rank and its pid (status 1); and with the watchdog
-#   armed and mpirun's own abort, the job ends within the timeout.
+#   armed and mpirun's own abort, the job ends within the timeout;
+# - stage 2's fused update: on owned gradients in shared memory, off, and
+#   with a /dev/shm too small for them; on the user's gradients read from
+#   the other ranks' memory, and where the kernel refuses that read: every
+#   run bitwise the same parameters.
 # Usage: test_shm.sh MPIEXEC TRAIN FAULT_JOB
 set -u
 mpiexec=$1
@@ -20,7 +24,7 @@ train=$2
 fault_job=$3
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-require unshare:util-linux mount:mount pgrep:procps
+require unshare:util-linux setpriv:util-linux mount:mount pgrep:procps
 
 if [ "$(id -u)" -ne 0 ] || ! unshare -m true 2>/dev/null; then
   echo "SKIP: needs root and mount namespaces (a small /dev/shm of the test's own)"
@@ -98,6 +102,28 @@ elif [ -z "$fused_params" ] || [ "$off_params" != "$fused_params" ] || [ "$param
   fail "fault_job owned: parameters fused $fused_params, unfused $off_params, /dev/shm too small $params: not all equal" "$tmp/small.out"
 else
   ok "stage 2's fused update: shared gradients counted in node_shared, bitwise the unfused step and the fallback when /dev/shm is too small (with a warning)"
+fi
+
+# 1c. Stage 2 on the user's gradient buffers: the fused update reads the
+# other ranks' slices from their memory (process_vm_readv; the info line
+# says so, node_shared stays 0); with every rank not dumpable and without
+# CAP_SYS_PTRACE (setpriv), the kernel refuses that read: a warning from the
+# first rank refused, the unfused step. Both bitwise the owned-gradient
+# runs above (the same gradients).
+owned_run user timeout 120 env SHARDOPT_DEBUG=INFO "$mpiexec" -n 3 --oversubscribe \
+  -x SHARDOPT_DEBUG "$fault_job" user
+user_shared=$shared user_params=$params
+owned_run refused timeout 120 "$mpiexec" -n 3 --oversubscribe \
+  setpriv --bounding-set -sys_ptrace "$fault_job" user nodump
+if [ "$(grep -c 'reading the others. gradient slices from their buffers' "$tmp/user.out")" != 3 ] ||
+  [ "$user_shared" != 0 ]; then
+  fail "fault_job user: the fused update on the user's buffers did not run on every rank (node_shared $user_shared)" "$tmp/user.out"
+elif [ "$(grep -c 'the fused update is off on every rank: rank 0: reading rank 1.s memory (process_vm_readv): Operation not permitted' "$tmp/refused.out")" != 1 ]; then
+  fail "fault_job user nodump: no warning (once) that the other ranks' memory cannot be read" "$tmp/refused.out"
+elif [ -z "$user_params" ] || [ "$user_params" != "$fused_params" ] || [ "$params" != "$fused_params" ]; then
+  fail "fault_job user: parameters $user_params fused, $params refused, $fused_params on owned gradients: not all equal" "$tmp/refused.out"
+else
+  ok "stage 2's fused update on the user's gradients (process_vm_readv), and its fallback where the kernel refuses the read (with a warning): bitwise the owned-gradient step"
 fi
 
 # 2. Stale names. A pid that is surely gone: one past the kernel's maximum.
