@@ -78,15 +78,21 @@ void GradReducer::allocate() {
       owned = true;
   }
   // The fused step (reduction.hpp): decided on agreed values only, then
-  // agreed on whether every rank's gradients are all owned.
+  // agreed on whether every rank's gradients are all owned (kept in shared
+  // memory) or all the user's (read from the other ranks' memory).
+  std::int64_t fuse[2] = {0, 0};  // all owned, all the user's
   if (opt_.stage == 2 && fusable_ && settings().fused_update && !space_.on_device() &&
       nranks_ > 1 && std::string_view(comm_.backend_name()) == "shm") {
-    bool all_owned = true;
-    for (const Param& p : params_) all_owned = all_owned && (p.grad == nullptr || p.numel == 0);
-    std::int64_t want = owned && all_owned && !opt_.stream_grads && reduce_type_ == dtype_ &&
-                        opt_.predivide_factor == 1.0;
-    ctl_.allreduce(&want, &want, 1, DType::i64, ReduceOp::min);
-    if (want != 0) share_owned_grads(full * elem_);
+    bool all_owned = true, all_user = true;
+    for (const Param& p : params_) {
+      all_owned = all_owned && (p.grad == nullptr || p.numel == 0);
+      all_user = all_user && (p.grad != nullptr || p.numel == 0);
+    }
+    const bool plain = !opt_.stream_grads && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0;
+    fuse[0] = plain && owned && all_owned;
+    fuse[1] = plain && all_user;
+    ctl_.allreduce(fuse, fuse, 2, DType::i64, ReduceOp::min);
+    if (fuse[0] != 0) share_owned_grads(full * elem_);
   }
   if (owned && !fused_) owned_grads_ = space_.allocate(full * elem_, "the gradients");
   std::byte* owned_base =
@@ -97,18 +103,7 @@ void GradReducer::allocate() {
                    : owned                    ? owned_base + layout_.flat[i] * elem_
                                               : nullptr;
   }
-  // The fused step on the user's own gradient buffers: the update reads the
-  // other ranks' slices from their memory (process_vm_readv), as it reads
-  // them from the shared segment above.
-  if (!fused_ && opt_.stage == 2 && fusable_ && settings().fused_update && !space_.on_device() &&
-      nranks_ > 1 && std::string_view(comm_.backend_name()) == "shm") {
-    bool all_user = true;
-    for (const Param& p : params_) all_user = all_user && (p.grad != nullptr || p.numel == 0);
-    std::int64_t want =
-        all_user && !opt_.stream_grads && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0;
-    ctl_.allreduce(&want, &want, 1, DType::i64, ReduceOp::min);
-    if (want != 0) read_peer_grads();
-  }
+  if (fuse[1] != 0) read_peer_grads();  // needs every rank's grad_ptr_
   const std::size_t rsize = dtype_size(reduce_type_);
   std::size_t pool_bytes = 0;
   for (Bucket& b : buckets_) {

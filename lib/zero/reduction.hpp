@@ -109,10 +109,12 @@ class GradReducer {
   // gradients the optimizer owns, kept in one segment of shared memory
   // (rank q's buffers at q's place in it), or the user's gradient buffers,
   // which the update reads from the other ranks' memory with
-  // process_vm_readv (a single copy by the kernel, into a slice in cache). finish() then reduces
-  // nothing: it waits until every rank's gradients are written and leaves the reduction pending,
-  // for the update to read every rank's slices of its shard (reduce_block) as it goes, or for
-  // materialize() to write them into the shard when something needs the reduced gradients first.
+  // process_vm_readv (a single copy by the kernel, into a slice in
+  // cache). finish() then reduces nothing: it waits until every rank's
+  // gradients are written and leaves the reduction pending, for the update
+  // to read every rank's slices of its shard (reduce_block) as it goes, or
+  // for materialize() to write them into the shard when something needs
+  // the reduced gradients first.
   bool fused_pending() const noexcept { return pending_; }
   // Collective: the pending reduction into the gradient shard (nothing if
   // none), bitwise what the reduce-scatters would have made.
