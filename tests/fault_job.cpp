@@ -24,12 +24,16 @@
 //                        (memory_report: the fused update's shared
 //                        gradients, 0 without it) and "params <FNV-1a hash
 //                        of the parameters' bytes>".
-//   fault_job user [nodump]  the same on the user's gradient buffers; with
-//                        nodump every rank first makes its process not
-//                        dumpable (prctl), as hardened programs do, so that
-//                        without CAP_SYS_PTRACE no other process may read its
-//                        memory.
+//   fault_job user [nodump|protect]  the same on the user's gradient
+//                        buffers; with nodump every rank first makes its
+//                        process not dumpable (prctl), as hardened programs
+//                        do, so that without CAP_SYS_PTRACE no other process
+//                        may read its memory; with protect rank 1, before its
+//                        last step, makes the pages of its gradients that
+//                        rank 0 reads inaccessible (mprotect): rank 0's read
+//                        fails in the middle of the step.
 #include <mpi.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -45,18 +49,24 @@
 namespace {
 
 // The "owned" and "user" jobs (above).
-void run_owned(shardopt::Communicator& comm, int rank, bool user) {
-  // 300000 elements: 1.2 MB of gradients per rank.
-  std::vector<float> w(300000, 0.5f), mine(user ? w.size() : 0);
+void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect) {
+  // 300000 elements: 1.2 MB of gradients per rank, the user's in pages of
+  // their own.
+  std::vector<float> w(300000, 0.5f);
+  const std::size_t size = w.size() * sizeof(float);
+  void* mine = user
+                   ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                   : nullptr;
   shardopt::ZeroRedundancyOptimizer opt(
-      comm,
-      {{.name = "w", .data = w.data(), .numel = w.size(), .grad = user ? mine.data() : nullptr}},
+      comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = mine}},
       shardopt::Adam{.lr = 1e-3}, {.stage = 2});
   for (int s = 0; s < 5; ++s) {
     auto* g = static_cast<float*>(opt.grad(0));
     for (std::size_t i = 0; i < w.size(); ++i)
       g[i] =
           0.01f * static_cast<float>((rank + 1) * (s + 1)) - 1e-7f * static_cast<float>(i % 1000);
+    // Rank 0's slice of rank 1's gradients: the first third, whole pages.
+    if (protect && rank == 1 && s == 4) mprotect(mine, size / 3 / 4096 * 4096, PROT_NONE);
     opt.step();
   }
   std::uint64_t h = 1469598103934665603ULL;
@@ -103,13 +113,14 @@ int main(int argc, char** argv) {
   const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
   const bool user = argc > 1 && std::strcmp(argv[1], "user") == 0;
   if (user && argc > 2 && std::strcmp(argv[2], "nodump") == 0) prctl(PR_SET_DUMPABLE, 0);
+  const bool protect = user && argc > 2 && std::strcmp(argv[2], "protect") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
     if (owned || user) {
-      run_owned(comm, rank, user);
+      run_owned(comm, rank, user, protect);
     } else {
       run_fault(comm, rank, odd, desync, apart, die);
     }

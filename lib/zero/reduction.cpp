@@ -12,7 +12,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <string_view>
 
@@ -291,13 +290,8 @@ const std::byte* GradReducer::slice_of(int q, std::size_t f0, std::size_t n, int
   // Past the last parameter: the bucket's padding.
   if (covered < f0 + n) std::memset(out + (covered - f0) * elem_, 0, (f0 + n - covered) * elem_);
   if (!local.empty() && !read_process(pids_[std::size_t(q)], local, remote))
-    throw_error(ErrorCode::mpi,
-                "ZeRO stage 2, fused update: reading rank " + std::to_string(q) +
-                    "'s gradients (process_vm_readv) failed: " + std::strerror(errno),
-                "a rank of this node ended or unmapped its gradient buffers during the step; "
-                "end the job (SHARDOPT_FUSED_UPDATE=0 reduces through the communicator "
-                "instead)",
-                __FILE__, __LINE__);
+    throw PeerReadError("ZeRO stage 2, fused update: reading rank " + std::to_string(q) +
+                        "'s gradients (process_vm_readv) failed: " + std::strerror(errno));
   return out;
 }
 
@@ -350,26 +344,32 @@ void GradReducer::materialize() {
       blocks.emplace_back(b.shard_offset + off, std::min(kBlock, piece(b) - off));
   float* shard = grad_shard_.as<float>();
   const long nb = static_cast<long>(blocks.size());
-  std::exception_ptr error;
+  std::string error;
 #pragma omp parallel for schedule(static) num_threads(block_threads_) if (nb > 1)
   for (long k = 0; k < nb; ++k) {
     const auto [at, n] = blocks[std::size_t(k)];
     try {
       reduce_block(at, n, shard + at, omp_get_thread_num());
-    } catch (...) {
+    } catch (const PeerReadError& e) {
 #pragma omp critical(shardopt_fused_materialize)
-      if (!error) error = std::current_exception();
+      if (error.empty()) error = e.what();
     }
   }
-  if (error) std::rethrow_exception(error);
-  node_barrier("the fused reduction: every rank has read the others' gradients");
-  pending_ = false;
+  end_fused("the fused reduction: every rank has read the others' gradients", error);
 }
 
-void GradReducer::release_fused() {
+void GradReducer::release_fused(const std::string& error) {
   if (!pending_) return;
-  node_barrier("the fused update: every rank has read the others' gradients");
+  end_fused("the fused update: every rank has read the others' gradients", error);
+}
+
+void GradReducer::end_fused(const char* what, const std::string& error) {
+  watch_(what, SIZE_MAX, false);
   pending_ = false;
+  agree_or_throw(ctl_, error, ErrorCode::mpi,
+                 "a rank of this node ended, unmapped or protected its gradient buffers during "
+                 "the step: end the job (SHARDOPT_FUSED_UPDATE=0 reduces through the "
+                 "communicator instead)");
 }
 
 const void* GradReducer::reduced_grad(const Segment& s, DType& type) const {

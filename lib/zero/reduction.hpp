@@ -23,6 +23,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,6 +52,14 @@ struct Bucket : BucketRange {
 struct CommStats {
   std::uint64_t reduce_bytes = 0, gather_bytes = 0;
   double first_launch = -1.0, reduce_end = -1.0, waited = 0.0;
+};
+
+// The fused step could not read another rank's gradients (the user's
+// buffers, process_vm_readv): what() names the rank and the reason. Caught
+// where the fused reduction ends, and agreed there, so that every rank
+// throws (release_fused, materialize).
+struct PeerReadError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 class GradReducer {
@@ -130,7 +140,9 @@ class GradReducer {
   int block_threads() const noexcept { return block_threads_; }
   // Collective, after the update read the pending reduction: no rank
   // writes its gradients before every rank has read them.
-  void release_fused();
+  // error: this rank's PeerReadError message, if the update had one;
+  // throws on every rank when some rank had one.
+  void release_fused(const std::string& error = {});
   const CommStats& stats() const noexcept { return stats_; }
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   // Adds the reducer's buffers to m.
@@ -212,6 +224,9 @@ class GradReducer {
 
   // Every rank's gradients written (finish), or read (after the update).
   void node_barrier(const char* what);
+  // The end of a fused reduction: a barrier that also agrees on whether a
+  // rank failed to read another's gradients (then a throw on every rank).
+  void end_fused(const char* what, const std::string& error);
 
   // Buffers, allocated once.
   SpaceBuffer grad_shard_;         // stage 2: fp32 accumulator, S

@@ -231,9 +231,16 @@ StepInfo ZeroEngine::step() {
   info.step = deferred ? steps_ + 1 : steps_;
   // On a device the update is enqueued with the verdict's flag (never
   // raised when the host decided).
-  shard().update(reducer(), mul, info.step,
-                 verdict_.rt != nullptr ? verdict_.flag.as<std::uint32_t>() : nullptr);
-  reducer().release_fused();  // the update read the other ranks' gradients
+  // The update reads the other ranks' gradients when fused: a failed read
+  // on one rank is agreed with the release, an error on every rank.
+  std::string read_error;
+  try {
+    shard().update(reducer(), mul, info.step,
+                   verdict_.rt != nullptr ? verdict_.flag.as<std::uint32_t>() : nullptr);
+  } catch (const PeerReadError& e) {
+    read_error = e.what();
+  }
+  reducer().release_fused(read_error);
   const double t2 = MPI_Wtime();
   if (opt_.stage > 0) reducer().gather_params();
   const double t3 = MPI_Wtime();

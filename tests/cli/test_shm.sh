@@ -16,7 +16,8 @@
 # - stage 2's fused update: on owned gradients in shared memory, off, and
 #   with a /dev/shm too small for them; on the user's gradients read from
 #   the other ranks' memory, and where the kernel refuses that read: every
-#   run bitwise the same parameters.
+#   run bitwise the same parameters; a read that fails mid-step: the same
+#   error on every rank.
 # Usage: test_shm.sh MPIEXEC TRAIN FAULT_JOB
 set -u
 mpiexec=$1
@@ -124,6 +125,18 @@ elif [ -z "$user_params" ] || [ "$user_params" != "$fused_params" ] || [ "$param
   fail "fault_job user: parameters $user_params fused, $params refused, $fused_params on owned gradients: not all equal" "$tmp/refused.out"
 else
   ok "stage 2's fused update on the user's gradients (process_vm_readv), and its fallback where the kernel refuses the read (with a warning): bitwise the owned-gradient step"
+fi
+# And a read that fails in the middle of a step (rank 1 makes the pages
+# rank 0 reads inaccessible): every rank ends with status 1 and the same
+# error naming rank 1's gradients, no hang.
+timeout 60 "$mpiexec" -n 3 --oversubscribe "$fault_job" user protect >"$tmp/protect.out" 2>&1
+status=$?
+if [ "$status" = 124 ]; then
+  fail "fault_job user protect hung" "$tmp/protect.out"
+elif [ "$(grep -c "^fault_job: rank [012]: .*on rank 0: ZeRO stage 2, fused update: reading rank 1's gradients (process_vm_readv) failed" "$tmp/protect.out")" != 3 ]; then
+  fail "fault_job user protect: not every rank reported rank 0's failed read of rank 1's gradients (status $status)" "$tmp/protect.out"
+else
+  ok "a failed read of another rank's gradients mid-step: the same error on every rank, no hang"
 fi
 
 # 2. Stale names. A pid that is surely gone: one past the kernel's maximum.
