@@ -151,9 +151,8 @@ template <bool Avx2, class H>
 // Sources [0, k) (k from 1 to 4, elements off.. of each) combined into
 // d[0, len) in one pass, left to right; with Acc, d's own values first.
 // Each pass streams its sources at once: a pass per source, or a copy of
-// every small tile, leaves the memory idle between them (measured on a
-// 2-core Xeon: 9 GB/s read into a 1024-element tile, copied out, against
-// 16-20 GB/s in one pass).
+// every small tile, leaves the memory idle between them (docs/benchmarks.md,
+// "One-pass reductions and the user's gradient buffers").
 template <class T, class Op, bool Acc, int K>
 [[gnu::always_inline]] inline void combine_k(T* __restrict d, const void* const* src,
                                              std::size_t off, std::size_t len) {
