@@ -3,6 +3,8 @@
 // problem, a hint, and the rank in MPI_COMM_WORLD. After each error the
 // communicator still works.
 #include <mpi.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <climits>
@@ -15,6 +17,7 @@
 
 #include "mpi_test.hpp"
 #include "shardopt/communicator.hpp"
+#include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
 #include "test_comm_data.hpp"
 
@@ -328,5 +331,43 @@ TEST_CASE("an error message names the problem, its fix, the rank and the code", 
   }
   INFO(what);
   CHECK(all_ranks_true(ok));
+  CHECK(still_works(world()));
+}
+
+// The shared-memory single copy: rank 1's own block of an in-place
+// allgather (read only by the other ranks, through process_vm_readv) made
+// unreadable. Every rank gets the same error, naming the rank that could
+// not read and the rank it read, instead of one rank throwing while the
+// others wait; the communicator is then unusable (its steps may no longer
+// match), on every rank, and a new one works.
+TEST_CASE("a buffer another rank cannot read in a single copy is an error on every rank",
+          "[comm][errors][shm]") {
+  const std::size_t kib = settings().shm_single_copy_kb;
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t n = 65536;  // 256 KiB blocks of f32, whole pages
+  Communicator probe(MPI_COMM_WORLD);
+  if (std::string(probe.backend_name()) != "shm" || kib > n * 4 / 1024) {
+    WARN("skipped: not the shm backend, or SHARDOPT_SHM_SINGLE_COPY_KB above 256 (backend "
+         << probe.backend_name() << ")");
+    CHECK(still_works(probe));
+    return;
+  }
+  const int ranks = world_size(), me = world_rank();
+  const std::size_t bytes = n * 4 * static_cast<std::size_t>(ranks);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* buf = static_cast<float*>(mem);
+  for (std::size_t i = 0; i < n * ranks; ++i) buf[i] = static_cast<float>(i % 1000);
+  float* own = buf + static_cast<std::size_t>(me) * n;
+  REQUIRE(reinterpret_cast<std::uintptr_t>(own) % page == 0);
+  if (me == 1) REQUIRE(mprotect(own, n * 4, PROT_NONE) == 0);
+  CHECK(all_ranks_true(
+      throws_error<CommError>([&] { probe.allgather(own, buf, n, DType::f32); }, ErrorCode::mpi,
+                              "could not read local rank 1's buffer (process_vm_readv)")));
+  if (me == 1) REQUIRE(mprotect(own, n * 4, PROT_READ | PROT_WRITE) == 0);
+  CHECK(all_ranks_true(throws_error<CommError>([&] { probe.allgather(own, buf, n, DType::f32); },
+                                               ErrorCode::mpi, "failed earlier")));
+  probe.free();
+  munmap(mem, bytes);
   CHECK(still_works(world()));
 }

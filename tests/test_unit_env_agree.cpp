@@ -40,7 +40,7 @@ TEST_CASE("settings: the variables every rank must set alike", "[settings][agree
       "SHARDOPT_COMM_MAX_CHUNK", "SHARDOPT_CHECK_ARGS",   "SHARDOPT_BUCKET_MB",
       "SHARDOPT_TIMEOUT",        "SHARDOPT_DESYNC_CHECK", "SHARDOPT_STAGED_CHUNK_KB",
       "SHARDOPT_DEVICE_COMM",    "SHARDOPT_CHECK_SYNC",   "SHARDOPT_HOST_COMM",
-      "SHARDOPT_SHM_CHUNK_KB",   "SHARDOPT_FUSED_UPDATE"};
+      "SHARDOPT_SHM_CHUNK_KB",   "SHARDOPT_FUSED_UPDATE", "SHARDOPT_SHM_SINGLE_COPY_KB"};
   std::set<std::string> flagged;
   for (const auto& v : shardopt::environment_variables())
     if (v.same_on_every_rank) flagged.insert(v.name);

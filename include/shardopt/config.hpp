@@ -66,6 +66,7 @@ struct Settings {
   CudaAwareMpi cuda_aware_mpi = CudaAwareMpi::ask;  // SHARDOPT_CUDA_AWARE_MPI
   HostComm host_comm = HostComm::automatic;         // SHARDOPT_HOST_COMM
   std::size_t shm_chunk_kb = 1024;                  // SHARDOPT_SHM_CHUNK_KB
+  std::size_t shm_single_copy_kb = 16;              // SHARDOPT_SHM_SINGLE_COPY_KB (SIZE_MAX: off)
   bool fused_update = true;                         // SHARDOPT_FUSED_UPDATE
 };
 

@@ -193,9 +193,10 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   }
   check_args_ = options.check_arguments.value_or(settings().check_args || settings().desync_check);
   backend_ = detail::make_mpi_host_backend(comm, chunk);
-  backend_ = detail::make_host_backend(std::move(backend_), nodes_,
-                                       options.host_comm.value_or(settings().host_comm),
-                                       settings().shm_chunk_kb * 1024);
+  backend_ = detail::make_host_backend(
+      std::move(backend_), nodes_, options.host_comm.value_or(settings().host_comm),
+      settings().shm_chunk_kb * 1024,
+      settings().shm_single_copy_kb == SIZE_MAX ? SIZE_MAX : settings().shm_single_copy_kb * 1024);
   if (backend_->rank() == 0) SHARDOPT_LOG(info, "Communicator of " << nodes_.summary());
   choose_device_backend(comm, options.device_comm.value_or(settings().device_comm));
   stream_ = options.stream;

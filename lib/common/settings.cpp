@@ -298,6 +298,28 @@ const VarSpec kVars[] = {
      },
      // Agreed: the ranks of a node must step through the same chunks.
      value_text<&Settings::shm_chunk_kb>},
+    {"SHARDOPT_SHM_SINGLE_COPY_KB", "16", "an integer from 0 to 1048576, or off (any case)",
+     "The shared-memory collectives' single copy: an operation whose block on each rank (a "
+     "reduce-scatter's or allgather's block, a broadcast's buffer; an allreduce's part, from 8 "
+     "times this) has at least this many KiB takes no slots: each rank reads what it needs of the "
+     "others' buffers "
+     "directly (process_vm_readv, one copy by the kernel), so each byte crosses memory once. "
+     "Where the kernel refuses those reads (seccomp, Yama's ptrace_scope, a process that is not "
+     "dumpable), every operation goes through the slots, with one warning. off: always the "
+     "slots.",
+     [](Settings& s, const std::string& v) {
+       if (upper(v) == "OFF") {
+         s.shm_single_copy_kb = SIZE_MAX;
+         return true;
+       }
+       const auto n = v == "0" ? std::optional<unsigned long long>(0) : parse_count(v, 1048576);
+       if (!n) return false;
+       s.shm_single_copy_kb = static_cast<std::size_t>(*n);
+       return true;
+     },
+     // Agreed: the ranks of a node must take the same path through each
+     // operation.
+     value_text<&Settings::shm_single_copy_kb>},
     {"SHARDOPT_FUSED_UPDATE", "1", "1, 0 (also true/false, yes/no, on/off)",
      "ZeRO stage 2 on host buffers, all ranks on one node (SHARDOPT_HOST_COMM shm) and "
      "gradient buffers the optimizer owns: keep those buffers in memory the node's ranks all "

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "comm/agree.hpp"
+#include "comm/shm/shm_peer.hpp"
 #include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
@@ -186,27 +187,6 @@ void GradReducer::start_fused() {
                               "the fused update's slices of every rank's gradients");
   fused_ = true;
 }
-
-namespace {
-
-// Reads the (local, remote) pairs of process `pid`'s memory, all of them;
-// false with errno set if any byte could not be read.
-bool read_process(pid_t pid, std::vector<iovec>& local, std::vector<iovec>& remote) {
-  for (std::size_t at = 0; at < local.size(); at += IOV_MAX) {
-    const std::size_t n = std::min<std::size_t>(IOV_MAX, local.size() - at);
-    std::size_t want = 0;
-    for (std::size_t k = at; k < at + n; ++k) want += local[k].iov_len;
-    const ssize_t got = process_vm_readv(pid, local.data() + at, n, remote.data() + at, n, 0);
-    if (got < 0) return false;
-    if (static_cast<std::size_t>(got) != want) {
-      errno = EFAULT;
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 // Every rank's process and gradient addresses, then one element read from
 // each other rank's gradients: where the kernel refuses (a container's

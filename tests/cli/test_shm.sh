@@ -109,8 +109,9 @@ fi
 # other ranks' slices from their memory (process_vm_readv; the info line
 # says so, node_shared stays 0); with every rank not dumpable and without
 # CAP_SYS_PTRACE (setpriv), the kernel refuses that read: a warning from the
-# first rank refused, the unfused step. Both bitwise the owned-gradient
-# runs above (the same gradients).
+# first rank refused, the unfused step; and the collectives' single copy
+# (the same reads) is off too, with a warning of its own, once. Both
+# bitwise the owned-gradient runs above (the same gradients).
 owned_run user timeout 120 env SHARDOPT_DEBUG=INFO "$mpiexec" -n 3 --oversubscribe \
   -x SHARDOPT_DEBUG "$fault_job" user
 user_shared=$shared user_params=$params
@@ -121,10 +122,12 @@ if [ "$(grep -c 'reading the others. gradient slices from their buffers' "$tmp/u
   fail "fault_job user: the fused update on the user's buffers did not run on every rank (node_shared $user_shared)" "$tmp/user.out"
 elif [ "$(grep -c 'the fused update is off on every rank: rank 0: reading rank 1.s memory (process_vm_readv): Operation not permitted' "$tmp/refused.out")" != 1 ]; then
   fail "fault_job user nodump: no warning (once) that the other ranks' memory cannot be read" "$tmp/refused.out"
+elif [ "$(grep -c 'the single copy is off on this node: local rank 0: reading local rank 1.s memory (process_vm_readv): Operation not permitted' "$tmp/refused.out")" != 1 ]; then
+  fail "fault_job user nodump: no warning (once) that the collectives' single copy is off" "$tmp/refused.out"
 elif [ -z "$user_params" ] || [ "$user_params" != "$fused_params" ] || [ "$params" != "$fused_params" ]; then
   fail "fault_job user: parameters $user_params fused, $params refused, $fused_params on owned gradients: not all equal" "$tmp/refused.out"
 else
-  ok "stage 2's fused update on the user's gradients (process_vm_readv), and its fallback where the kernel refuses the read (with a warning): bitwise the owned-gradient step"
+  ok "stage 2's fused update on the user's gradients (process_vm_readv), and its fallback and the collectives' where the kernel refuses the read (with a warning each): bitwise the owned-gradient step"
 fi
 # And a read that fails in the middle of a step (rank 1 makes the pages
 # rank 0 reads inaccessible): every rank ends with status 1 and the same

@@ -92,10 +92,12 @@ class ShmBackend final : public Backend {
     blocks_.resize(rank_at_.size());
     for (int l = 0; l < local_; ++l)
       for (int m = 0; m < nodes_; ++m) blocks_[l * nodes_ + m] = rank_at_[m * local_ + l];
-    SHARDOPT_LOG(info, "Communicator: " << name() << " backend, rank " << rank() << " of " << size()
-                                        << ", " << local_ << " ranks per node through "
-                                        << node_->segment_bytes() / 1024 << " KiB of shared memory"
-                                        << (nodes_ > 1 ? ", MPI across nodes" : ""));
+    SHARDOPT_LOG(
+        info, "Communicator: " << name() << " backend, rank " << rank() << " of " << size() << ", "
+                               << local_ << " ranks per node through "
+                               << node_->segment_bytes() / 1024 << " KiB of shared memory"
+                               << (node_->single_copy() ? " (large blocks in a single copy)" : "")
+                               << (nodes_ > 1 ? ", MPI across nodes" : ""));
   }
   ~ShmBackend() override { stop_worker(); }
 
@@ -449,7 +451,8 @@ const char* choice_name(HostComm c) {
 }  // namespace
 
 std::unique_ptr<Backend> make_host_backend(std::unique_ptr<Backend> mpi, const NodeLayout& nodes,
-                                           HostComm choice, std::size_t slot_bytes) {
+                                           HostComm choice, std::size_t slot_bytes,
+                                           std::size_t single_copy_bytes) {
   const MPI_Comm comm = mpi->mpi_comm();
   const int size = mpi->size(), rank = mpi->rank();
   // The choice must be the same everywhere (CommOptions is per rank).
@@ -490,7 +493,7 @@ std::unique_ptr<Backend> make_host_backend(std::unique_ptr<Backend> mpi, const N
   SHARDOPT_CHECK_MPI(MPI_Comm_split(comm, nodes.node, rank, &node_comm),
                      "grouping the ranks of each node");
   std::string error;
-  auto channel = NodeChannel::create(node_comm, slot_bytes, error);
+  auto channel = NodeChannel::create(node_comm, slot_bytes, single_copy_bytes, error);
   MPI_Comm_free(&node_comm);
   // One rank's failure decides for all: the first failing rank's reason.
   int first = channel ? size : rank;

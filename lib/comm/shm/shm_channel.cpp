@@ -17,8 +17,10 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/shm/shm_peer.hpp"
 #include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
+#include "common/log.hpp"
 
 namespace shardopt::detail {
 
@@ -31,6 +33,21 @@ constexpr std::size_t kSmallAllreduce = 16384;
 // Outputs of this many bytes and more are written past the caches: they
 // would not stay there, and their lines need not be read before written.
 constexpr std::size_t kStreamBytes = std::size_t{4} << 20;
+// A single-copy reduction reads each other rank's data a tile at a time,
+// one process_vm_readv each: tiles of every rank stay in the core's cache
+// while they are summed, and each read is long enough that the call's own
+// cost (about a microsecond) is small beside the copy.
+constexpr std::size_t kTile = std::size_t{256} << 10;
+// An allreduce takes the single copy from parts of this many times the
+// threshold on: below it, in place, its two steps' waits and the copy of
+// this rank's own part into its tile cost more than the slots
+// (docs/benchmarks.md).
+constexpr std::size_t kAllreduceFactor = 8;
+// A single-copy reduce-scatter writes its result past the caches from this
+// size on; an allreduce and this rank's own block of an allgather never
+// (they were slower so at every size measured on a 2-core Xeon,
+// docs/benchmarks.md).
+constexpr std::size_t kSingleCopyStreamBytes = std::size_t{16} << 20;
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
@@ -70,6 +87,13 @@ struct NodeChannel::Control {
     std::atomic<std::uint32_t> posted;    // the last step whose slot this rank has written
     std::atomic<std::uint32_t> consumed;  // the last step whose slots this rank has read
     std::atomic<std::int64_t> pid;        // to tell a rank that ended from a slow one
+    // Single copy: the buffer this rank announced for the step in progress,
+    // and the last step at which one of its reads failed (which rank it
+    // read, errno).
+    std::atomic<std::uint64_t> addr;
+    std::atomic<std::uint32_t> declined;  // the last step it declined
+    std::atomic<std::uint32_t> failed;
+    std::atomic<std::int32_t> failed_peer, failed_errno;
   };
   struct alignas(64) Head {
     std::atomic<std::uint32_t> sleepers;  // ranks asleep on a futex of this segment
@@ -85,6 +109,7 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
 
 std::unique_ptr<NodeChannel> NodeChannel::create(MPI_Comm node_comm, std::size_t slot_bytes,
+                                                 std::size_t single_copy_bytes,
                                                  std::string& error) {
   int rank = 0, ranks = 1;
   SHARDOPT_CHECK_MPI(MPI_Comm_rank(node_comm, &rank), "querying the node rank");
@@ -94,7 +119,43 @@ std::unique_ptr<NodeChannel> NodeChannel::create(MPI_Comm node_comm, std::size_t
       Control::bytes(ranks) + slot_bytes * 2 * static_cast<std::size_t>(ranks);
   auto seg = NodeSegment::create(node_comm, bytes, error);
   if (!seg) return nullptr;
-  return std::unique_ptr<NodeChannel>(new NodeChannel(std::move(seg), rank, ranks, slot_bytes));
+  std::unique_ptr<NodeChannel> ch(new NodeChannel(std::move(seg), rank, ranks, slot_bytes));
+  if (single_copy_bytes == SIZE_MAX || ranks == 1) return ch;
+  // Every rank has announced its pid and probe: each reads the others'.
+  // One rank refused turns the single copy off on every rank.
+  SHARDOPT_CHECK_MPI(MPI_Barrier(node_comm), "waiting for the node's ranks to map the segment");
+  const std::string refused = ch->probe_peers();
+  int first = refused.empty() ? ranks : rank;
+  SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, node_comm),
+                     "agreeing on the single-copy collectives");
+  if (first == ranks) {
+    ch->single_copy_bytes_ = single_copy_bytes;
+  } else if (rank == first) {
+    // Once per process: every communicator of the job would say the same.
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      SHARDOPT_LOG(warn,
+                   "shared-memory collectives: the single copy is off on this node: local rank "
+                       << rank << ": " << refused
+                       << "; large operations go through the slots (two copies; "
+                          "SHARDOPT_SHM_SINGLE_COPY_KB=off says so quietly)");
+    }
+  }
+  return ch;
+}
+
+std::string NodeChannel::probe_peers() const {
+  for (int q = 0; q < ranks_; ++q) {
+    if (q == rank_) continue;
+    const auto& l = control_->line[q];
+    const auto pid = static_cast<pid_t>(l.pid.load(std::memory_order_relaxed));
+    std::int64_t seen = 0;
+    if (!read_process(pid, &seen, reinterpret_cast<const void*>(l.addr.load()), sizeof seen))
+      return "reading local rank " + std::to_string(q) +
+             "'s memory (process_vm_readv): " + std::strerror(errno);
+    if (seen != pid) return "local rank " + std::to_string(q) + "'s memory read back wrong";
+  }
+  return "";
 }
 
 NodeChannel::NodeChannel(std::unique_ptr<NodeSegment> seg, int rank, int ranks,
@@ -105,9 +166,11 @@ NodeChannel::NodeChannel(std::unique_ptr<NodeSegment> seg, int rank, int ranks,
       rank_(rank),
       ranks_(ranks),
       slot_bytes_(slot_bytes),
+      probe_(getpid()),
       srcs_(static_cast<std::size_t>(ranks)) {
   // The segment starts zeroed (a fresh file): counters at step 0.
-  control_->line[rank_].pid.store(getpid(), std::memory_order_relaxed);
+  control_->line[rank_].pid.store(probe_, std::memory_order_relaxed);
+  control_->line[rank_].addr.store(reinterpret_cast<std::uintptr_t>(&probe_));
 }
 
 NodeChannel::~NodeChannel() = default;
@@ -198,12 +261,104 @@ void NodeChannel::step(Fill&& fill, Use&& use) {
   post(false, s);
 }
 
+template <class Use>
+bool NodeChannel::direct_step(const void* mine, Use&& use, bool decline) {
+  const std::uint32_t s = ++step_;
+  control_->line[rank_].addr.store(reinterpret_cast<std::uintptr_t>(mine),
+                                   std::memory_order_relaxed);
+  if (decline) control_->line[rank_].declined.store(s, std::memory_order_relaxed);
+  post(true, s);
+  wait_all(true, s);
+  for (int q = 0; q < ranks_; ++q) {
+    if (control_->line[q].declined.load(std::memory_order_relaxed) == s) {
+      post(false, s);  // nothing of this rank's was read
+      return false;
+    }
+  }
+  read_failed_ = false;
+  use([this](int q) {
+    return reinterpret_cast<const std::byte*>(
+        control_->line[q].addr.load(std::memory_order_relaxed));
+  });
+  if (read_failed_) control_->line[rank_].failed.store(s, std::memory_order_relaxed);
+  post(false, s);
+  wait_all(false, s);
+  for (int q = 0; q < ranks_; ++q) {
+    const auto& l = control_->line[q];
+    if (l.failed.load(std::memory_order_relaxed) != s) continue;
+    SHARDOPT_THROW(mpi,
+                   std::string(what_) + " through shared memory: local rank " + std::to_string(q) +
+                       " could not read local rank " + std::to_string(l.failed_peer.load()) +
+                       "'s buffer (process_vm_readv): " + std::strerror(l.failed_errno.load()),
+                   "a buffer given to the collective is not valid on that rank (freed, unmapped "
+                   "or protected, or shorter than the count); pass buffers of the full size");
+  }
+  return true;
+}
+
+void NodeChannel::read_peer(int q, void* to, const std::byte* from, std::size_t bytes) {
+  if (read_failed_) return;
+  const auto pid = static_cast<pid_t>(control_->line[q].pid.load(std::memory_order_relaxed));
+  if (read_process(pid, to, from, bytes)) return;
+  auto& l = control_->line[rank_];
+  l.failed_peer.store(q, std::memory_order_relaxed);
+  l.failed_errno.store(errno, std::memory_order_relaxed);
+  read_failed_ = true;
+}
+
+template <class Base>
+void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* own, std::byte* out,
+                                std::size_t n, DType t, ReduceOp op, bool stream) {
+  const std::size_t es = dtype_size(t);
+  const std::size_t tile = kTile / es;
+  if (tiles_.empty()) tiles_.resize(kTile * static_cast<std::size_t>(ranks_));
+  std::byte* mine = tiles_.data() + static_cast<std::size_t>(rank_) * kTile;
+  // reduce_arrays' output may not be one of its sources: this rank's own
+  // data (NCCL's in-place form) goes through its tile too.
+  const bool alias = own < out + n * es && out < own + n * es;
+  for (std::size_t off = 0; off < n; off += tile) {
+    const std::size_t len = std::min(tile, n - off);
+    for (int q = 0; q < ranks_; ++q) {
+      std::byte* into = tiles_.data() + static_cast<std::size_t>(q) * kTile;
+      if (q != rank_) {
+        read_peer(q, into, base(q) + at + off * es, len * es);
+        srcs_[q] = into;
+      } else if (alias) {
+        std::memcpy(mine, own + off * es, len * es);
+        srcs_[q] = mine;
+      } else {
+        srcs_[q] = own + off * es;
+      }
+    }
+    if (read_failed_) return;
+    reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
+  }
+}
+
 void NodeChannel::reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op,
                                  int groups, std::span<const int> blocks) {
   const std::size_t es = dtype_size(t);
   const auto* src = static_cast<const std::byte*>(in);
   auto* dst = static_cast<std::byte*>(out);
   const std::size_t pieces = pieces_of(groups);
+  if (n * es >= single_copy_bytes_) {
+    const bool stream = n * groups * es >= kSingleCopyStreamBytes;
+    // In MPI's in-place form, out is block 0 of in, which local rank 0
+    // reads: the other ranks decline, and the operation takes the slots
+    // (holding the result aside until rank 0 has read cost more than them).
+    const std::byte* own = src + blocks[static_cast<std::size_t>(rank_) * groups] * n * es;
+    const bool decline = dst != own && dst < src + pieces * n * es && src < dst + groups * n * es;
+    const bool done = direct_step(
+        in,
+        [&](auto&& base) {
+          for (int g = 0; g < groups; ++g) {
+            const std::size_t at = blocks[static_cast<std::size_t>(rank_) * groups + g] * n * es;
+            reduce_direct(base, at, src + at, dst + g * n * es, n, t, op, stream);
+          }
+        },
+        decline);
+    if (done) return;
+  }
   // Elements per block per step: a whole number of cache lines.
   const std::size_t line = 64 / es;
   const std::size_t chunk = std::max(line, slot_bytes_ / (pieces * es) / line * line);
@@ -230,8 +385,22 @@ void NodeChannel::allgather(const void* in, void* out, std::size_t n, DType t, i
   const std::size_t es = dtype_size(t);
   const auto* src = static_cast<const std::byte*>(in);
   auto* dst = static_cast<std::byte*>(out);
-  const std::size_t chunk = std::max<std::size_t>(1, slot_bytes_ / (groups * es));
   const bool stream = (pieces_of(groups) - 1) * n * es >= kStreamBytes;
+  if (n * es >= single_copy_bytes_) {
+    direct_step(in, [&](auto&& base) {
+      for (int q = 0; q < ranks_; ++q) {
+        for (int g = 0; g < groups; ++g) {
+          std::byte* to = dst + blocks[static_cast<std::size_t>(q) * groups + g] * n * es;
+          if (q != rank_)
+            read_peer(q, to, base(q) + g * n * es, n * es);
+          else if (to != src + g * n * es)
+            copy_bytes(to, src + g * n * es, n * es, false);
+        }
+      }
+    });
+    return;
+  }
+  const std::size_t chunk = std::max<std::size_t>(1, slot_bytes_ / (groups * es));
   for (std::size_t off = 0; off < n; off += chunk) {
     const std::size_t len = std::min(chunk, n - off);
     step(
@@ -269,10 +438,29 @@ void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, R
     }
     return;
   }
-  // Two steps per chunk: each rank reduces its part of the chunk, in the
-  // same order as reduce_scatter, then every rank copies the others' parts.
   const std::size_t line = 64 / es;
   const bool stream = n * es >= kStreamBytes;
+  if (single_copy() && n * es / ranks_ >= single_copy_bytes_ * kAllreduceFactor) {
+    // Each rank reduces its part of every rank's `in`, in the same order
+    // as reduce_scatter, then reads the others' parts of their `out`.
+    auto part = [&](int q) {
+      return std::min(n, (n * static_cast<std::size_t>(q) / ranks_ + line - 1) / line * line);
+    };
+    const std::size_t lo = part(rank_), hi = part(rank_ + 1);
+    direct_step(in, [&](auto&& base) {
+      reduce_direct(base, lo * es, src + lo * es, dst + lo * es, hi - lo, t, op, false);
+    });
+    direct_step(out, [&](auto&& base) {
+      for (int q = 0; q < ranks_; ++q) {
+        if (q == rank_) continue;
+        const std::size_t a = part(q), b = part(q + 1);
+        read_peer(q, dst + a * es, base(q) + a * es, (b - a) * es);
+      }
+    });
+    return;
+  }
+  // Two steps per chunk: each rank reduces its part of the chunk, in the
+  // same order as reduce_scatter, then every rank copies the others' parts.
   for (std::size_t off = 0; off < n; off += chunk) {
     const std::size_t len = std::min(chunk, n - off);
     auto part = [&](int q) {
@@ -301,6 +489,12 @@ void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, R
 void NodeChannel::broadcast(void* buf, std::size_t bytes, int root) {
   auto* b = static_cast<std::byte*>(buf);
   const bool stream = bytes >= kStreamBytes;
+  if (bytes >= single_copy_bytes_ && ranks_ > 1) {
+    direct_step(buf, [&](auto&& base) {
+      if (rank_ != root) read_peer(root, b, base(root), bytes);
+    });
+    return;
+  }
   for (std::size_t off = 0; off < bytes; off += slot_bytes_) {
     const std::size_t len = std::min(slot_bytes_, bytes - off);
     step(

@@ -14,6 +14,18 @@
 // (reduce_arrays), so results do not depend on timing, and an allreduce
 // adds exactly as a reduce-scatter does.
 //
+// Single copy: operations on blocks of at least single_copy_bytes (where
+// the kernel lets the node's ranks read each other's memory, checked when
+// the channel is made) take no slots. A rank announces the address of its
+// buffer with a step; each rank then reads what it needs of the others'
+// buffers with process_vm_readv, straight into its output (allgather,
+// broadcast) or into tiles that stay in cache and are reduced from there
+// (reduce-scatter, allreduce), and announces that it has; every rank waits
+// for every other's announcement before it returns, since its buffer is
+// read until then. A read that fails is announced too, so every rank
+// throws the same error. Each byte then crosses memory once instead of
+// twice (into a slot and out of it). The same order of summation.
+//
 // A channel is used by one thread at a time (ShmBackend's caller or its
 // worker); the steps of an operation are the same on every rank, since
 // every rank runs the same operations with the same counts.
@@ -36,8 +48,10 @@ class NodeChannel {
  public:
   // Collective over node_comm. Null (with `error`) where the segment cannot
   // be made; see NodeSegment::create.
+  // single_copy_bytes: the smallest block an operation takes in a single
+  // copy (SIZE_MAX: none).
   static std::unique_ptr<NodeChannel> create(MPI_Comm node_comm, std::size_t slot_bytes,
-                                             std::string& error);
+                                             std::size_t single_copy_bytes, std::string& error);
   ~NodeChannel();
   NodeChannel(const NodeChannel&) = delete;
   NodeChannel& operator=(const NodeChannel&) = delete;
@@ -45,6 +59,8 @@ class NodeChannel {
   int rank() const noexcept { return rank_; }
   int ranks() const noexcept { return ranks_; }
   std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  // Whether operations on large blocks take a single copy (above).
+  bool single_copy() const noexcept { return single_copy_bytes_ != SIZE_MAX; }
   // Bytes of shared memory this channel maps (the same on every rank of
   // the node: the node holds it once).
   std::size_t segment_bytes() const noexcept { return seg_->size(); }
@@ -82,6 +98,8 @@ class NodeChannel {
  private:
   struct Control;
   NodeChannel(std::unique_ptr<NodeSegment> seg, int rank, int ranks, std::size_t slot_bytes);
+  // "" where this rank can read every other rank's memory; else why not.
+  std::string probe_peers() const;
   std::byte* slot(int q, std::uint32_t step) const noexcept;
   std::size_t pieces_of(int groups) const noexcept;  // blocks of an operation: ranks x groups
   // One step: fill(own slot), then use(slot of each rank), as above.
@@ -91,17 +109,36 @@ class NodeChannel {
   void wait_one(int q, bool posted, std::uint32_t step);
   void post(bool posted, std::uint32_t step) noexcept;
   [[noreturn]] void peer_gone(int q) const;
+  // A single-copy step: announce `mine`, use(base) (base(q): rank q's
+  // announced buffer, read through read_peer), announce that this rank is
+  // done, wait until every rank is, and throw the first failed read's
+  // error on every rank. A rank that declines (its output is what another
+  // rank reads) makes every rank return false before use, for the slots.
+  template <class Use>
+  bool direct_step(const void* mine, Use&& use, bool decline = false);
+  // `bytes` of rank q's memory at `from` into `to`; a failure is noted for
+  // direct_step's end (and the step's later reads skipped).
+  void read_peer(int q, void* to, const std::byte* from, std::size_t bytes);
+  // out[0, n) = the reduction of every rank's n elements at byte `at` of
+  // its announced buffer (this rank's own at `own`), through tiles.
+  template <class Base>
+  void reduce_direct(Base&& base, std::size_t at, const std::byte* own, std::byte* out,
+                     std::size_t n, DType t, ReduceOp op, bool stream);
 
   std::unique_ptr<NodeSegment> seg_;
   Control* control_;
   std::byte* slots_;
   int rank_, ranks_;
   std::size_t slot_bytes_;
+  std::size_t single_copy_bytes_ = SIZE_MAX;
   std::uint32_t step_ = 0;
+  bool read_failed_ = false;  // in this single-copy step
+  std::int64_t probe_;        // this process's pid, where the others read it to probe
   const char* what_ = "a collective";
   std::atomic<bool> stop_{false};
   const Waiter* waiter_ = nullptr;
   std::vector<const void*> srcs_;  // per rank, reused
+  std::vector<std::byte> tiles_;   // single copy: what the reductions read, kTile per rank
 };
 
 }  // namespace shardopt::detail
