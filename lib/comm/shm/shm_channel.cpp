@@ -48,6 +48,10 @@ constexpr std::size_t kAllreduceFactor = 8;
 // (they were slower so at every size measured on a 2-core Xeon,
 // docs/benchmarks.md).
 constexpr std::size_t kSingleCopyStreamBytes = std::size_t{16} << 20;
+// MPI's in-place reduce-scatter takes the single copy from blocks of this
+// many times the threshold on (1 MiB by default: the lockstep in
+// reduce_scatter; below, the slots are faster).
+constexpr std::size_t kLockstepFactor = 64;
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
@@ -91,6 +95,9 @@ struct NodeChannel::Control {
     // and the last step at which one of its reads failed (which rank it
     // read, errno).
     std::atomic<std::uint64_t> addr;
+    // The tiles of its block it has read from every other rank in the
+    // step in progress (reset before it announces the step).
+    std::atomic<std::uint32_t> progress;
     std::atomic<std::uint32_t> declined;  // the last step it declined
     std::atomic<std::uint32_t> failed;
     std::atomic<std::int32_t> failed_peer, failed_errno;
@@ -185,14 +192,21 @@ std::byte* NodeChannel::slot(int q, std::uint32_t step) const noexcept {
 
 void NodeChannel::post(bool posted, std::uint32_t step) noexcept {
   auto& l = control_->line[rank_];
-  (posted ? l.posted : l.consumed).store(step, std::memory_order_seq_cst);
-  if (control_->head.sleepers.load(std::memory_order_seq_cst) != 0)
-    futex_wake(posted ? &l.posted : &l.consumed);
+  publish(posted ? l.posted : l.consumed, step);
+}
+
+void NodeChannel::publish(std::atomic<std::uint32_t>& word, std::uint32_t value) noexcept {
+  word.store(value, std::memory_order_seq_cst);
+  if (control_->head.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&word);
 }
 
 void NodeChannel::wait_one(int q, bool posted, std::uint32_t step) {
   auto& l = control_->line[q];
-  std::atomic<std::uint32_t>& word = posted ? l.posted : l.consumed;
+  wait_word(q, posted ? l.posted : l.consumed, step);
+}
+
+void NodeChannel::wait_word(int q, std::atomic<std::uint32_t>& word, std::uint32_t step) {
+  const auto& l = control_->line[q];
   if (reached(word.load(std::memory_order_acquire), step)) return;
   // Spin briefly (kSpin), yield the core a few times (ranks may outnumber
   // cores), then sleep on the word (woken by the rank that posts it).
@@ -264,9 +278,11 @@ void NodeChannel::step(Fill&& fill, Use&& use) {
 template <class Use>
 bool NodeChannel::direct_step(const void* mine, Use&& use, bool decline) {
   const std::uint32_t s = ++step_;
-  control_->line[rank_].addr.store(reinterpret_cast<std::uintptr_t>(mine),
-                                   std::memory_order_relaxed);
-  if (decline) control_->line[rank_].declined.store(s, std::memory_order_relaxed);
+  auto& me = control_->line[rank_];
+  me.addr.store(reinterpret_cast<std::uintptr_t>(mine), std::memory_order_relaxed);
+  me.progress.store(0, std::memory_order_relaxed);
+  if (decline) me.declined.store(s, std::memory_order_relaxed);
+  tiles_read_ = 0;
   post(true, s);
   wait_all(true, s);
   for (int q = 0; q < ranks_; ++q) {
@@ -304,15 +320,18 @@ void NodeChannel::read_peer(int q, void* to, const std::byte* from, std::size_t 
   l.failed_peer.store(q, std::memory_order_relaxed);
   l.failed_errno.store(errno, std::memory_order_relaxed);
   read_failed_ = true;
+  publish(l.progress, INT32_MAX);  // a rank waiting for its reads goes on to the error
 }
 
 template <class Base>
 void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* own, std::byte* out,
-                                std::size_t n, DType t, ReduceOp op, bool stream) {
+                                std::size_t n, DType t, ReduceOp op, bool stream, int reader) {
   const std::size_t es = dtype_size(t);
   const std::size_t tile = kTile / es;
-  if (tiles_.empty()) tiles_.resize(kTile * static_cast<std::size_t>(ranks_));
+  // One tile per rank, and one for a result that waits for `reader`.
+  if (tiles_.empty()) tiles_.resize(kTile * (static_cast<std::size_t>(ranks_) + 1));
   std::byte* mine = tiles_.data() + static_cast<std::size_t>(rank_) * kTile;
+  std::byte* held = tiles_.data() + static_cast<std::size_t>(ranks_) * kTile;
   // reduce_arrays' output may not be one of its sources: this rank's own
   // data (NCCL's in-place form) goes through its tile too.
   const bool alias = own < out + n * es && out < own + n * es;
@@ -330,8 +349,17 @@ void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* ow
         srcs_[q] = own + off * es;
       }
     }
+    publish(control_->line[rank_].progress, ++tiles_read_);
     if (read_failed_) return;
-    reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
+    if (reader < 0) {
+      reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
+      continue;
+    }
+    // out is what `reader` reads of this rank's `in`: written once it has
+    // read this tile (it reads its block a tile at a time, as this rank).
+    reduce_arrays(t, op, srcs_.data(), ranks_, held, len);
+    wait_word(reader, control_->line[reader].progress, static_cast<std::uint32_t>(off / tile + 1));
+    copy_bytes(out + off * es, held, len * es, stream);
   }
 }
 
@@ -343,20 +371,26 @@ void NodeChannel::reduce_scatter(const void* in, void* out, std::size_t n, DType
   const std::size_t pieces = pieces_of(groups);
   if (n * es >= single_copy_bytes_) {
     const bool stream = n * groups * es >= kSingleCopyStreamBytes;
-    // In MPI's in-place form, out is block 0 of in, which local rank 0
-    // reads: the other ranks decline, and the operation takes the slots
-    // (holding the result aside until rank 0 has read cost more than them).
-    const std::byte* own = src + blocks[static_cast<std::size_t>(rank_) * groups] * n * es;
-    const bool decline = dst != own && dst < src + pieces * n * es && src < dst + groups * n * es;
+    // In MPI's in-place form (groups 1), out is block 0 of in, which the
+    // rank whose block that is reads: this rank writes each tile of its
+    // result once that rank has read it. That lockstep costs more than the
+    // slots below blocks of kLockstepFactor x the threshold: such a rank
+    // declines, and every rank takes the slots.
+    int reader = -1;
+    if (groups == 1 && dst != src + blocks[rank_] * n * es && dst < src + pieces * n * es &&
+        src < dst + n * es) {
+      for (int q = 0; q < ranks_; ++q)
+        if (src + blocks[q] * n * es == dst) reader = q;
+    }
     const bool done = direct_step(
         in,
         [&](auto&& base) {
           for (int g = 0; g < groups; ++g) {
             const std::size_t at = blocks[static_cast<std::size_t>(rank_) * groups + g] * n * es;
-            reduce_direct(base, at, src + at, dst + g * n * es, n, t, op, stream);
+            reduce_direct(base, at, src + at, dst + g * n * es, n, t, op, stream, reader);
           }
         },
-        decline);
+        reader >= 0 && n * es < single_copy_bytes_ * kLockstepFactor);
     if (done) return;
   }
   // Elements per block per step: a whole number of cache lines.

@@ -107,23 +107,29 @@ class NodeChannel {
   void step(Fill&& fill, Use&& use);
   void wait_all(bool posted, std::uint32_t step);
   void wait_one(int q, bool posted, std::uint32_t step);
+  // Until rank q's `word` (in its line) reaches `step`.
+  void wait_word(int q, std::atomic<std::uint32_t>& word, std::uint32_t step);
+  void publish(std::atomic<std::uint32_t>& word, std::uint32_t value) noexcept;
   void post(bool posted, std::uint32_t step) noexcept;
   [[noreturn]] void peer_gone(int q) const;
   // A single-copy step: announce `mine`, use(base) (base(q): rank q's
   // announced buffer, read through read_peer), announce that this rank is
   // done, wait until every rank is, and throw the first failed read's
-  // error on every rank. A rank that declines (its output is what another
-  // rank reads) makes every rank return false before use, for the slots.
+  // error on every rank. A rank that declines makes every rank return
+  // false before use (the operation then takes the slots).
   template <class Use>
   bool direct_step(const void* mine, Use&& use, bool decline = false);
   // `bytes` of rank q's memory at `from` into `to`; a failure is noted for
   // direct_step's end (and the step's later reads skipped).
   void read_peer(int q, void* to, const std::byte* from, std::size_t bytes);
   // out[0, n) = the reduction of every rank's n elements at byte `at` of
-  // its announced buffer (this rank's own at `own`), through tiles.
+  // its announced buffer (this rank's own at `own`), through tiles; each
+  // tile of out written once rank `reader` (-1: none) has read as many
+  // tiles (out is what it reads of this rank's buffer). Publishes this
+  // rank's own progress.
   template <class Base>
   void reduce_direct(Base&& base, std::size_t at, const std::byte* own, std::byte* out,
-                     std::size_t n, DType t, ReduceOp op, bool stream);
+                     std::size_t n, DType t, ReduceOp op, bool stream, int reader = -1);
 
   std::unique_ptr<NodeSegment> seg_;
   Control* control_;
@@ -132,8 +138,9 @@ class NodeChannel {
   std::size_t slot_bytes_;
   std::size_t single_copy_bytes_ = SIZE_MAX;
   std::uint32_t step_ = 0;
-  bool read_failed_ = false;  // in this single-copy step
-  std::int64_t probe_;        // this process's pid, where the others read it to probe
+  bool read_failed_ = false;      // in this single-copy step
+  std::uint32_t tiles_read_ = 0;  // in this single-copy step
+  std::int64_t probe_;            // this process's pid, where the others read it to probe
   const char* what_ = "a collective";
   std::atomic<bool> stop_{false};
   const Waiter* waiter_ = nullptr;
