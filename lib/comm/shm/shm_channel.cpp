@@ -349,8 +349,8 @@ void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* ow
         srcs_[q] = own + off * es;
       }
     }
+    if (read_failed_) return;  // its progress stays past the end (read_peer)
     publish(control_->line[rank_].progress, ++tiles_read_);
-    if (read_failed_) return;
     if (reader < 0) {
       reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
       continue;
