@@ -300,8 +300,9 @@ const VarSpec kVars[] = {
      value_text<&Settings::shm_chunk_kb>},
     {"SHARDOPT_SHM_SINGLE_COPY_KB", "16", "an integer from 0 to 1048576, or off (any case)",
      "The shared-memory collectives' single copy: an operation whose block on each rank (a "
-     "reduce-scatter's or allgather's block, a broadcast's buffer; an allreduce's part, from 8 "
-     "times this) has at least this many KiB takes no slots: each rank reads what it needs of "
+     "reduce-scatter's or allgather's block, a broadcast's buffer; an allreduce's part from 8 "
+     "times this, MPI's in-place reduce-scatter from 64 times this) has at least this many KiB "
+     "takes no slots: each rank reads what it needs of "
      "the others' buffers directly (process_vm_readv, one copy by the kernel), so each byte "
      "crosses memory once. "
      "Where the kernel refuses those reads (seccomp, Yama's ptrace_scope, a process that is not "
