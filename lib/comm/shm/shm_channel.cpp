@@ -91,14 +91,14 @@ struct NodeChannel::Control {
     std::atomic<std::uint32_t> posted;    // the last step whose slot this rank has written
     std::atomic<std::uint32_t> consumed;  // the last step whose slots this rank has read
     std::atomic<std::int64_t> pid;        // to tell a rank that ended from a slow one
-    // Single copy: the buffer this rank announced for the step in progress,
-    // and the last step at which one of its reads failed (which rank it
-    // read, errno).
+    // Single copy: the buffer this rank announced for the step in progress.
     std::atomic<std::uint64_t> addr;
     // The tiles of its block it has read from every other rank in the
     // step in progress (reset before it announces the step).
     std::atomic<std::uint32_t> progress;
     std::atomic<std::uint32_t> declined;  // the last step it declined
+    // The last step at which one of its reads failed: which rank it read,
+    // and errno.
     std::atomic<std::uint32_t> failed;
     std::atomic<std::int32_t> failed_peer, failed_errno;
   };
