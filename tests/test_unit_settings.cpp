@@ -99,6 +99,11 @@ TEST_CASE("settings: a bad value names the variable and the accepted values", "[
     CHECK(rejects("SHARDOPT_TIMEOUT", bad, "a number of seconds >= 0"));
   for (const char* bad : {"0", "3", "1048577", "4k", "-4"})
     CHECK(rejects("SHARDOPT_STAGED_CHUNK_KB", bad, "4 to 1048576"));
+  for (const char* bad : {"-1", "1048577", "16k", "of", "00x"})
+    CHECK(rejects("SHARDOPT_SHM_SINGLE_COPY_KB", bad, "0 to 1048576, or off"));
+  CHECK(parse({}).shm_single_copy_kb == 16);
+  CHECK(parse({{"SHARDOPT_SHM_SINGLE_COPY_KB", "0"}}).shm_single_copy_kb == 0);
+  CHECK(parse({{"SHARDOPT_SHM_SINGLE_COPY_KB", "Off"}}).shm_single_copy_kb == SIZE_MAX);
 }
 
 TEST_CASE("settings: every variable is listed in docs/env.md", "[settings]") {
