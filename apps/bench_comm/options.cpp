@@ -77,7 +77,8 @@ const char* const kUsage =
     "Exit status: 0 all results right, 1 a wrong result or an error, 2 a bad option.\n"
     "With --json, rank 0 prints one object per row with the keys op, bytes, count, dtype,\n"
     "redop, ranks, inplace, iters, time_us, min_us, max_us, algbw_gbps, busbw_gbps,\n"
-    "mpi_time_us, mpi_min_us, mpi_max_us, ratio, wrong (null when -c 0), backend, memory;\n"
+    "mpi_time_us, mpi_min_us, mpi_max_us, ratio, wrong (null when -c 0), backend, memory,\n"
+    "nodes, local_ranks (ranks per node; -1 when nodes hold different numbers);\n"
     "with --memory device also copy_time_us (the slower of the copy down and the copy back)\n"
     "and limit_us (the slower of mpi_time_us and copy_time_us); ratio is then limit / time.\n";
 

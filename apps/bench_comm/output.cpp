@@ -129,12 +129,14 @@ void print_json(const Options& o, const Row& r, const shardopt::Communicator& co
       "{\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
       "\"inplace\":%s,\"iters\":%d,\"time_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,"
       "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"mpi_time_us\":%.3f,\"mpi_min_us\":%.3f,"
-      "\"mpi_max_us\":%.3f,\"ratio\":%.4f,\"wrong\":%s,\"backend\":\"%s\",\"memory\":\"%s\"%s}\n",
+      "\"mpi_max_us\":%.3f,\"ratio\":%.4f,\"wrong\":%s,\"backend\":\"%s\",\"memory\":\"%s\","
+      "\"nodes\":%d,\"local_ranks\":%d%s}\n",
       collective_name(r.op), r.bytes, r.count, shardopt::dtype_name(o.dtype),
       is_reduction(r.op) ? shardopt::reduce_op_name(o.redop) : "none", nranks,
       r.inplace ? "true" : "false", r.iters, r.so.median_us, r.so.min_us, r.so.max_us, algbw,
       algbw * busbw_factor(r.op, nranks), r.mpi.median_us, r.mpi.min_us, r.mpi.max_us, ratio_of(r),
-      wrong, backend_of(o, comm), o.device ? "device" : "host", extra);
+      wrong, backend_of(o, comm), o.device ? "device" : "host", comm.nodes().nodes,
+      comm.nodes().uniform ? comm.nodes().local_ranks : -1, extra);
   std::fflush(stdout);
 }
 

@@ -279,6 +279,10 @@ Row Bench::run(int stage, DType t, bool& differ) {
   r.params = b_.psi;
   r.dtype = t;
   r.tensors = np;
+  for (std::size_t i = 0; i < np; ++i) {
+    if (i > 0) r.numels.push_back(',');
+    r.numels.append(std::to_string(params[i].numel));
+  }
   r.iters = static_cast<int>(iters);
   r.reduce = part(kReduce);
   r.update = part(kUpdate);

@@ -45,6 +45,7 @@ struct Row {
   std::size_t params = 0;
   DType dtype = DType::f32;
   std::size_t tensors = 0;
+  std::string numels;  // each tensor's elements, comma-separated (shardopt-plan -t takes it)
   int iters = 0;
   Stats reduce, update, gather, total, l_reduce, l_update, l_gather;
   double limit_us = 0;

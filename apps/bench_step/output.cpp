@@ -121,6 +121,13 @@ void print_row(const Options& o, const Row& r, double bucket_mb) {
     j.str("optimizer", o.optimizer->name);
     j.real("bucket_mb", bucket_mb, 4);
     j.count("tensors", r.tensors);
+    j.str("numels", r.numels.c_str());
+    // Stage 2's gradients as -g says; stages 0 and 1 register their buffers.
+    const char* grads = r.stage < 2                         ? "user"
+                        : o.grads == Options::Grads::stream ? "stream"
+                        : o.grads == Options::Grads::owned  ? "owned"
+                                                            : "user";
+    j.str("grads", grads);
     j.count("iters", static_cast<std::size_t>(r.iters));
     j.real("total_min_us", r.total.min_us, 2);
     j.real("total_max_us", r.total.max_us, 2);

@@ -244,6 +244,57 @@ struct MemoryReport {
   }
 };
 
+// What a run would allocate, described without running it: the inputs of
+// plan_memory().
+struct MemoryPlan {
+  std::vector<std::size_t> numel;  // each parameter's elements, in registration order
+  DType dtype = DType::f32;        // of every parameter (f32, bf16, f16)
+  std::vector<OptimizerConfig> groups = {Adam{}};  // the parameter groups' optimizers
+  // stage, bucket_mb (0: SHARDOPT_BUCKET_MB), reduce_in_fp32,
+  // param_remainders, stream_grads and predivide_factor are read.
+  ZeroOptions options = {};
+  int ranks = 1;  // the communicator's size
+  int rank = 0;   // whose memory
+  int nodes = 1;  // nodes the ranks span (the same number on each)
+  // Where the parameters live: host memory, or one device per rank.
+  bool device = false;
+  // The gradients: in buffers of the user's (Param::grad set), or owned by
+  // the optimizer (Param::grad null; with options.stream_grads, streamed).
+  bool user_grads = false;
+  // Whether the user's parameter (and gradient) buffers are each one flat
+  // buffer, in registration order (as a framework's flat parameter
+  // buffer): buckets are then reduced and gathered in place, without
+  // bucket buffers. false: each parameter its own allocation.
+  bool contiguous = true;
+  // OpenMP threads per rank (stage 2's fused update keeps a block per
+  // thread); 0: this process's omp_get_max_threads().
+  int threads = 0;
+};
+
+// Local, no MPI: the MemoryReport that memory_report() gives on `rank`
+// right after constructing a ZeroRedundancyOptimizer with these
+// parameters, options and ranks, computed by the engine's own layout and
+// buffer-sizing code, with this process's SHARDOPT_* settings
+// (SHARDOPT_BUCKET_MB, SHARDOPT_HOST_COMM, SHARDOPT_FUSED_UPDATE). It
+// assumes what the engine finds out at construction goes the common way:
+// the shared memory and the reads of other ranks' memory that the fused
+// stage-2 update needs are available. Buckets filled out of order with
+// stream_grads add bucket buffers later (one per bucket in flight). Throws
+// InvalidArgument naming a bad input.
+SHARDOPT_API MemoryReport plan_memory(const MemoryPlan& plan);
+
+// The layout of the same run (docs/zero.md): each gradient bucket's
+// elements, padded to a multiple of 16 x ranks (what each bucket's
+// collectives move), the elements of a rank's shard (its piece of every
+// bucket), and of its state buffers (the shard; stage 0: ranks x shard).
+// Local, no MPI; throws as plan_memory().
+struct LayoutPlan {
+  std::vector<std::size_t> buckets;
+  std::size_t shard = 0;
+  std::size_t storage = 0;
+};
+SHARDOPT_API LayoutPlan plan_layout(const MemoryPlan& plan);
+
 // The optimizer-state bytes per parameter of a group's optimizer: 4 (fp32)
 // for each state slot its options use (Adam: 8, with amsgrad 12), the
 // state_bytes of zero_memory_formula. Local.

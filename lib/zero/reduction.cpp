@@ -61,11 +61,10 @@ GradReducer::~GradReducer() {
 // The gradient buffers, and which buckets the collectives can run on in
 // place.
 void GradReducer::allocate() {
-  const std::size_t n = static_cast<std::size_t>(nranks_);
-  const std::size_t full = layout_.shard * n;  // the padded flat size
-  if (opt_.stage == 2) grad_shard_ = space_.allocate(layout_.shard * 4, "the gradient shard");
-  if (opt_.stage < 2 && reduce_type_ != dtype_)
-    reduced_ = space_.allocate(full * 4, "the fp32 reduced gradients");
+  // The sizes of lib/zero/buffers.hpp, which plan_memory() adds up.
+  grad_shard_ = space_.allocate(grad_shard_bytes(layout_, opt_.stage), "the gradient shard");
+  reduced_ = space_.allocate(reduced_bytes(layout_, nranks_, opt_.stage, dtype_, reduce_type_),
+                             "the fp32 reduced gradients");
   // Null gradients: the optimizer owns them, or, with stream_grads (stage
   // 2), they exist only in their buckets, copied in by grad_ready(i, grad).
   bool owned = false;
@@ -92,9 +91,10 @@ void GradReducer::allocate() {
     fuse[0] = plain && owned && all_owned;
     fuse[1] = plain && all_user;
     ctl_.allreduce(fuse, fuse, 2, DType::i64, ReduceOp::min);
-    if (fuse[0] != 0) share_owned_grads(full * elem_);
+    if (fuse[0] != 0) share_owned_grads(owned_grad_bytes(layout_, nranks_, dtype_));
   }
-  if (owned && !fused_) owned_grads_ = space_.allocate(full * elem_, "the gradients");
+  if (owned && !fused_)
+    owned_grads_ = space_.allocate(owned_grad_bytes(layout_, nranks_, dtype_), "the gradients");
   std::byte* owned_base =
       fused_ ? const_cast<std::byte*>(peers_[std::size_t(rank_)]) : owned_grads_.as<std::byte>();
   grad_ptr_.resize(params_.size());
@@ -104,8 +104,7 @@ void GradReducer::allocate() {
                                               : nullptr;
   }
   if (fuse[1] != 0) read_peer_grads();  // needs every rank's grad_ptr_
-  const std::size_t rsize = dtype_size(reduce_type_);
-  std::size_t pool_bytes = 0;
+  std::vector<BucketInPlace> in_place;
   for (Bucket& b : buckets_) {
     const auto contiguous = [&](auto ptr_of) {
       std::byte* base = nullptr;
@@ -133,14 +132,10 @@ void GradReducer::allocate() {
     if (b.len == b.padded)
       b.param_base =
           contiguous([&](std::size_t p) { return static_cast<std::byte*>(params_[p].data); });
-    const bool packs_grads = reduced_.size() == 0 && b.grad_base == nullptr;
-    if (packs_grads) pool_bytes = std::max(pool_bytes, b.padded * rsize);
-    if (opt_.stage == 2)  // the packed bucket, if any, and the reduced piece
-      pool_bytes =
-          std::max(pool_bytes, (packs_grads ? b.padded * rsize : 0) + b.padded / n * rsize);
-    if (opt_.stage > 0 && b.param_base == nullptr)
-      pool_bytes = std::max(pool_bytes, b.padded * elem_);
+    in_place.push_back({b.grad_base != nullptr, b.param_base != nullptr});
   }
+  const std::size_t pool_bytes = detail::pool_bytes(layout_, nranks_, opt_.stage, dtype_,
+                                                    reduce_type_, reduced_.size() > 0, in_place);
   pool_bytes_ = pool_bytes;
   if (pool_bytes > 0) {
     for (int k = 0; k < 2; ++k) pool_.push_back(space_.allocate(pool_bytes, "the bucket buffers"));
@@ -178,12 +173,12 @@ void GradReducer::share_owned_grads(std::size_t bytes) {
 
 void GradReducer::start_fused() {
   block_threads_ = std::max(1, omp_get_max_threads());
-  blocks_ = space_.allocate(std::size_t(block_threads_) * kBlock * 8,
-                            "the fused update's blocks of gradients");
+  blocks_ =
+      space_.allocate(fused_block_bytes(block_threads_), "the fused update's blocks of gradients");
   block_srcs_.assign(std::size_t(block_threads_) * std::size_t(nranks_), nullptr);
   iov_.resize(std::size_t(block_threads_));
   if (peer_read_)
-    slices_ = space_.allocate(std::size_t(block_threads_) * std::size_t(nranks_) * kBlock * elem_,
+    slices_ = space_.allocate(fused_slice_bytes(block_threads_, nranks_, dtype_),
                               "the fused update's slices of every rank's gradients");
   fused_ = true;
 }
@@ -381,7 +376,7 @@ void GradReducer::add_memory(MemoryReport& m) const {
   m.reduced_grads = reduced_.size();
   m.owned_grads = shared_ != nullptr ? shared_bytes_ : owned_grads_.size();
   m.node_shared = shared_ != nullptr ? shared_bytes_ : 0;
-  m.buckets = blocks_.size() + slices_.size();
+  m.buckets += blocks_.size() + slices_.size();
   for (const SpaceBuffer& b : pool_) m.buckets += b.size();
 }
 

@@ -32,6 +32,7 @@
 #include "shardopt/communicator.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
+#include "zero/buffers.hpp"
 #include "zero/shards.hpp"
 #include "zero/space.hpp"
 
@@ -238,7 +239,7 @@ class GradReducer {
   // The fused step: the segment holding every rank's owned gradients,
   // rank q's at peers_[q]; per thread, a block of reduced gradients and
   // the scratch of its reduction (kBlock elements each).
-  static constexpr std::size_t kBlock = 65536;
+  static constexpr std::size_t kBlock = kFusedBlock;
   bool fusable_ = false, fused_ = false;
   // The user's gradients, read from the other ranks' processes: their pids
   // and every parameter's gradient address there (rank-major); per thread,

@@ -13,6 +13,7 @@
 #include "kernels/lamb.hpp"
 #include "shardopt/cast.hpp"
 #include "shardopt/optim.hpp"
+#include "zero/buffers.hpp"
 #include "zero/convert.hpp"
 
 namespace shardopt::detail {
@@ -41,17 +42,17 @@ ShardState::ShardState(Communicator& comm, const Space& space, const std::vector
       if (slots[k].used) slots_[k] = slots[k].name;
   }
   std::erase(slots_, std::string());
-  if (master_) master_buf_ = space_.allocate(layout_.storage * 4, "the fp32 master parameters");
-  if (remainders_) master_buf_ = space_.allocate(layout_.storage * 2, "the parameter remainders");
+  // The sizes of lib/zero/buffers.hpp, which plan_memory() adds up.
+  master_buf_ =
+      space_.allocate(master_bytes(layout_, dtype_, remainders_),
+                      remainders_ ? "the parameter remainders" : "the fp32 master parameters");
   for (std::size_t k = 0; k < slots_.size(); ++k)
-    states_.push_back(space_.allocate(layout_.storage * 4, "the optimizer state"));
+    states_.push_back(space_.allocate(state_bytes(layout_), "the optimizer state"));
   if (kind_ == kind_of<Lamb>())
-    lamb_update_ = space_.allocate(layout_.storage * 4, "LAMB's update direction");
-  if (kind_ == kCustomKind) {
-    std::size_t longest = 0;
-    for (std::size_t s : layout_.mine) longest = std::max(longest, layout_.segments[s].count);
-    custom_scratch_ = space_.allocate(longest * 4, "the custom optimizer's gradients");
-  }
+    lamb_update_ = space_.allocate(state_bytes(layout_), "LAMB's update direction");
+  if (kind_ == kCustomKind)
+    custom_scratch_ =
+        space_.allocate(custom_scratch_bytes(layout_), "the custom optimizer's gradients");
   init();
 }
 

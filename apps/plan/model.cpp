@@ -1,0 +1,155 @@
+// shardopt-plan: the model's parameters, from a count, a list of shapes or
+// a safetensors file's header (shardopt::ckpt::parse_header, which
+// validates it as every shardopt reader does).
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "cli.hpp"
+#include "plan/json.hpp"
+#include "plan/plan.hpp"
+#include "shardopt/checkpoint.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/optimizers.hpp"
+
+namespace plan {
+
+std::optional<shardopt::DType> dtype_of(const std::string& name) {
+  if (name == "f32") return shardopt::DType::f32;
+  if (name == "bf16") return shardopt::DType::bf16;
+  if (name == "f16") return shardopt::DType::f16;
+  return std::nullopt;
+}
+
+std::optional<shardopt::OptimizerConfig> optimizer_of(const std::string& key) {
+  std::optional<shardopt::OptimizerConfig> out;
+  shardopt::Optimizers::each([&]<class O>() {
+    if (key != O::key) return;
+    O o{};
+    if constexpr (std::is_same_v<O, shardopt::SGD>) o.momentum = 0.9;
+    out = o;
+  });
+  return out;
+}
+
+namespace {
+
+// "4096x11008*32" -> 32 tensors of 4096 * 11008 elements.
+void add_shape(std::string_view item, Model& m) {
+  std::size_t repeat = 1;
+  if (const std::size_t star = item.find('*'); star != std::string_view::npos) {
+    const auto r = cli::parse_unsigned(item.substr(star + 1));
+    if (!r || *r == 0 || *r > 1000000)
+      throw InputError{"-t (--tensors): bad repeat in '" + std::string(item) +
+                       "'; write SHAPE*N with N from 1 to 1000000"};
+    repeat = *r;
+    item = item.substr(0, star);
+  }
+  std::size_t numel = 1;
+  std::string_view rest = item;
+  while (true) {
+    const std::size_t x = rest.find('x');
+    const auto d = cli::parse_unsigned(rest.substr(0, x));
+    if (!d || *d > (std::uint64_t{1} << 50) || (*d > 0 && numel > (std::size_t{1} << 50) / *d))
+      throw InputError{"-t (--tensors): bad shape '" + std::string(item) +
+                       "'; write dimensions separated by x, e.g. 4096x4096 or 4096"};
+    numel *= *d;
+    if (x == std::string_view::npos) break;
+    rest = rest.substr(x + 1);
+  }
+  for (std::size_t k = 0; k < repeat; ++k) m.numel.push_back(numel);
+}
+
+std::string read_header(const std::string& path, std::uint64_t& file_bytes) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) throw InputError{"-f (--from): cannot open '" + path + "': " + std::strerror(errno)};
+  file_bytes = static_cast<std::uint64_t>(f.tellg());
+  const std::string not_st = "-f (--from): '" + path + "' is not a safetensors file: ";
+  if (file_bytes < 8) throw InputError{not_st + "shorter than the 8-byte header length"};
+  f.seekg(0);
+  unsigned char len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | len[k];
+  if (n == 0 || n > shardopt::ckpt::kMaxHeaderBytes || n > file_bytes - 8)
+    throw InputError{not_st + "its first 8 bytes give a header of " + std::to_string(n) +
+                     " bytes, in a file of " + std::to_string(file_bytes)};
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  if (!f) throw InputError{"-f (--from): reading '" + path + "' failed"};
+  return header;
+}
+
+void load_file(const std::string& path, Model& m) {
+  std::uint64_t file_bytes = 0;
+  const std::string text = read_header(path, file_bytes);
+  shardopt::ckpt::Header h;
+  try {
+    h = shardopt::ckpt::parse_header(text, file_bytes);
+  } catch (const shardopt::Error& e) {
+    throw InputError{"-f (--from): '" + path + "' is not a valid safetensors file: " + e.message()};
+  }
+  m.source = path;
+  const auto meta = [&](const char* key) -> std::string {
+    const auto it = h.metadata.find(key);
+    return it == h.metadata.end() ? std::string() : it->second;
+  };
+  if (const auto d = dtype_of(meta("shardopt.dtype"))) m.dtype = d;
+  if (meta("shardopt.content") == "checkpoint") {
+    // The parameters in registration order, as the optimizer had them.
+    m.optimizer = meta("shardopt.optimizer");
+    try {
+      const Json params = parse_json(meta("shardopt.params"));
+      if (params.kind != Json::Kind::array) throw JsonError("not an array");
+      for (const Json& p : params.items) {
+        const Json* name = p.get("name");
+        const Json* numel = p.get("numel");
+        if (name == nullptr || !name->is_string() || numel == nullptr || !numel->is_number() ||
+            numel->num < 0)
+          throw JsonError("an entry without a name and a numel");
+        m.names.push_back(name->str);
+        m.numel.push_back(static_cast<std::size_t>(numel->num));
+      }
+    } catch (const JsonError& e) {
+      throw InputError{"-f (--from): '" + path + "': its shardopt.params metadata is malformed (" +
+                       e.what() + ")"};
+    }
+    return;
+  }
+  // An export or any model file: every floating-point tensor.
+  for (const shardopt::ckpt::TensorInfo& t : h.tensors) {
+    std::optional<shardopt::DType> d;
+    if (t.dtype == "F32") d = shardopt::DType::f32;
+    if (t.dtype == "BF16") d = shardopt::DType::bf16;
+    if (t.dtype == "F16") d = shardopt::DType::f16;
+    if (!d) continue;
+    if (!m.dtype) m.dtype = d;
+    std::size_t numel = 1;
+    for (std::uint64_t s : t.shape) numel *= static_cast<std::size_t>(s);
+    m.names.push_back(t.name);
+    m.numel.push_back(numel);
+  }
+  if (m.numel.empty())
+    throw InputError{"-f (--from): '" + path +
+                     "' holds no F32, BF16 or F16 tensor: no parameter to plan for"};
+}
+
+}  // namespace
+
+Model load_model(const Options& o) {
+  Model m;
+  if (o.params) {
+    m.numel.push_back(static_cast<std::size_t>(*o.params));
+    m.source = std::to_string(*o.params) + " parameters as one tensor";
+  } else if (!o.tensors.empty()) {
+    for (std::string_view item : cli::split(o.tensors)) add_shape(item, m);
+    m.source = std::to_string(m.numel.size()) + " tensors (-t)";
+  } else {
+    load_file(o.file, m);
+  }
+  if (m.total() == 0) throw InputError{"the model has no parameters (every tensor is empty)"};
+  return m;
+}
+
+}  // namespace plan

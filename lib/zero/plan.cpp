@@ -1,0 +1,170 @@
+// shardopt: plan_memory() (shardopt/zero.hpp): the engine's memory for a
+// run described without running it, from the engine's own layout
+// (lib/zero/shards.hpp) and buffer sizes (lib/zero/buffers.hpp), deciding
+// as ZeroEngine's construction does (lib/zero/layout.cpp,
+// lib/zero/reduction.cpp) what it would allocate.
+#include <omp.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/check.hpp"
+#include "shardopt/config.hpp"
+#include "shardopt/zero.hpp"
+#include "zero/buffers.hpp"
+#include "zero/optimizer_config.hpp"
+#include "zero/shards.hpp"
+
+namespace shardopt {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what, const char* hint) {
+  detail::throw_error(ErrorCode::invalid_argument, "plan_memory: " + what, hint, __FILE__,
+                      __LINE__);
+}
+
+void check(const MemoryPlan& p) {
+  const ZeroOptions& o = p.options;
+  const char* fix = "fix the MemoryPlan field named";
+  if (p.ranks < 1) bad("ranks is " + std::to_string(p.ranks) + "; a run has 1 rank or more", fix);
+  if (p.rank < 0 || p.rank >= p.ranks)
+    bad("rank is " + std::to_string(p.rank) + " of " + std::to_string(p.ranks) + " ranks",
+        "pass a rank from 0 to ranks - 1");
+  if (p.nodes < 1 || p.ranks % p.nodes != 0)
+    bad("nodes is " + std::to_string(p.nodes) + " for " + std::to_string(p.ranks) + " ranks",
+        "pass nodes >= 1 that divides ranks (the same number of ranks on every node)");
+  if (o.stage < 0 || o.stage > 2)
+    bad("options.stage is " + std::to_string(o.stage), "use stage 0, 1 or 2");
+  if (!(o.bucket_mb >= 0.0) || !std::isfinite(o.bucket_mb))
+    bad("options.bucket_mb is " + detail::format_number(o.bucket_mb),
+        "use a size in MiB > 0, or 0 for SHARDOPT_BUCKET_MB");
+  if (!(o.predivide_factor > 0.0) || !std::isfinite(o.predivide_factor))
+    bad("options.predivide_factor is " + detail::format_number(o.predivide_factor),
+        "use a finite factor > 0 (1: none)");
+  if (p.dtype != DType::f32 && p.dtype != DType::bf16 && p.dtype != DType::f16)
+    bad(std::string("dtype is ") + dtype_name(p.dtype), "use f32, bf16 or f16");
+  if (p.groups.empty()) bad("no parameter group", "pass at least one OptimizerConfig");
+  for (const OptimizerConfig& g : p.groups)
+    if (g.index() != p.groups[0].index())
+      bad("the groups use different kinds of optimizer", "use one kind in every group");
+  if (o.stream_grads && o.stage != 2)
+    bad("options.stream_grads needs stage 2", "set stage = 2 or leave stream_grads off");
+  if (o.stream_grads && p.user_grads)
+    bad("options.stream_grads with user_grads: streamed gradients have no buffer of the user's",
+        "leave one of them off");
+  const bool custom = p.groups[0].index() == detail::kCustomKind;
+  if (o.param_remainders && (p.dtype != DType::bf16 || custom))
+    bad("options.param_remainders needs bf16 parameters and a built-in optimizer",
+        "leave param_remainders off");
+  if (p.device && custom)
+    bad("a CustomOptimizer's update runs on the host, not on a device",
+        "use a built-in optimizer for device parameters");
+  if (p.threads < 0) bad("threads is " + std::to_string(p.threads), "use 1 or more, or 0");
+}
+
+// The host transport the Communicator would pick (shm_backend.cpp): whether
+// it is shardopt's shared memory on one node.
+bool shm_transport(const MemoryPlan& p) {
+  const HostComm c = settings().host_comm;
+  if (c == HostComm::mpi || p.ranks < 2 || p.nodes > 1) {
+    if (c == HostComm::shm && p.nodes > 1)
+      bad("SHARDOPT_HOST_COMM=shm needs every rank on one node, but the plan has " +
+              std::to_string(p.nodes) + " nodes",
+          "use hier or auto (or one node)");
+    return false;
+  }
+  return true;
+}
+
+DType reduce_type_of(const MemoryPlan& p) {
+  return (p.options.reduce_in_fp32 || p.dtype == DType::f32) ? DType::f32 : p.dtype;
+}
+
+// The engine's layout for the plan (ZeroEngine::agree_on_layout, build_layout).
+detail::ShardLayout layout_of(const MemoryPlan& p) {
+  check(p);
+  const double bucket_mb = p.options.bucket_mb > 0.0 ? p.options.bucket_mb : settings().bucket_mb;
+  return detail::ShardLayout(
+      p.numel, p.ranks, p.rank, p.options.stage,
+      detail::ShardLayout::bucket_elements(bucket_mb, dtype_size(reduce_type_of(p)), p.ranks));
+}
+
+}  // namespace
+
+LayoutPlan plan_layout(const MemoryPlan& p) {
+  const detail::ShardLayout l = layout_of(p);
+  LayoutPlan out;
+  for (const detail::BucketRange& b : l.buckets) out.buckets.push_back(b.padded);
+  out.shard = l.shard;
+  out.storage = l.storage;
+  return out;
+}
+
+MemoryReport plan_memory(const MemoryPlan& p) {
+  using namespace detail;
+  const ShardLayout l = layout_of(p);
+  const ZeroOptions& o = p.options;
+  const int stage = o.stage;
+  const DType reduce_type = reduce_type_of(p);
+  const OptKind kind = p.groups[0].index();
+
+  BufferFacts f;
+  f.ranks = p.ranks;
+  f.stage = stage;
+  f.dtype = p.dtype;
+  f.reduce_type = reduce_type;
+  f.remainders = o.param_remainders;
+  // A slot is allocated when some group uses it (ShardState).
+  std::vector<bool> used;
+  for (const OptimizerConfig& g : p.groups) {
+    const std::vector<Slot> slots = slots_of(g);
+    used.resize(slots.size(), false);
+    for (std::size_t k = 0; k < slots.size(); ++k) used[k] = used[k] || slots[k].used;
+  }
+  for (bool u : used) f.slots += u ? 1 : 0;
+  f.lamb = kind == kind_of<Lamb>();
+  f.custom = kind == kCustomKind;
+  bool any = false;  // a parameter with elements
+  for (std::size_t n : p.numel) any = any || n > 0;
+  const bool streamed = !p.user_grads && o.stream_grads;
+  f.owned = !p.user_grads && !o.stream_grads && any;
+  f.threads = p.threads > 0 ? p.threads : std::max(1, omp_get_max_threads());
+  // The fused stage-2 step (GradReducer::allocate).
+  const bool plain = !o.stream_grads && reduce_type == p.dtype && o.predivide_factor == 1.0;
+  if (stage == 2 && !f.lamb && !f.custom && settings().fused_update && !p.device && p.ranks > 1 &&
+      shm_transport(p) && plain)
+    f.fused = p.user_grads ? Fused::peer : f.owned ? Fused::shared : Fused::off;
+  // Which buckets move in place: the buffers of a bucket are contiguous when
+  // the user's are one flat buffer, when the bucket holds one parameter
+  // with elements, and (gradients) when the optimizer owns them.
+  for (const BucketRange& b : l.buckets) {
+    std::size_t nonempty = 0;
+    for (std::size_t q = b.first_param; q < b.end_param; ++q) nonempty += p.numel[q] > 0 ? 1 : 0;
+    const bool flat = p.contiguous || nonempty <= 1;
+    BucketInPlace in;
+    in.grads = o.predivide_factor == 1.0 && reduce_type == p.dtype && !streamed &&
+               (b.len == b.padded || !p.user_grads) && (flat || !p.user_grads);
+    in.params = b.len == b.padded && flat;
+    f.in_place.push_back(in);
+  }
+  const BufferSizes s = buffer_sizes(l, f);
+
+  MemoryReport m;
+  m.master_params = s.master;
+  m.optimizer_state = s.state * s.slots + s.lamb;
+  m.grad_shard = s.grad_shard;
+  m.reduced_grads = s.reduced;
+  m.owned_grads = s.owned;
+  m.node_shared = s.owned_shared ? s.owned : 0;
+  m.buckets = s.custom_scratch + s.blocks + s.slices + s.pool * s.pools;
+  const std::size_t elem = dtype_size(p.dtype);
+  for (std::size_t n : p.numel) {
+    m.user_params += n * elem;
+    if (p.user_grads) m.user_grads += n * elem;
+  }
+  (p.device ? m.device_bytes : m.host_bytes) = m.allocated();
+  return m;
+}
+
+}  // namespace shardopt

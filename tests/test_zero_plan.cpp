@@ -1,0 +1,216 @@
+// plan_memory() (shardopt/zero.hpp, what shardopt-plan prints) against the
+// engine itself: for every stage and precision, owned, registered and
+// streamed gradients in one flat buffer or one per parameter, several
+// optimizers and awkward layouts, the MemoryReport planned for this rank
+// equals memory_report() of an optimizer built on this communicator, field
+// by field. Also run on the simulated device (test_zero_device).
+#include <catch2/catch.hpp>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "mpi_test.hpp"
+#include "shardopt/zero.hpp"
+#include "zero_helpers.hpp"
+#include "zero_reference.hpp"
+
+using namespace shardopt;
+using namespace shardopt::test;
+using namespace shardopt::test::zero;
+
+namespace {
+
+// "field planned / reported" for each field that differs; "" when equal.
+std::string differences(const MemoryReport& plan, const MemoryReport& got) {
+  std::string out;
+  const auto field = [&](const char* name, std::size_t p, std::size_t g) {
+    if (p != g) out += std::string(" ") + name + " " + std::to_string(p) + "/" + std::to_string(g);
+  };
+  field("master_params", plan.master_params, got.master_params);
+  field("optimizer_state", plan.optimizer_state, got.optimizer_state);
+  field("grad_shard", plan.grad_shard, got.grad_shard);
+  field("reduced_grads", plan.reduced_grads, got.reduced_grads);
+  field("owned_grads", plan.owned_grads, got.owned_grads);
+  field("buckets", plan.buckets, got.buckets);
+  field("user_params", plan.user_params, got.user_params);
+  field("user_grads", plan.user_grads, got.user_grads);
+  field("device_bytes", plan.device_bytes, got.device_bytes);
+  field("host_bytes", plan.host_bytes, got.host_bytes);
+  field("node_shared", plan.node_shared, got.node_shared);
+  return out;
+}
+
+// The optimizers, taken in turn across the cases: their state slots
+// (none, one, two, three, LAMB's direction) are what the plan must count.
+OptimizerConfig optimizer_of(std::size_t k) {
+  switch (k % 8) {
+    case 0:
+      return Adam{};
+    case 1:
+      return AdamW{.amsgrad = true};
+    case 2:
+      return SGD{};  // no momentum: no state
+    case 3:
+      return SGD{.momentum = 0.9};
+    case 4:
+      return Lamb{};
+    case 5:
+      return Adagrad{};
+    case 6:
+      return RMSprop{.momentum = 0.5, .centered = true};
+    default:
+      return Lion{};
+  }
+}
+
+enum class GradForm { user, owned, streamed };
+
+}  // namespace
+
+TEST_CASE("plan_memory equals memory_report for every stage, precision and gradient form",
+          "[zero][memory][plan]") {
+  struct Case {
+    std::vector<std::size_t> sizes;
+    double bucket_mb;
+  };
+  // Buckets of one alignment unit (many buckets, parameters cut across
+  // them), a mid-sized bucket, the default.
+  const std::vector<Case> cases = {{{1000, 333, 7, 2000, 1, 0}, 1e-4},
+                                   {{0, 5, 70001, 3, 17, 17, 4096}, 0.05},
+                                   {{100003}, 0.0},
+                                   {std::vector<std::size_t>(40, 97), 0.002}};
+  const Precision precisions[] = {Precision::f32, Precision::bf16, Precision::f16,
+                                  Precision::bf16_rem};
+  std::size_t k = 0, checked = 0;
+  for (std::size_t c = 0; c < cases.size(); ++c)
+    for (Precision p : precisions)
+      for (bool fp32_reduce : {false, true})
+        for (int stage = 0; stage <= 2; ++stage)
+          for (GradForm grads : {GradForm::user, GradForm::owned, GradForm::streamed})
+            for (bool contiguous : {true, false}) {
+              if (fp32_reduce && p == Precision::f32) continue;
+              if (grads == GradForm::streamed && stage != 2) continue;
+              const OptimizerConfig optimizer = optimizer_of(k++);
+              ZeroOptions options;
+              options.stage = stage;
+              options.bucket_mb = cases[c].bucket_mb;
+              options.reduce_in_fp32 = fp32_reduce;
+              options.param_remainders = p == Precision::bf16_rem;
+              options.stream_grads = grads == GradForm::streamed;
+              // Predivision makes every bucket pack its gradients.
+              options.predivide_factor = k % 5 == 0 ? 2.0 : 1.0;
+              const DType t = param_dtype(p);
+              Model model(make_layout(cases[c].sizes), t, contiguous, grads != GradForm::user, 17);
+              MemoryPlan plan;
+              plan.numel = cases[c].sizes;
+              plan.dtype = t;
+              plan.groups = {optimizer};
+              plan.options = options;
+              plan.ranks = world_size();
+              plan.rank = world_rank();
+              plan.device = Model::on_device;
+              plan.user_grads = grads == GradForm::user;
+              plan.contiguous = contiguous;
+              std::string failure;
+              const bool ran = no_throw([&] {
+                ZeroRedundancyOptimizer opt(world(), model.params(), optimizer, options);
+                failure = differences(plan_memory(plan), opt.memory_report());
+              });
+              INFO("case " << c << ", " << precision_name(p)
+                           << (fp32_reduce ? ", reduce_in_fp32" : "") << ", stage " << stage
+                           << ", gradients "
+                           << (grads == GradForm::user    ? "user"
+                               : grads == GradForm::owned ? "owned"
+                                                          : "streamed")
+                           << (contiguous ? ", one flat buffer" : ", one buffer each")
+                           << ", optimizer " << optimizer.index() << ", predivide "
+                           << options.predivide_factor);
+              if (!failure.empty())
+                UNSCOPED_INFO("rank " << world_rank() << ": planned/reported:" << failure);
+              CHECK(all_ranks_true(ran && failure.empty()));
+              ++checked;
+            }
+  CHECK(checked > 300);
+}
+
+TEST_CASE("plan_memory: several groups allocate the state slots any of them uses",
+          "[zero][memory][plan]") {
+  const Layout layout = make_layout({300, 41, 1000, 5}, {0, 1, 1, 0});
+  Model model(layout, DType::bf16, false, true, 5);
+  const std::vector<OptimizerConfig> groups = {Adam{}, Adam{.amsgrad = true}};
+  for (int stage = 0; stage <= 2; ++stage) {
+    ZeroOptions options;
+    options.stage = stage;
+    options.bucket_mb = 0.001;
+    MemoryPlan plan;
+    plan.numel = layout.sizes;
+    plan.dtype = DType::bf16;
+    plan.groups = groups;
+    plan.options = options;
+    plan.ranks = world_size();
+    plan.rank = world_rank();
+    plan.device = Model::on_device;
+    plan.contiguous = false;
+    std::string failure;
+    const bool ran = no_throw([&] {
+      ZeroRedundancyOptimizer opt(world(), model.params(), groups, options);
+      failure = differences(plan_memory(plan), opt.memory_report());
+    });
+    INFO("stage " << stage);
+    if (!failure.empty()) UNSCOPED_INFO("rank " << world_rank() << ":" << failure);
+    CHECK(all_ranks_true(ran && failure.empty()));
+  }
+}
+
+#if !SHARDOPT_TEST_DEVICE
+TEST_CASE("plan_memory: a custom optimizer's scratch is its longest segment",
+          "[zero][memory][plan]") {
+  const Layout layout = make_layout({3000, 7, 129});
+  Model model(layout, DType::f32, true, false, 9);
+  CustomOptimizer custom;
+  custom.state_names = {"a", "b", "c"};
+  custom.update = [](const CustomStep&, double) {};
+  for (int stage = 0; stage <= 2; ++stage) {
+    ZeroOptions options;
+    options.stage = stage;
+    options.bucket_mb = 0.004;
+    MemoryPlan plan;
+    plan.numel = layout.sizes;
+    plan.groups = {custom};
+    plan.options = options;
+    plan.ranks = world_size();
+    plan.rank = world_rank();
+    plan.user_grads = true;
+    std::string failure;
+    const bool ran = no_throw([&] {
+      ZeroRedundancyOptimizer opt(world(), model.params(), custom, options);
+      failure = differences(plan_memory(plan), opt.memory_report());
+    });
+    INFO("stage " << stage);
+    if (!failure.empty()) UNSCOPED_INFO("rank " << world_rank() << ":" << failure);
+    CHECK(all_ranks_true(ran && failure.empty()));
+  }
+}
+#endif
+
+TEST_CASE("plan_memory: impossible inputs are errors that name the field", "[zero][memory][plan]") {
+  MemoryPlan good;
+  good.numel = {100, 200};
+  good.ranks = 4;
+  CHECK(plan_memory(good).optimizer_state > 0);
+  const auto bad = [&](auto edit, const char* needle) {
+    MemoryPlan p = good;
+    edit(p);
+    return throws_error([&] { plan_memory(p); }, ErrorCode::invalid_argument, needle);
+  };
+  CHECK(bad([](MemoryPlan& p) { p.ranks = 0; }, "ranks is 0"));
+  CHECK(bad([](MemoryPlan& p) { p.rank = 4; }, "rank is 4 of 4 ranks"));
+  CHECK(bad([](MemoryPlan& p) { p.nodes = 3; }, "nodes is 3 for 4 ranks"));
+  CHECK(bad([](MemoryPlan& p) { p.options.stage = 3; }, "options.stage is 3"));
+  CHECK(bad([](MemoryPlan& p) { p.options.bucket_mb = -1; }, "options.bucket_mb is -1"));
+  CHECK(bad([](MemoryPlan& p) { p.groups.clear(); }, "no parameter group"));
+  CHECK(bad([](MemoryPlan& p) { p.options.stream_grads = true; }, "stream_grads needs stage 2"));
+  CHECK(bad([](MemoryPlan& p) { p.options.param_remainders = true; }, "needs bf16"));
+  CHECK(bad([](MemoryPlan& p) { p.dtype = DType::f64; }, "dtype is f64"));
+  CHECK(bad([](MemoryPlan& p) { p.groups = {Adam{}, SGD{}}; }, "different kinds"));
+}
