@@ -108,6 +108,7 @@ TEST_CASE("plan_memory equals memory_report for every stage, precision and gradi
               plan.options = options;
               plan.ranks = world_size();
               plan.rank = world_rank();
+              plan.nodes = world().nodes().nodes;  // several: no fused step
               plan.device = Model::on_device;
               plan.user_grads = grads == GradForm::user;
               plan.contiguous = contiguous;
@@ -149,6 +150,7 @@ TEST_CASE("plan_memory: several groups allocate the state slots any of them uses
     plan.options = options;
     plan.ranks = world_size();
     plan.rank = world_rank();
+    plan.nodes = world().nodes().nodes;
     plan.device = Model::on_device;
     plan.contiguous = false;
     std::string failure;
@@ -180,6 +182,7 @@ TEST_CASE("plan_memory: a custom optimizer's scratch is its longest segment",
     plan.options = options;
     plan.ranks = world_size();
     plan.rank = world_rank();
+    plan.nodes = world().nodes().nodes;
     plan.user_grads = true;
     std::string failure;
     const bool ran = no_throw([&] {
