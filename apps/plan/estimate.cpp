@@ -141,11 +141,11 @@ Plan estimate(const Options& o) {
   for (int stage : o.stages) {
     StageEstimate e;
     e.stage = stage;
-    e.memory = shardopt::plan_memory(memory_plan(o, p, stage, p.model.numel));
+    const shardopt::MemoryPlan plan = memory_plan(o, p, stage, p.model.numel);
+    e.memory = shardopt::plan_memory(plan);
     e.per_rank = per_rank(e.memory);
     // The buckets and the shard, as the engine cuts them.
-    const shardopt::LayoutPlan layout =
-        shardopt::plan_layout(memory_plan(o, p, stage, p.model.numel));
+    const shardopt::LayoutPlan layout = shardopt::plan_layout(plan);
     const std::vector<std::size_t>& buckets = layout.buckets;
     const std::size_t shard = layout.shard;
     e.buckets = buckets.size();

@@ -4,10 +4,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "cli.hpp"
-#include "plan/json.hpp"
 #include "plan/plan.hpp"
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/error.hpp"
@@ -100,18 +101,15 @@ void load_file(const std::string& path, Model& m) {
     // The parameters in registration order, as the optimizer had them.
     m.optimizer = meta("shardopt.optimizer");
     try {
-      const Json params = parse_json(meta("shardopt.params"));
-      if (params.kind != Json::Kind::array) throw JsonError("not an array");
-      for (const Json& p : params.items) {
-        const Json* name = p.get("name");
-        const Json* numel = p.get("numel");
-        if (name == nullptr || !name->is_string() || numel == nullptr || !numel->is_number() ||
-            numel->num < 0)
-          throw JsonError("an entry without a name and a numel");
-        m.names.push_back(name->str);
-        m.numel.push_back(static_cast<std::size_t>(numel->num));
+      const nlohmann::json params = nlohmann::json::parse(meta("shardopt.params"));
+      if (!params.is_array()) throw std::runtime_error("not an array");
+      for (const nlohmann::json& p : params) {
+        if (!p.is_object() || !p.contains("name") || !p["name"].is_string() ||
+            !p.contains("numel") || !p["numel"].is_number_unsigned())
+          throw std::runtime_error("an entry without a name and a numel");
+        m.numel.push_back(p["numel"].get<std::size_t>());
       }
-    } catch (const JsonError& e) {
+    } catch (const std::exception& e) {
       throw InputError{"-f (--from): '" + path + "': its shardopt.params metadata is malformed (" +
                        e.what() + ")"};
     }
@@ -120,14 +118,12 @@ void load_file(const std::string& path, Model& m) {
   // An export or any model file: every floating-point tensor.
   for (const shardopt::ckpt::TensorInfo& t : h.tensors) {
     std::optional<shardopt::DType> d;
-    if (t.dtype == "F32") d = shardopt::DType::f32;
-    if (t.dtype == "BF16") d = shardopt::DType::bf16;
-    if (t.dtype == "F16") d = shardopt::DType::f16;
+    for (shardopt::DType x : {shardopt::DType::f32, shardopt::DType::bf16, shardopt::DType::f16})
+      if (t.dtype == shardopt::ckpt::dtype_name(x)) d = x;
     if (!d) continue;
     if (!m.dtype) m.dtype = d;
     std::size_t numel = 1;
     for (std::uint64_t s : t.shape) numel *= static_cast<std::size_t>(s);
-    m.names.push_back(t.name);
     m.numel.push_back(numel);
   }
   if (m.numel.empty())

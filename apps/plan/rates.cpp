@@ -4,15 +4,18 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "optim_steps.hpp"
-#include "plan/json.hpp"
 #include "plan/plan.hpp"
 
 namespace plan {
 
 namespace {
+
+using Json = nlohmann::json;
 
 // The JSON objects of a file's lines that start with '{' (what --json
 // prints; other lines, a header redirected into the file, are skipped).
@@ -25,8 +28,9 @@ std::vector<Json> read_rows(const std::string& path, const char* option, const c
     const std::size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] != '{') continue;
     try {
-      rows.push_back(parse_json(line));
-    } catch (const JsonError& e) {
+      rows.push_back(Json::parse(line));
+      if (!rows.back().is_object()) throw std::runtime_error("not an object");
+    } catch (const std::exception& e) {
       throw InputError{std::string(option) + ": '" + path + "' line " + std::to_string(n) +
                        " is not a JSON object: " + e.what() + " (expected the output of " +
                        program + " --json)"};
@@ -39,16 +43,14 @@ std::vector<Json> read_rows(const std::string& path, const char* option, const c
 }
 
 double number(const Json& row, const char* key, const std::string& where) {
-  const Json* v = row.get(key);
-  if (v == nullptr || !v->is_number())
+  if (!row.contains(key) || !row[key].is_number())
     throw InputError{where + ": a row without the number \"" + key + "\""};
-  return v->num;
+  return row[key].get<double>();
 }
 std::string text(const Json& row, const char* key, const std::string& where) {
-  const Json* v = row.get(key);
-  if (v == nullptr || !v->is_string())
+  if (!row.contains(key) || !row[key].is_string())
     throw InputError{where + ": a row without the string \"" + key + "\""};
-  return v->str;
+  return row[key].get<std::string>();
 }
 
 // t = a + b x by least squares, a >= 0 (a negative intercept refits
@@ -87,7 +89,7 @@ CommFile read_comm(const std::string& path, bool device) {
   f.rows = read_rows(path, "-c (--comm)", "shardopt-bench-comm");
   const Json& r = f.rows.front();
   f.ranks = static_cast<int>(number(r, "ranks", where));
-  if (r.get("nodes") == nullptr)
+  if (!r.contains("nodes"))
     throw InputError{where +
                      ": its rows have no \"nodes\" (written by an older "
                      "shardopt-bench-comm); run this version's to say how the ranks "
@@ -122,8 +124,7 @@ std::vector<std::pair<double, double>> rows_of(const CommFile& f, const std::str
   for (const Json& row : f.rows) {
     if (text(row, "op", where) != op || text(row, "memory", where) != (device ? "device" : "host"))
       continue;
-    const Json* ip = row.get("inplace");
-    if (ip == nullptr || ip->kind != Json::Kind::boolean || ip->b != inplace) continue;
+    if (!row.contains("inplace") || row["inplace"] != inplace) continue;
     const double bytes = number(row, "bytes", where), us = number(row, "time_us", where);
     if (bytes >= 4096 && us > 0) xt.emplace_back(bytes, us * 1e-6);
   }
@@ -156,6 +157,12 @@ Hop net_hop(const CommFile& f, std::vector<std::pair<double, double>> xt, const 
   h.known = true;
   h.from = f.path;
   return h;
+}
+
+// A hop of the rates given: GB/s, and the latency in us (negative: none
+// given, the default).
+Hop given(double gbps, double latency_us, double default_us, const char* from) {
+  return Hop{(latency_us >= 0 ? latency_us : default_us) * 1e-6, 1.0 / (gbps * 1e9), true, from};
 }
 
 }  // namespace
@@ -197,14 +204,8 @@ Machine load_machine(const Options& o, const shardopt::OptimizerConfig& optimize
       else
         op.c->net = net_hop(*f, xt, op.c->node);
     }
-    if (o.node_gbps > 0) {
-      op.c->node = Hop{o.node_latency_us >= 0 ? o.node_latency_us * 1e-6 : 2e-6,
-                       1.0 / (o.node_gbps * 1e9), true, "--node-gbps"};
-    }
-    if (o.net_gbps > 0) {
-      op.c->net = Hop{o.net_latency_us >= 0 ? o.net_latency_us * 1e-6 : 5e-6,
-                      1.0 / (o.net_gbps * 1e9), true, "--net-gbps"};
-    }
+    if (o.node_gbps > 0) op.c->node = given(o.node_gbps, o.node_latency_us, 2.0, "--node-gbps");
+    if (o.net_gbps > 0) op.c->net = given(o.net_gbps, o.net_latency_us, 5.0, "--net-gbps");
   }
   if (many != nullptr && one == nullptr && o.node_gbps <= 0 && many->local > 1)
     mc.notes.push_back(

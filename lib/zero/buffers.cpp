@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "zero/optimizer_config.hpp"
+
 namespace shardopt::detail {
 
 std::size_t custom_scratch_bytes(const ShardLayout& l) {
@@ -27,22 +29,16 @@ std::size_t pool_bytes(const ShardLayout& l, int ranks, int stage, DType dtype, 
   return bytes;
 }
 
-BufferSizes buffer_sizes(const ShardLayout& l, const BufferFacts& f) {
-  BufferSizes s;
-  s.master = master_bytes(l, f.dtype, f.remainders);
-  s.slots = f.slots;
-  s.state = f.slots > 0 ? state_bytes(l) : 0;
-  if (f.lamb) s.lamb = state_bytes(l);
-  if (f.custom) s.custom_scratch = custom_scratch_bytes(l);
-  s.grad_shard = grad_shard_bytes(l, f.stage);
-  s.reduced = reduced_bytes(l, f.ranks, f.stage, f.dtype, f.reduce_type);
-  if (f.owned) s.owned = owned_grad_bytes(l, f.ranks, f.dtype);
-  s.owned_shared = f.fused == Fused::shared;
-  if (f.fused != Fused::off) s.blocks = fused_block_bytes(f.threads);
-  if (f.fused == Fused::peer) s.slices = fused_slice_bytes(f.threads, f.ranks, f.dtype);
-  s.pool = pool_bytes(l, f.ranks, f.stage, f.dtype, f.reduce_type, s.reduced > 0, f.in_place);
-  s.pools = s.pool > 0 ? 2 : 0;
-  return s;
+std::vector<std::string> state_slots(const std::vector<OptimizerConfig>& groups) {
+  std::vector<std::string> names;
+  for (const OptimizerConfig& g : groups) {
+    const std::vector<Slot> slots = slots_of(g);
+    if (names.empty()) names.assign(slots.size(), std::string());
+    for (std::size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].used) names[k] = slots[k].name;
+  }
+  std::erase(names, std::string());
+  return names;
 }
 
 }  // namespace shardopt::detail

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "shardopt/types.hpp"
+#include "shardopt/zero.hpp"
 #include "zero/shards.hpp"
 
 namespace shardopt::detail {
@@ -17,11 +19,6 @@ namespace shardopt::detail {
 // The fused stage-2 step (lib/zero/reduction.hpp) works on blocks of this
 // many elements of each rank's gradients.
 inline constexpr std::size_t kFusedBlock = 65536;
-
-// Whether the fused stage-2 step runs, and where it reads the other ranks'
-// gradients: owned gradients in the node's shared memory, or the user's
-// buffers in the other processes.
-enum class Fused { off, shared, peer };
 
 // How one bucket moves without a bucket buffer: its gradients reduced where
 // they are (one contiguous run of buffers, in the reduced dtype), its
@@ -31,24 +28,9 @@ struct BucketInPlace {
   bool params = false;
 };
 
-// The engine's buffers, in bytes (per rank).
-struct BufferSizes {
-  // The update's (ShardState).
-  std::size_t master = 0;          // fp32 master weights or bf16 remainders
-  std::size_t state = 0;           // each fp32 state slot
-  std::size_t slots = 0;           // how many slots are allocated
-  std::size_t lamb = 0;            // LAMB's update direction
-  std::size_t custom_scratch = 0;  // a custom optimizer's gradient run
-  // The reduction's (GradReducer).
-  std::size_t grad_shard = 0;  // stage 2's fp32 accumulator
-  std::size_t reduced = 0;     // stages 0/1: fp32 reduced 16-bit gradients
-  std::size_t owned = 0;       // gradients the optimizer owns (this rank's part if shared)
-  bool owned_shared = false;   // ... kept in the node's shared memory
-  std::size_t pool = 0;        // each bucket buffer
-  std::size_t pools = 0;       // bucket buffers at construction (2, or 0)
-  std::size_t blocks = 0;      // the fused step's blocks of reduced gradients
-  std::size_t slices = 0;      // the fused step's slices of other ranks' gradients
-};
+// The fp32 state slots allocated for these groups, by name, in slot order:
+// each slot some group's options use.
+std::vector<std::string> state_slots(const std::vector<OptimizerConfig>& groups);
 
 // The fp32 master (or the 2-byte remainders of bf16 parameters).
 inline std::size_t master_bytes(const ShardLayout& l, DType dtype, bool remainders) {
@@ -88,22 +70,5 @@ inline std::size_t fused_slice_bytes(int threads, int ranks, DType dtype) {
 // parameters packed for the allgather (stages 1 and 2).
 std::size_t pool_bytes(const ShardLayout& l, int ranks, int stage, DType dtype, DType reduce_type,
                        bool reduced_buffer, const std::vector<BucketInPlace>& in_place);
-
-// Every size at once, for a planner: what the engine allocates at
-// construction for this layout.
-struct BufferFacts {
-  int ranks = 1;
-  int stage = 1;
-  DType dtype = DType::f32;
-  DType reduce_type = DType::f32;
-  bool remainders = false;
-  std::size_t slots = 0;  // fp32 state slots some group uses
-  bool lamb = false, custom = false;
-  bool owned = false;  // some gradient is owned (Param::grad null, not streamed)
-  Fused fused = Fused::off;
-  int threads = 1;  // OpenMP threads (the fused step's blocks)
-  std::vector<BucketInPlace> in_place;
-};
-BufferSizes buffer_sizes(const ShardLayout& l, const BufferFacts& f);
 
 }  // namespace shardopt::detail

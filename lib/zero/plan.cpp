@@ -108,36 +108,20 @@ MemoryReport plan_memory(const MemoryPlan& p) {
   const int stage = o.stage;
   const DType reduce_type = reduce_type_of(p);
   const OptKind kind = p.groups[0].index();
-
-  BufferFacts f;
-  f.ranks = p.ranks;
-  f.stage = stage;
-  f.dtype = p.dtype;
-  f.reduce_type = reduce_type;
-  f.remainders = o.param_remainders;
-  // A slot is allocated when some group uses it (ShardState).
-  std::vector<bool> used;
-  for (const OptimizerConfig& g : p.groups) {
-    const std::vector<Slot> slots = slots_of(g);
-    used.resize(slots.size(), false);
-    for (std::size_t k = 0; k < slots.size(); ++k) used[k] = used[k] || slots[k].used;
-  }
-  for (bool u : used) f.slots += u ? 1 : 0;
-  f.lamb = kind == kind_of<Lamb>();
-  f.custom = kind == kCustomKind;
+  const bool lamb = kind == kind_of<Lamb>(), custom = kind == kCustomKind;
   bool any = false;  // a parameter with elements
   for (std::size_t n : p.numel) any = any || n > 0;
   const bool streamed = !p.user_grads && o.stream_grads;
-  f.owned = !p.user_grads && !o.stream_grads && any;
-  f.threads = p.threads > 0 ? p.threads : std::max(1, omp_get_max_threads());
-  // The fused stage-2 step (GradReducer::allocate).
+  const bool owned = !p.user_grads && !o.stream_grads && any;
+  // The fused stage-2 step (GradReducer::allocate): on the node's shared
+  // owned gradients, or reading the user's from the other ranks.
   const bool plain = !o.stream_grads && reduce_type == p.dtype && o.predivide_factor == 1.0;
-  if (stage == 2 && !f.lamb && !f.custom && settings().fused_update && !p.device && p.ranks > 1 &&
-      shm_transport(p) && plain)
-    f.fused = p.user_grads ? Fused::peer : f.owned ? Fused::shared : Fused::off;
+  const bool fused = stage == 2 && !lamb && !custom && settings().fused_update && !p.device &&
+                     p.ranks > 1 && shm_transport(p) && plain && (p.user_grads || owned);
   // Which buckets move in place: the buffers of a bucket are contiguous when
   // the user's are one flat buffer, when the bucket holds one parameter
   // with elements, and (gradients) when the optimizer owns them.
+  std::vector<BucketInPlace> in_place;
   for (const BucketRange& b : l.buckets) {
     std::size_t nonempty = 0;
     for (std::size_t q = b.first_param; q < b.end_param; ++q) nonempty += p.numel[q] > 0 ? 1 : 0;
@@ -146,18 +130,22 @@ MemoryReport plan_memory(const MemoryPlan& p) {
     in.grads = o.predivide_factor == 1.0 && reduce_type == p.dtype && !streamed &&
                (b.len == b.padded || !p.user_grads) && (flat || !p.user_grads);
     in.params = b.len == b.padded && flat;
-    f.in_place.push_back(in);
+    in_place.push_back(in);
   }
-  const BufferSizes s = buffer_sizes(l, f);
 
   MemoryReport m;
-  m.master_params = s.master;
-  m.optimizer_state = s.state * s.slots + s.lamb;
-  m.grad_shard = s.grad_shard;
-  m.reduced_grads = s.reduced;
-  m.owned_grads = s.owned;
-  m.node_shared = s.owned_shared ? s.owned : 0;
-  m.buckets = s.custom_scratch + s.blocks + s.slices + s.pool * s.pools;
+  m.master_params = master_bytes(l, p.dtype, o.param_remainders);
+  m.optimizer_state = state_bytes(l) * state_slots(p.groups).size() + (lamb ? state_bytes(l) : 0);
+  m.grad_shard = grad_shard_bytes(l, stage);
+  m.reduced_grads = reduced_bytes(l, p.ranks, stage, p.dtype, reduce_type);
+  m.owned_grads = owned ? owned_grad_bytes(l, p.ranks, p.dtype) : 0;
+  m.node_shared = fused && owned ? m.owned_grads : 0;
+  const int threads = p.threads > 0 ? p.threads : std::max(1, omp_get_max_threads());
+  // Two bucket buffers when some bucket needs one.
+  m.buckets =
+      2 * pool_bytes(l, p.ranks, stage, p.dtype, reduce_type, m.reduced_grads > 0, in_place) +
+      (custom ? custom_scratch_bytes(l) : 0) + (fused ? fused_block_bytes(threads) : 0) +
+      (fused && p.user_grads ? fused_slice_bytes(threads, p.ranks, p.dtype) : 0);
   const std::size_t elem = dtype_size(p.dtype);
   for (std::size_t n : p.numel) {
     m.user_params += n * elem;

@@ -34,14 +34,7 @@ ShardState::ShardState(Communicator& comm, const Space& space, const std::vector
       kind_(groups.empty() ? 0 : groups[0].index()),
       rank_(comm.rank()),
       nranks_(comm.size()) {
-  // A slot is allocated when some group's options use it.
-  for (const OptimizerConfig& g : groups_) {
-    const std::vector<Slot> slots = slots_of(g);
-    if (slots_.empty()) slots_.assign(slots.size(), std::string());
-    for (std::size_t k = 0; k < slots.size(); ++k)
-      if (slots[k].used) slots_[k] = slots[k].name;
-  }
-  std::erase(slots_, std::string());
+  slots_ = state_slots(groups_);
   // The sizes of lib/zero/buffers.hpp, which plan_memory() adds up.
   master_buf_ =
       space_.allocate(master_bytes(layout_, dtype_, remainders_),
