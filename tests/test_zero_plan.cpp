@@ -216,4 +216,19 @@ TEST_CASE("plan_memory: impossible inputs are errors that name the field", "[zer
   CHECK(bad([](MemoryPlan& p) { p.options.param_remainders = true; }, "needs bf16"));
   CHECK(bad([](MemoryPlan& p) { p.dtype = DType::f64; }, "dtype is f64"));
   CHECK(bad([](MemoryPlan& p) { p.groups = {Adam{}, SGD{}}; }, "different kinds"));
+  CHECK(bad([](MemoryPlan& p) { p.options.predivide_factor = 0; }, "predivide_factor is 0"));
+  CHECK(bad(
+      [](MemoryPlan& p) {
+        p.options.stage = 2;
+        p.options.stream_grads = true;
+        p.user_grads = true;
+      },
+      "stream_grads with user_grads"));
+  CHECK(bad([](MemoryPlan& p) { p.threads = -1; }, "threads is -1"));
+  CHECK(bad(
+      [](MemoryPlan& p) {
+        p.device = true;
+        p.groups = {CustomOptimizer{}};
+      },
+      "runs on the host"));
 }

@@ -199,6 +199,37 @@ expect_error 2 "bad value '0' for -N (--nodes)" "zero nodes" -p 1M -N 0
 expect_error 2 "bad value '0' for -n (--ranks-per-node)" "zero ranks" -p 1M -n 0
 expect_error 2 "no model" "no model" -n 2
 expect_error 2 "unknown option '--stage'" "an unknown option" -p 1M --stage 1
+python3 - "$tmp" <<'EOF'
+import json, struct, sys
+d = sys.argv[1]
+row = {'op': 'reduce_scatter', 'bytes': 1 << 20, 'ranks': 2, 'inplace': False, 'time_us': 50.0,
+       'memory': 'host'}
+with open(d + '/old.json', 'w') as f:  # no "nodes": an older bench-comm
+    f.write(json.dumps(row) + '\n')
+with open(d + '/one.json', 'w') as f:  # measured at 1 rank
+    f.write(json.dumps(dict(row, ranks=1, nodes=1, local_ranks=1)) + '\n')
+with open(d + '/few.json', 'w') as f:  # one row: too few to fit
+    f.write(json.dumps(dict(row, nodes=1, local_ranks=2)) + '\n')
+with open(d + '/sgd.json', 'w') as f:  # bench-optim rows of another optimizer
+    f.write(json.dumps({'optimizer': 'sgd', 'precision': 'fp32', 'numel': 1 << 20,
+                        'threads': 1, 'gbps': 10.0}) + '\n')
+text = json.dumps({'step': {'dtype': 'I64', 'shape': [], 'data_offsets': [0, 8]}}).encode()
+with open(d + '/ints.safetensors', 'wb') as f:  # no floating-point tensor
+    f.write(struct.pack('<Q', len(text)) + text + bytes(8))
+EOF
+expect_error 1 "bad shape '4096xq'" "a bad shape" -t 4096x4096,4096xq
+expect_error 1 "holds no F32, BF16 or F16 tensor" "a file without parameters" \
+  -f "$tmp/ints.safetensors"
+expect_error 1 'no "nodes"' "a bench-comm file without nodes" -p 1M -n 2 -c "$tmp/old.json"
+expect_error 1 "measured at 1 rank" "a bench-comm file of 1 rank" -p 1M -n 2 -c "$tmp/one.json"
+expect_error 1 "fewer than two reduce_scatter rows" "too few rows to fit" \
+  -p 1M -n 2 -c "$tmp/few.json"
+expect_error 1 "no row of device memory" "host rows for a device plan" \
+  -p 1M -n 2 --device -c "$tmp/few.json"
+expect_error 1 "no row of optimizer adam at precision fp32" \
+  "a bench-optim file without the optimizer" -p 1M -n 2 --node-gbps 10 -u "$tmp/sgd.json"
+expect_error 1 "the rates within a node" "ranks on a node without its rates" \
+  -p 1M -n 2 --mem-gbps 10
 expect_error 1 "the network's rates" "several nodes without the network's rates" \
   -p 1M -N 2 --mem-gbps 10
 
