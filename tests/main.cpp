@@ -16,6 +16,11 @@
 //                          running after that prints
 //                          "test watchdog: rank R hung for N s" and exits with
 //                          124, so a hang ends the job instead of stalling CI.
+//   SHARDOPT_TEST_MAX_DEVICE_COMMS
+//                          the most device communicators (NCCL's: an
+//                          ncclCommInitRank each) a rank may make in the
+//                          whole run; more fails it. Each rank prints how
+//                          many it made at the end, set or not.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 // catch.hpp first: it configures the runner.
@@ -36,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/backend.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/communicator.hpp"
 
@@ -289,6 +295,23 @@ int main(int argc, char** argv) {
         if (listing) failed = 0;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: the test session failed: %s\n", g_rank, e.what());
+        failed = 1;
+      }
+    }
+  }
+  // Each device communicator is an ncclCommInitRank on a GPU: only the
+  // communicators that move device buffers make one, so a run makes few.
+  const int made = shardopt::detail::device_collectives_made();
+  if (made > 0 || std::getenv("SHARDOPT_TEST_MAX_DEVICE_COMMS") != nullptr) {
+    std::printf("rank %d: %d device communicator%s made (an ncclCommInitRank each on a GPU)\n",
+                g_rank, made, made == 1 ? "" : "s");
+    if (const char* s = std::getenv("SHARDOPT_TEST_MAX_DEVICE_COMMS"); s != nullptr && *s != '\0') {
+      const long most = std::strtol(s, nullptr, 10);
+      if (made > most) {
+        std::printf(
+            "rank %d: FAILED: more than SHARDOPT_TEST_MAX_DEVICE_COMMS=%ld device "
+            "communicators\n",
+            g_rank, most);
         failed = 1;
       }
     }

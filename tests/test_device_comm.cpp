@@ -5,11 +5,13 @@
 // tests, on the results copied back) with the memory around each buffer untouched; blocking and
 // stream-ordered non-blocking; and the errors of bad device arguments on every rank.
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/half.hpp"
 #include "simdevice/sim_device.hpp"
 #include "test_comm_data.hpp"
 
@@ -83,6 +86,24 @@ std::string run_on_device(Communicator& comm, const Spec& s, bool blocking) {
   return trial->verify();
 }
 
+// Whether two ranks of the job work on one device, as the Communicator
+// tells (the devices' names): the device's own collectives, which take one
+// device per rank as NCCL's do, then refuse them, and auto takes another
+// transport.
+bool ranks_share_a_device() {
+  constexpr int kLen = 128;
+  char mine[kLen] = {};
+  std::snprintf(mine, kLen, "%s", rt().device_identity().c_str());
+  std::vector<char> all(std::size_t(kLen) * std::size_t(world_size()));
+  MPI_Allgather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, MPI_COMM_WORLD);
+  std::set<std::string> seen;
+  for (int r = 0; r < world_size(); ++r) {
+    const std::string id(all.data() + std::size_t(r) * kLen);
+    if (!id.empty() && !seen.insert(id).second) return true;
+  }
+  return false;
+}
+
 std::vector<Spec> all_specs(std::size_t count, std::uint64_t salt) {
   std::vector<Spec> specs;
   for (Coll c : {Coll::allreduce, Coll::reduce_scatter, Coll::allgather, Coll::broadcast}) {
@@ -110,14 +131,24 @@ std::vector<Spec> all_specs(std::size_t count, std::uint64_t salt) {
 
 TEST_CASE("device buffers: the transport is the one asked for, the same on every rank",
           "[device][comm]") {
-  // SHARDOPT_DEVICE_COMM of this run (auto: the device's own collectives,
-  // which the simulated device has on every rank).
+  // SHARDOPT_DEVICE_COMM of this run. auto: the device's own collectives
+  // where every rank has a device of its own (NCCL on a GPU, the simulated
+  // device's), else staged (MPI here is not known to take device buffers
+  // unless SHARDOPT_CUDA_AWARE_MPI=yes, which only the mpi runs set); a
+  // forced nccl on ranks that share a device fails on every rank.
   const char* env = std::getenv("SHARDOPT_DEVICE_COMM");
   const std::string asked = env != nullptr ? env : "auto";
-  // The device's own collectives: NCCL on a GPU, the simulated device's.
-  const std::string native = rt().emulated() ? "nccl (simulated)" : "nccl";
-  auto expected = [&](const std::string& a) { return a == "staged" || a == "mpi" ? a : native; };
-  {
+  const bool shared = ranks_share_a_device();
+  const std::string native = rt().collectives_name();
+  const std::string fallback = settings().cuda_aware_mpi == CudaAwareMpi::yes ? "mpi" : "staged";
+  auto expected = [&](const std::string& a) {
+    return a == "staged" || a == "mpi" ? a : shared ? fallback : native;
+  };
+  if (asked == "nccl" && shared) {
+    CHECK(all_ranks_true(throws_error<UnsupportedError>([&] { Communicator c(MPI_COMM_WORLD); },
+                                                        ErrorCode::unsupported,
+                                                        "and NCCL takes one device per rank")));
+  } else {
     Communicator comm(MPI_COMM_WORLD);
     INFO("SHARDOPT_DEVICE_COMM=" << asked << ", in use: " << comm.device_backend_name());
     CHECK(all_ranks_true(comm.device_backend_name() == expected(asked)));
@@ -144,6 +175,12 @@ TEST_CASE("device buffers: the transport is the one asked for, the same on every
       CHECK(all_ranks_true(throws_error<UnsupportedError>(
           [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = dc}); }, ErrorCode::unsupported,
           "must not run collectives on one device side by side")));
+      continue;
+    }
+    if (dc == DeviceComm::nccl && shared) {
+      CHECK(all_ranks_true(throws_error<UnsupportedError>(
+          [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = dc}); }, ErrorCode::unsupported,
+          "and NCCL takes one device per rank")));
       continue;
     }
     // auto keeps to MPI on device buffers while a communicator uses it.
@@ -219,6 +256,129 @@ TEST_CASE("device buffers: a count of 0 and the results equal the host path's", 
   rt().release(d_out);
 }
 
+TEST_CASE("device buffers: avg is the host transports' avg, bitwise: a sum, then a division",
+          "[device][comm]") {
+  // Integers: every sum is exact whatever order a transport adds in, so
+  // only the division can tell: the host divides the sum once, and so must
+  // every device transport. NCCL's own avg multiplies each rank's input by
+  // 1/n first and rounds each product (the simulated device's collectives
+  // do the same): at 3 ranks most elements then differ in the last bit.
+  Communicator comm(MPI_COMM_WORLD);
+  const std::size_t n = 3001, total = n * std::size_t(comm.size());
+  for (DType t : {DType::f32, DType::f64, DType::bf16}) {
+    const std::size_t es = dtype_size(t);
+    std::vector<std::byte> in(total * es);
+    std::mt19937_64 rng = rank_rng(comm.rank(), 91);
+    // bf16 holds the integers up to 256 exactly: 4 ranks of up to 8.
+    const int range = t == DType::bf16 ? 8 : 1000;
+    std::uniform_int_distribution<int> u(-range, range);
+    for (std::size_t k = 0; k < total; ++k) {
+      const float v = float(u(rng));
+      if (t == DType::f32) std::memcpy(&in[k * es], &v, es);
+      if (t == DType::f64) {
+        const double d = v;
+        std::memcpy(&in[k * es], &d, es);
+      }
+      if (t == DType::bf16) {
+        const bfloat16 b = bf16_from_float(v);
+        std::memcpy(&in[k * es], &b, es);
+      }
+    }
+    std::vector<std::byte> host_all(total * es), host_block(n * es);
+    comm.allreduce(in.data(), host_all.data(), total, t, ReduceOp::avg);
+    comm.reduce_scatter(in.data(), host_block.data(), n, t, ReduceOp::avg);
+
+    auto* d_in = static_cast<std::byte*>(rt().allocate(total * es, "input"));
+    auto* d_out = static_cast<std::byte*>(rt().allocate(total * es, "output"));
+    std::vector<std::byte> back(total * es);
+    auto load = [&] { rt().copy(d_in, in.data(), total * es, comm.stream()); };
+    auto same = [&](const void* dev, const std::vector<std::byte>& want) {
+      rt().copy(back.data(), dev, want.size(), comm.stream());
+      return std::memcmp(back.data(), want.data(), want.size()) == 0;
+    };
+    INFO("dtype " << dtype_name(t) << ", " << comm.device_backend_name());
+    load();
+    comm.allreduce(d_in, d_out, total, t, ReduceOp::avg);
+    CHECK(all_ranks_true(same(d_out, host_all)));
+    comm.allreduce(d_in, d_in, total, t, ReduceOp::avg);  // in place
+    CHECK(all_ranks_true(same(d_in, host_all)));
+    load();
+    comm.reduce_scatter(d_in, d_out, n, t, ReduceOp::avg);
+    CHECK(all_ranks_true(same(d_out, host_block)));
+    comm.reduce_scatter(d_in, d_in, n, t, ReduceOp::avg);  // in place: the block at the start
+    CHECK(all_ranks_true(same(d_in, host_block)));
+    rt().release(d_in);
+    rt().release(d_out);
+  }
+}
+
+TEST_CASE("device buffers: the device's own communicator is made at the first operation on them",
+          "[device][comm]") {
+  // An NCCL communicator costs an ncclCommInitRank (a collective setup of
+  // its own) and device memory: a Communicator makes one only when device
+  // buffers first go through the device's own collectives, and at most
+  // one; a freed Communicator leaves it to the next one over the same ranks
+  // and device.
+  const int before = detail::device_collectives_made();
+  bool native = false;
+  const std::size_t n = 700;
+  auto use = [&](Communicator& comm) {
+    auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+    rt().zero(dev, n * 4, comm.stream());
+    for (int k = 0; k < 3; ++k) comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+    rt().release(dev);
+  };
+  {
+    Communicator comm(MPI_COMM_WORLD);
+    native = comm.device_backend_name() == std::string(rt().collectives_name());
+    CHECK(still_works(comm));  // host buffers make none
+    CHECK(all_ranks_true(detail::device_collectives_made() == before));
+    use(comm);
+    INFO(comm.device_backend_name()
+         << ": " << detail::device_collectives_made() - before << " made");
+    // None where a spare of these ranks was left by an earlier test.
+    CHECK(all_ranks_true(detail::device_collectives_made() - before <= (native ? 1 : 0)));
+  }
+  const int after_first = detail::device_collectives_made();
+  for (int k = 0; k < 3; ++k) {
+    Communicator again(MPI_COMM_WORLD);
+    use(again);
+  }
+  INFO(detail::device_collectives_made() - after_first << " made by the next three");
+  CHECK(all_ranks_true(detail::device_collectives_made() == after_first));
+}
+
+TEST_CASE("device buffers: the staged transport's progress thread works on the buffers' device",
+          "[device][comm]") {
+  // A thread starts on device 0. The progress thread waits on events of
+  // the device the communicator's first operation ran on: on device 1 it
+  // must make that device its own first (on a GPU it would otherwise make
+  // a context on device 0; the simulated device refuses a thread that never
+  // chose its device using another device's events).
+  if (rt().device_count() < 2) {
+    SUCCEED("one device (SHARDOPT_SIM_DEVICES=2 runs this test)");
+    return;
+  }
+  const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+  sim::set_device(away);
+  bool ok = false;
+  {
+    Communicator comm(MPI_COMM_WORLD, {.device_comm = DeviceComm::staged});
+    const std::size_t n = 5000;
+    std::vector<float> host(n, 1.0f);
+    auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
+    ok = no_throw([&] {
+      rt().copy(dev, host.data(), n * 4, nullptr);
+      comm.allreduce(dev, dev, n, DType::f32, ReduceOp::sum);
+      rt().copy(host.data(), dev, n * 4, nullptr);
+    });
+    ok = ok && host == std::vector<float>(n, float(comm.size()));
+    rt().release(dev);
+  }
+  sim::set_device(home);
+  CHECK(all_ranks_true(ok));
+}
+
 TEST_CASE("device buffers: non-blocking operations in flight together, on a stream of its own",
           "[device][comm]") {
   void* stream = rt().create_stream();
@@ -272,21 +432,23 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
     CHECK(all_ranks_true(throws_error<DeviceError>(
         [&] { comm.allreduce(host.data(), dev, n, DType::f32, ReduceOp::sum); },
         ErrorCode::wrong_device,
-        "one buffer is in host memory and another in CUDA device memory (device 0)")));
+        "one buffer is in host memory and another in CUDA device memory (device " +
+            std::to_string(rt().current_device()) + ")")));
   }
   SECTION("a stream of another device than the buffers'") {
     if (rt().device_count() < 2) {
       SUCCEED("one simulated device (SHARDOPT_SIM_DEVICES=2 runs this section)");
     } else {
-      sim::set_device(1);
+      const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+      sim::set_device(away);
       void* other = rt().create_stream();
-      sim::set_device(0);
+      sim::set_device(home);
       comm.set_stream(other);
       CHECK(all_ranks_true(throws_error<DeviceError>(
           [&] { comm.allgather(dev + std::size_t(comm.rank()) * n, dev, n, DType::f32); },
           ErrorCode::wrong_device,
-          "the buffers are on device 0 but the stream (CommOptions::stream) belongs to device "
-          "1")));
+          "the buffers are on device " + std::to_string(home) +
+              " but the stream (CommOptions::stream) belongs to device " + std::to_string(away))));
       comm.set_stream(nullptr);
       rt().destroy_stream(other);
     }
@@ -295,12 +457,14 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
     if (rt().device_count() < 2) {
       SUCCEED("one simulated device");
     } else {
-      sim::set_device(1);
+      const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+      sim::set_device(away);
       auto* other = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
-      sim::set_device(0);
+      sim::set_device(home);
       CHECK(all_ranks_true(throws_error<DeviceError>(
           [&] { comm.allreduce(dev, other, n, DType::f32, ReduceOp::sum); },
-          ErrorCode::wrong_device, "the buffers are on devices 0 and 1")));
+          ErrorCode::wrong_device,
+          "the buffers are on devices " + std::to_string(home) + " and " + std::to_string(away))));
       rt().release(other);
     }
   }
@@ -311,7 +475,8 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
       // The device's own collectives (NCCL) are bound to the device that was
       // current when the communicator was made: buffers of another device
       // fail on every rank. The staged and MPI transports take any device.
-      sim::set_device(1);
+      const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+      sim::set_device(away);
       void* other_stream = rt().create_stream();
       auto* other = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
       rt().zero(other, n * 4, other_stream);
@@ -321,8 +486,9 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
         CHECK(all_ranks_true(throws_error<DeviceError>(
             [&] { comm.allreduce(other, other, n, DType::f32, ReduceOp::sum); },
             ErrorCode::wrong_device,
-            "the buffers are on device 1, but this communicator's collectives work on device 0 "
-            "(the current device when it was created)")));
+            "the buffers are on device " + std::to_string(away) +
+                ", but this communicator's collectives work on device " + std::to_string(home) +
+                " (the current device when it was created)")));
       } else {
         CHECK(all_ranks_true(
             no_throw([&] { comm.allreduce(other, other, n, DType::f32, ReduceOp::sum); })));
@@ -331,7 +497,7 @@ TEST_CASE("device buffers: bad arguments fail on every rank and leave the commun
       comm.set_stream(nullptr);
       rt().release(other);
       rt().destroy_stream(other_stream);
-      sim::set_device(0);
+      sim::set_device(home);
     }
   }
   // Usable afterwards, on device buffers.

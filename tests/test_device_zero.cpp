@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "build_config.hpp"
+#include "comm/backend.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
 #include "mpi_test.hpp"
@@ -176,7 +177,8 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     CHECK(all_ranks_true(throws_error<DeviceError>(
         [&] { ZeroRedundancyOptimizer opt(world(), params, Adam{}, {}); }, ErrorCode::wrong_device,
         "parameter 1 ('b'): its data buffer is in host memory but parameter 0 ('w')'s data "
-        "buffer is in CUDA device memory (device 0)")));
+        "buffer is in CUDA device memory (device " +
+            std::to_string(rt().current_device()) + ")")));
   }
   SECTION("device memory on some ranks, host memory on the others") {
     if (world_size() < 2) {
@@ -192,14 +194,16 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     if (rt().device_count() < 2) {
       SUCCEED("one simulated device");
     } else {
-      sim::set_device(1);
+      const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+      sim::set_device(away);
       void* other = rt().create_stream();
-      sim::set_device(0);
+      sim::set_device(home);
       ZeroOptions zo;
       zo.stream = other;
       CHECK(all_ranks_true(throws_error<DeviceError>(
           [&] { ZeroRedundancyOptimizer opt(world(), dev.params(), Adam{}, zo); },
-          ErrorCode::wrong_device, "ZeroOptions::stream belongs to device 1")));
+          ErrorCode::wrong_device,
+          "ZeroOptions::stream belongs to device " + std::to_string(away))));
       rt().destroy_stream(other);
     }
   }
@@ -222,12 +226,13 @@ TEST_CASE("device ZeRO: bad device arguments fail on every rank", "[device][zero
     rt().destroy_stream(s);
     if (rt().device_count() >= 2) {
       ZeroRedundancyOptimizer on_dev(world(), dev.params(), SGD{.lr = 0.5}, {});
-      sim::set_device(1);
+      const int home = rt().current_device(), away = (home + 1) % rt().device_count();
+      sim::set_device(away);
       void* other = rt().create_stream();
-      sim::set_device(0);
-      CHECK(all_ranks_true(throws_error<DeviceError>([&] { on_dev.grad_ready_on(other, 1); },
-                                                     ErrorCode::wrong_device,
-                                                     "the stream belongs to device 1")));
+      sim::set_device(home);
+      CHECK(all_ranks_true(throws_error<DeviceError>(
+          [&] { on_dev.grad_ready_on(other, 1); }, ErrorCode::wrong_device,
+          "the stream belongs to device " + std::to_string(away))));
       rt().destroy_stream(other);
       // Nothing was marked: a step reduces both gradients.
       dev.write_grads(0);
@@ -318,6 +323,33 @@ TEST_CASE("device ZeRO: memory_report says which bytes are on the device", "[dev
                          d.allocated() > 0));
     CHECK(all_ranks_true(d.device_bytes == d.allocated() && d.host_bytes == 0));
     CHECK(all_ranks_true(h.host_bytes == h.allocated() && h.device_bytes == 0));
+  }
+}
+
+TEST_CASE("device ZeRO: the optimizer makes at most one device communicator, at its first step",
+          "[device][zero]") {
+  // The engine's own communicator (its agreements, its control traffic)
+  // moves host buffers only: it makes no NCCL communicator (an
+  // ncclCommInitRank each). The user's communicator, which moves the
+  // gradients and parameters, makes at most one (where its transport is
+  // the device's own collectives; none where a freed communicator of the
+  // same ranks left one), whatever the stage and the step count.
+  for (int stage : {0, 1, 2}) {
+    Net dev(DType::f32, true);
+    const int before = detail::device_collectives_made();
+    int made = 0;
+    bool native = false;
+    {
+      Communicator comm(MPI_COMM_WORLD);
+      native = comm.device_backend_name() == std::string(rt().collectives_name());
+      ZeroRedundancyOptimizer opt(comm, dev.params(), Adam{.lr = 0.25}, {.stage = stage});
+      train(opt, dev, 0, 3);
+      rt().synchronize(nullptr);
+      made = detail::device_collectives_made() - before;
+    }
+    INFO("stage " << stage << ", " << (native ? "native" : "staged or mpi") << ": " << made
+                  << " made");
+    CHECK(all_ranks_true(made <= (native ? 1 : 0)));
   }
 }
 
@@ -495,12 +527,12 @@ TEST_CASE("device buffers: no rank has a device", "[.no-device-anywhere]") {
 }
 
 TEST_CASE("device buffers: ranks that share a device", "[.shared-device]") {
-  // Run with SHARDOPT_SIM_NAMED_DEVICES=1 (the devices named as NCCL's are)
-  // at 3 ranks or more, rank 2 on device 1, the others on device 0: ranks 0
-  // and 1 share theirs. auto takes MPI on the device buffers where every
-  // rank's MPI takes them (SHARDOPT_CUDA_AWARE_MPI=yes in one run), else
-  // the staged transport, and works; a forced nccl, which takes one device
-  // per rank, fails on every rank naming the two ranks and the device.
+  // Run at 3 ranks or more (the devices are named, as GPUs are), rank 2
+  // on device 1, the others on device 0: ranks 0 and 1 share theirs. auto
+  // takes MPI on the device buffers where every rank's MPI takes them
+  // (SHARDOPT_CUDA_AWARE_MPI=yes in one run), else the staged transport,
+  // and works; a forced nccl, which takes one device per rank, fails on
+  // every rank naming the two ranks and the device.
   sim::set_device(world_rank() == 2 ? 1 : 0);
   const bool aware = settings().cuda_aware_mpi == CudaAwareMpi::yes;
   Communicator comm(MPI_COMM_WORLD);

@@ -157,10 +157,16 @@ std::unique_ptr<Backend> make_mpi_host_backend(MPI_Comm comm, std::size_t max_ch
 std::unique_ptr<Backend> make_staged_backend(std::unique_ptr<Backend> host, MPI_Comm comm,
                                              DeviceRuntime* runtime, bool direct = false);
 
-// Host buffers through `host`; device buffers by `collectives`, the
-// device's own stream-ordered ones (lib/comm/native/).
-std::unique_ptr<Backend> make_native_backend(std::unique_ptr<Backend> host, DeviceRuntime* runtime,
-                                             std::unique_ptr<DeviceCollectives> collectives);
+// Host buffers through `host`; device buffers by the device's own
+// stream-ordered collectives (lib/comm/native/), made over `host`'s MPI
+// communicator on the first operation on device buffers (collective then,
+// as that operation is), on the device current now. A communicator that
+// never moves device buffers (the engine's agreements, control traffic)
+// never makes one: each is an ncclCommInitRank on a GPU.
+std::unique_ptr<Backend> make_native_backend(std::unique_ptr<Backend> host, DeviceRuntime* runtime);
+// How many of the device's own communicators (NCCL's) this process has
+// made so far.
+int device_collectives_made() noexcept;
 
 // Whether an operation on `bufs` (count elements each) is one on device
 // buffers of `rt` (false: host buffers, or nothing to move). Buffers in two

@@ -287,8 +287,7 @@ void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
   const bool mpi =
       !nccl && (choice == DeviceComm::mpi || (choice == DeviceComm::automatic && mpi_ok));
   if (nccl) {
-    auto collectives = rt->collectives(comm, backend_->max_chunk());
-    backend_ = detail::make_native_backend(std::move(backend_), rt, std::move(collectives));
+    backend_ = detail::make_native_backend(std::move(backend_), rt);
   } else {
     backend_ = detail::make_staged_backend(std::move(backend_), comm, rt, mpi);
   }

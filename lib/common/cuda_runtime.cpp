@@ -4,8 +4,14 @@
 #include "common/device_runtime.hpp"
 
 #if SHARDOPT_HAVE_CUDA
+#include <cuda.h>  // the driver API's types only: its functions are asked of the runtime
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/check.hpp"
@@ -30,6 +36,29 @@ namespace {
 
 cudaStream_t as_stream(StreamHandle s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t as_event(EventHandle e) { return static_cast<cudaEvent_t>(e); }
+
+// The driver's stream memory operation that makes a stream wait on a word
+// of memory, asked of the runtime (cudaGetDriverEntryPointByVersion), so
+// that shardopt links no libcuda: null where the driver has none.
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WaitValue32 driver_wait_value32() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<WaitValue32>(fn);
+}
+
+// How a stream waits on a host flag: the driver's stream memory operation
+// (the stream itself waits; no kernel occupies the device), else a
+// one-thread kernel that spins. A spinning kernel holds a stream slot, and
+// under CUDA's lazy module loading the first launch of another kernel can
+// wait for a context synchronization behind it.
+enum class FlagWait { unknown, memory_op, kernel };
 
 [[noreturn]] void out_of_memory(const char* kind, std::size_t bytes, const char* what) {
   throw_error(ErrorCode::out_of_memory,
@@ -166,13 +195,64 @@ class CudaRuntime final : public DeviceRuntime {
     void* dev = nullptr;
     SHARDOPT_CHECK_CUDA(cudaHostGetDevicePointer(&dev, const_cast<std::uint32_t*>(flag), 0),
                         "the device's address of a host flag");
+    if (flag_wait() == FlagWait::memory_op) {
+      // CU_STREAM_WAIT_VALUE_GEQ compares (int32_t)(*flag - value) >= 0:
+      // counters that wrap keep working.
+      const CUresult rc =
+          wait_value32_(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dev), value,
+                        CU_STREAM_WAIT_VALUE_GEQ);
+      if (rc == CUDA_SUCCESS) return;
+      if (rc != CUDA_ERROR_NOT_SUPPORTED)
+        throw_error(ErrorCode::cuda,
+                    "a stream waiting on a host flag (cuStreamWaitValue32): CUDA driver error " +
+                        std::to_string(static_cast<int>(rc)),
+                    "check the driver (nvidia-smi); SHARDOPT_DEBUG=INFO logs how streams wait",
+                    __FILE__, __LINE__);
+      flag_wait_ = FlagWait::kernel;
+      SHARDOPT_LOG(warn,
+                   "CUDA: the driver refuses stream memory operations; streams wait on "
+                   "host flags with a spinning kernel instead");
+    }
     launch_wait_flag(static_cast<const std::uint32_t*>(dev), value, as_stream(s));
+  }
+
+  // On CUDA the function runs on the host in stream order
+  // (cudaLaunchHostFunc), its translation the identity: it may wait and
+  // touch host memory, never device memory, and must not call CUDA.
+  void emulate(StreamHandle s, std::function<void(const Translate&)> f) override {
+    auto fn = std::make_unique<std::function<void(const Translate&)>>(std::move(f));
+    SHARDOPT_CHECK_CUDA(cudaLaunchHostFunc(
+                            as_stream(s),
+                            [](void* p) {
+                              std::unique_ptr<std::function<void(const Translate&)>> run(
+                                  static_cast<std::function<void(const Translate&)>*>(p));
+                              (*run)([](const void* q) { return const_cast<void*>(q); });
+                            },
+                            fn.get()),
+                        "a host function on a stream");
+    fn.release();  // the host function owns it now
   }
   void divide(void* buf, std::size_t count, DType t, int divisor, StreamHandle s) override {
     launch_divide(buf, count, t, divisor, as_stream(s));
   }
   void set_flag(std::uint32_t* flag, std::uint32_t value) noexcept override {
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+  }
+
+  // Decided once per process, at the first wait.
+  FlagWait flag_wait() {
+    std::call_once(flag_wait_chosen_, [this] {
+      wait_value32_ = driver_wait_value32();
+      const FlagWait w = wait_value32_ != nullptr ? FlagWait::memory_op : FlagWait::kernel;
+      flag_wait_ = w;
+      SHARDOPT_LOG(info,
+                   "CUDA: streams wait on host flags with "
+                       << (w == FlagWait::memory_op ? "the driver's stream memory operations "
+                                                      "(cuStreamWaitValue32)"
+                                                    : "a spinning kernel (the driver offers no "
+                                                      "cuStreamWaitValue32)"));
+    });
+    return flag_wait_.load();
   }
 
 #if SHARDOPT_HAVE_NCCL
@@ -193,6 +273,11 @@ class CudaRuntime final : public DeviceRuntime {
     return make_nccl_collectives(comm);  // NCCL takes any count
   }
 #endif
+
+ private:
+  std::once_flag flag_wait_chosen_;
+  std::atomic<FlagWait> flag_wait_{FlagWait::unknown};
+  WaitValue32 wait_value32_ = nullptr;
 };
 
 }  // namespace

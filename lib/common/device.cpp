@@ -34,12 +34,6 @@ DeviceRuntime* installed_runtime = nullptr;
 
 void install_device_runtime(DeviceRuntime* runtime) noexcept { installed_runtime = runtime; }
 
-void DeviceRuntime::emulate(StreamHandle, std::function<void(const Translate&)>) {
-  throw_error(ErrorCode::internal, std::string(name()) + " runs no emulated kernels",
-              "report this: a kernel meant for an emulated device reached a real one", __FILE__,
-              __LINE__);
-}
-
 std::unique_ptr<DeviceCollectives> DeviceRuntime::collectives(MPI_Comm, std::size_t) {
   return nullptr;
 }

@@ -131,6 +131,9 @@ class DeviceRuntime {
   // and agree first). max_chunk: the largest count one call of the
   // transport underneath may take.
   virtual bool has_collectives() const noexcept { return false; }
+  // What collectives() makes, as a Communicator names its transport:
+  // "nccl", "nccl (simulated)".
+  virtual const char* collectives_name() const noexcept { return "nccl"; }
   // For collectives that take one device per rank (NCCL): what names the
   // current device across the job (host and PCI bus id), so that ranks
   // sharing one can be found before they are given it; "" when that does
@@ -148,9 +151,12 @@ class DeviceRuntime {
   // Whether kernels run as host code on the streams (the simulated device)
   // rather than as CUDA kernels.
   virtual bool emulated() const noexcept { return false; }
-  // Emulated devices: enqueues f on s, f getting the translation of device
-  // addresses. f must not throw.
-  virtual void emulate(StreamHandle s, std::function<void(const Translate&)> f);
+  // Enqueues host code f on s, in stream order, f getting the translation
+  // of device addresses. An emulated device runs its kernels so; CUDA runs
+  // f as a host function (cudaLaunchHostFunc) with the identity for a
+  // translation: there f may wait or touch host memory, never device
+  // memory, and calls no CUDA. f must not throw.
+  virtual void emulate(StreamHandle s, std::function<void(const Translate&)> f) = 0;
 };
 
 // The process's device runtime: the simulated device when the program links

@@ -173,8 +173,11 @@ desync_case 2 1
 desync_case 3 0
 
 device_case() {  # RANKS STALL-RANK TRANSPORT
-  local n=$1 stall=$2 out="$tmp/device-$1-$2.out" rc took
-  SHARDOPT_DEVICE_COMM=$3 SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe \
+  local n=$1 stall=$2 out="$tmp/device-$1-$2.out" rc took per_rank=0
+  # NCCL takes a device per rank: each rank on a simulated device of its own.
+  [ "$3" = nccl ] && per_rank=1
+  SHARDOPT_SIM_DEVICES=$n SHARDOPT_SIM_DEVICE_PER_RANK=$per_rank SHARDOPT_DEVICE_COMM=$3 \
+    SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$mpiexec" -n "$n" --oversubscribe \
     "$device_program" stall "$stall" >"$out" 2>&1
   rc=$?
   ended_in_time "device ($3), $n ranks, rank $stall's device stalls" "$out" || return

@@ -1,6 +1,9 @@
-// gpu suite: device memory is recognised, and the host communicator refuses
-// it with a clear error instead of crashing inside MPI. Skips (exit 77, which
-// Meson reports as SKIP) when no CUDA device is visible.
+// gpu suite: device memory is recognised; the Communicator moves it (NCCL
+// at one rank, staged at more) with the host's results, avg included; the
+// optimizer refuses parameters and gradients split between the host and
+// the GPU, and managed memory, naming them; pinned host memory is host
+// memory. Skips (exit 77, which Meson reports as SKIP) when no CUDA device
+// is visible.
 #include <cuda_runtime.h>
 #include <mpi.h>
 
@@ -45,19 +48,31 @@ int main(int argc, char** argv) {
   check(shardopt::detail::locate(probe).kind == shardopt::detail::MemoryKind::host,
         "a stack array is host memory");
 
-  bool refused = false;
-  try {
-    comm.allreduce(dev, dev, n, shardopt::DType::f32, shardopt::ReduceOp::sum);
-  } catch (const shardopt::DeviceError& e) {
-    refused = e.code() == shardopt::ErrorCode::wrong_device &&
-              std::string(e.what()).find("CUDA device memory") != std::string::npos;
-    std::printf("  error: %s\n", e.what());
+  // Device buffers go through the device transport (NCCL at one rank),
+  // avg as the host computes it: a sum, then a division.
+  std::printf("  device buffers over %s\n", comm.device_backend_name());
+  for (const auto op : {shardopt::ReduceOp::sum, shardopt::ReduceOp::avg}) {
+    fill<<<(n + 255) / 256, 256>>>(dev, n, 1.0f);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    comm.allreduce(dev, dev, n, shardopt::DType::f32, op);
+    CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(comm.stream())));
+    std::vector<float> back(n);
+    CUDA_CHECK(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (int i = 0; i < n; ++i) {
+      const float want = op == shardopt::ReduceOp::sum
+                             ? (1.0f + float(i)) * float(comm.size())
+                             : (1.0f + float(i)) * float(comm.size()) / float(comm.size());
+      ok = ok && back[std::size_t(i)] == want;
+    }
+    check(ok, op == shardopt::ReduceOp::sum ? "an allreduce (sum) on device buffers"
+                                            : "an allreduce (avg) on device buffers, bitwise");
   }
-  check(refused, "the mpi-host backend refuses device buffers with a clear error");
 
   // The ZeRO optimizer checks every registered buffer at construction: a
-  // parameter or a gradient in device memory is a DeviceError naming the
-  // parameter, the buffer, its device and the host memory it needs.
+  // parameter whose data and gradient are in different memories is a
+  // DeviceError naming the parameter, both buffers and their memories.
   std::vector<float> host(n, 1.0f), host_grad(n, 0.0f);
   for (const bool grad_on_device : {false, true}) {
     const std::string name = grad_on_device ? "grad_on_gpu" : "data_on_gpu";
@@ -72,16 +87,38 @@ int main(int argc, char** argv) {
       shardopt::ZeroRedundancyOptimizer opt(comm, {p}, shardopt::SGD{}, shardopt::ZeroOptions{});
     } catch (const shardopt::DeviceError& e) {
       const std::string m = e.what();
-      named = m.find("'" + name + "'") != std::string::npos &&
-              m.find(grad_on_device ? "gradient buffer" : "data buffer") != std::string::npos &&
+      named = e.code() == shardopt::ErrorCode::wrong_device &&
+              m.find("'" + name + "'") != std::string::npos &&
+              m.find("gradient buffer is in") != std::string::npos &&
               m.find("CUDA device memory (device 0)") != std::string::npos &&
-              m.find("host memory") != std::string::npos;
+              m.find("host memory") != std::string::npos &&
+              m.find("must be in the same memory") != std::string::npos;
       std::printf("  error: %s\n", e.what());
     }
     check(named, grad_on_device
-                     ? "ZeroRedundancyOptimizer refuses a gradient on the GPU, naming it"
-                     : "ZeroRedundancyOptimizer refuses parameters on the GPU, naming them");
+                     ? "ZeroRedundancyOptimizer refuses a gradient on the GPU for host data"
+                     : "ZeroRedundancyOptimizer refuses a host gradient for data on the GPU");
   }
+  // Managed memory: the device may write it while the host reads it.
+  float* managed = nullptr;
+  CUDA_CHECK(cudaMallocManaged(&managed, 2 * n * sizeof(float)));
+  {
+    shardopt::Param p{.name = "managed",
+                      .data = managed,
+                      .numel = static_cast<std::size_t>(n),
+                      .dtype = shardopt::DType::f32,
+                      .grad = managed + n,
+                      .group = 0};
+    bool named = false;
+    try {
+      shardopt::ZeroRedundancyOptimizer opt(comm, {p}, shardopt::SGD{}, shardopt::ZeroOptions{});
+    } catch (const shardopt::DeviceError& e) {
+      named = std::string(e.what()).find("CUDA managed memory") != std::string::npos;
+      std::printf("  error: %s\n", e.what());
+    }
+    check(named, "ZeroRedundancyOptimizer refuses managed memory, naming it");
+  }
+  CUDA_CHECK(cudaFree(managed));
 
   float* pinned = nullptr;
   CUDA_CHECK(cudaMallocHost(&pinned, n * sizeof(float)));

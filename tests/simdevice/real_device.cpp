@@ -37,4 +37,10 @@ void fail_collective_after(int n) {
         "tag the test [sim-only]");
 }
 
+void clear_sticky_error() {
+  throw std::logic_error(
+      "sim::clear_sticky_error: a GPU's context cannot be reset after an illegal address; tag "
+      "the test [sim-only]");
+}
+
 }  // namespace shardopt::sim

@@ -18,11 +18,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm/backend.hpp"
 #include "comm/mpi/mpi_types.hpp"
 #include "common/check.hpp"
+#include "shardopt/half.hpp"
 
 namespace shardopt::sim {
 
@@ -35,6 +37,7 @@ using detail::StreamHandle;
 
 constexpr std::size_t kDeviceSpan = std::size_t(16) << 30;  // address space per device
 constexpr std::size_t kAlign = 256;
+constexpr std::size_t kDefaultDelayUs = 5;  // SHARDOPT_SIM_DELAY_US unset
 
 std::size_t env_size(const char* name, std::size_t fallback) {
   const char* v = std::getenv(name);
@@ -42,7 +45,20 @@ std::size_t env_size(const char* name, std::size_t fallback) {
   return static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
 }
 
+// The calling thread's device, and whether the thread chose it: a thread
+// that never did works on device 0, as CUDA's do (and makes a context
+// there on a GPU).
 thread_local int current = 0;
+thread_local bool chosen = false;
+
+// The rank's place on its node, as the launcher says (Open MPI, Slurm,
+// MPICH/Hydra); 0 when none says.
+std::size_t local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+    if (const char* s = std::getenv(v); s != nullptr && *s != '\0')
+      return static_cast<std::size_t>(std::strtoull(s, nullptr, 10));
+  return 0;
+}
 
 // An event is its latest record (as CUDA's: waits and queries refer to the
 // record made last before them, whichever stream completes first).
@@ -50,6 +66,8 @@ struct Record {
   bool done = false;  // under the event's mutex
 };
 struct Event {
+  explicit Event(int d) : device(d) {}
+  const int device;  // the device current when it was made
   std::mutex mu;
   std::condition_variable cv;
   std::shared_ptr<Record> latest;  // null: never recorded
@@ -129,7 +147,8 @@ class SimDevice final : public detail::DeviceRuntime {
  public:
   SimDevice() {
     devices_ = static_cast<int>(std::clamp<std::size_t>(env_size("SHARDOPT_SIM_DEVICES", 1), 1, 8));
-    max_delay_ = static_cast<unsigned>(env_size("SHARDOPT_SIM_DELAY_US", 0));
+    // Delays by default: a run without them would let a missing wait pass.
+    max_delay_ = static_cast<unsigned>(env_size("SHARDOPT_SIM_DELAY_US", kDefaultDelayUs));
     if (max_delay_ > 0) {
       seed_ = env_size("SHARDOPT_SIM_SEED", 0);
       if (seed_ == 0) seed_ = std::random_device{}() | 1u;
@@ -155,6 +174,13 @@ class SimDevice final : public detail::DeviceRuntime {
     free_.resize(std::size_t(devices_));
     for (int d = 0; d < devices_; ++d) free_[std::size_t(d)][0] = kDeviceSpan;
     for (int d = 0; d < devices_; ++d) default_.push_back(new_stream(d));
+    // SHARDOPT_SIM_DEVICE_PER_RANK=1: the process starts on its local
+    // rank's device, as a job whose ranks each call cudaSetDevice(local
+    // rank) first (this constructor runs on the main thread, before main).
+    if (env_size("SHARDOPT_SIM_DEVICE_PER_RANK", 0) != 0) {
+      current = static_cast<int>(local_rank() % std::size_t(devices_));
+      chosen = true;
+    }
   }
 
   const char* name() const noexcept override { return "simulated device"; }
@@ -166,9 +192,13 @@ class SimDevice final : public detail::DeviceRuntime {
     return {MemoryKind::device, static_cast<int>(std::size_t(c - base_) / kDeviceSpan)};
   }
   int current_device() const override { return current; }
-  void set_current_device(int d) override { current = d; }
+  void set_current_device(int d) override {
+    current = d;
+    chosen = true;
+  }
 
   void* allocate(std::size_t bytes, const char* what) override {
+    raise_sticky();
     if (bytes == 0) return nullptr;
     const std::size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
     const int d = current;
@@ -260,12 +290,16 @@ class SimDevice final : public detail::DeviceRuntime {
   int stream_device(StreamHandle s) const override {
     return s == nullptr ? current : static_cast<Stream*>(s)->device();
   }
-  void synchronize(StreamHandle s) override { stream(s).synchronize(); }
+  void synchronize(StreamHandle s) override {
+    stream(s).synchronize();
+    raise_sticky();
+  }
 
   // Events live on while queued operations use them, as CUDA's do after
   // cudaEventDestroy.
   EventHandle create_event() override {
-    auto ev = std::make_shared<Event>();
+    raise_sticky();
+    auto ev = std::make_shared<Event>(current);
     std::lock_guard<std::mutex> lock(events_mu_);
     events_[ev.get()] = ev;
     return ev.get();
@@ -304,14 +338,21 @@ class SimDevice final : public detail::DeviceRuntime {
   }
   bool query(EventHandle e) override {
     std::shared_ptr<Event> ev = event(e);
-    std::lock_guard<std::mutex> lock(ev->mu);
-    return ev->latest == nullptr || ev->latest->done;
+    bool done;
+    {
+      std::lock_guard<std::mutex> lock(ev->mu);
+      done = ev->latest == nullptr || ev->latest->done;
+    }
+    if (done) raise_sticky();
+    return done;
   }
   void synchronize_event(EventHandle e) override {
     std::shared_ptr<Event> ev = event(e);
     std::unique_lock<std::mutex> lock(ev->mu);
     const std::shared_ptr<Record> r = ev->latest;
     if (r != nullptr) ev->cv.wait(lock, [&] { return r->done; });
+    lock.unlock();
+    raise_sticky();
   }
 
   void copy(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
@@ -361,27 +402,68 @@ class SimDevice final : public detail::DeviceRuntime {
   }
 
   bool has_collectives() const noexcept override { return true; }
+  const char* collectives_name() const noexcept override { return "nccl (simulated)"; }
   std::unique_ptr<detail::DeviceCollectives> collectives(MPI_Comm comm,
                                                          std::size_t max_chunk) override;
-  // The simulated collectives take any number of ranks per device; with
-  // SHARDOPT_SIM_NAMED_DEVICES=1 the devices are named as NCCL's must be,
-  // so that ranks on the same device number count as sharing it (the job
-  // is one host).
+  // Named as a GPU's are (the job is one host): ranks on the same device
+  // number share it, and the device's own collectives refuse them, as
+  // NCCL's do. SHARDOPT_SIM_NAMED_DEVICES=0 leaves the devices unnamed:
+  // the simulated collectives take any number of ranks per device.
   std::string device_identity() const override {
-    if (env_size("SHARDOPT_SIM_NAMED_DEVICES", 0) == 0) return {};
+    if (env_size("SHARDOPT_SIM_NAMED_DEVICES", 1) == 0) return {};
     return "simulated device " + std::to_string(current);
   }
 
   bool emulated() const noexcept override { return true; }
+  // MPI reaches host memory of any kind itself.
   void* mpi_view(const void* p) const noexcept override { return translate(p); }
   void divide(void* buf, std::size_t count, DType t, int divisor, StreamHandle s) override {
     stream(s).enqueue([this, buf, count, t, divisor] {
-      detail::divide_elements(translate(buf), count, t, divisor);
+      detail::divide_elements(reach(buf, "the division of avg"), count, t, divisor);
     });
   }
   void emulate(StreamHandle s, std::function<void(const detail::Translate&)> f) override {
-    stream(s).enqueue(
-        [this, f = std::move(f)] { f([this](const void* p) -> void* { return translate(p); }); });
+    stream(s).enqueue([this, f = std::move(f)] {
+      f([this](const void* p) -> void* { return reach(p, "a kernel"); });
+    });
+  }
+
+  // What a kernel or collective running on the device reaches at p: device
+  // memory through the worker's view, pinned host memory as it is (mapped
+  // for the device). Pageable host memory a GPU cannot reach: the access is
+  // an illegal address there, which poisons the context; here it sets the
+  // same sticky error, and every later call of the runtime throws it.
+  char* reach(const void* p, const char* who) {
+    if (p != nullptr && is_pageable(p)) {
+      std::lock_guard<std::mutex> lock(sticky_mu_);
+      if (sticky_.empty()) {
+        char where[32];
+        std::snprintf(where, sizeof where, "%p", p);
+        sticky_ = std::string(who) + " on the device was given pageable host memory (" + where +
+                  "), which a GPU cannot reach: an illegal address there";
+      }
+    }
+    return translate(p);
+  }
+  // Throws the sticky error, if a kernel or collective has set one: as on
+  // a GPU after an illegal address, every later call fails with it.
+  void raise_sticky() {
+    std::string e;
+    {
+      std::lock_guard<std::mutex> lock(sticky_mu_);
+      e = sticky_;
+    }
+    if (!e.empty())
+      detail::throw_error(ErrorCode::cuda, "simulated device: " + e,
+                          "pass device memory or pinned host memory (allocate_pinned) to work "
+                          "that runs on the device; the device is unusable after this error, "
+                          "as a GPU's context is",
+                          __FILE__, __LINE__);
+  }
+  // Tests of the simulated device only: forgets the sticky error.
+  void clear_sticky() {
+    std::lock_guard<std::mutex> lock(sticky_mu_);
+    sticky_.clear();
   }
 
   // The worker's view of p.
@@ -390,20 +472,46 @@ class SimDevice final : public detail::DeviceRuntime {
     if (c >= base_ && c < base_ + kDeviceSpan * std::size_t(devices_)) return alias_ + (c - base_);
     return const_cast<char*>(c);
   }
+  // s (null: the calling thread's device's default stream), checked as a
+  // GPU would need: the thread works on the stream's device.
   Stream& stream(StreamHandle s) {
-    return s == nullptr ? *default_[std::size_t(current)] : *static_cast<Stream*>(s);
+    raise_sticky();
+    if (s == nullptr) return *default_[std::size_t(current)];
+    Stream& st = *static_cast<Stream*>(s);
+    check_thread(st.device(), "a stream");
+    return st;
   }
   std::uint64_t seed() const noexcept { return max_delay_ > 0 ? seed_ : 0; }
 
  private:
   std::shared_ptr<Event> event(EventHandle e) {
-    std::lock_guard<std::mutex> lock(events_mu_);
-    const auto it = events_.find(static_cast<Event*>(e));
-    if (it == events_.end()) {
-      std::fprintf(stderr, "simulated device: use of event %p, which does not exist\n", e);
-      std::abort();
+    std::shared_ptr<Event> ev;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      const auto it = events_.find(static_cast<Event*>(e));
+      if (it == events_.end()) {
+        std::fprintf(stderr, "simulated device: use of event %p, which does not exist\n", e);
+        std::abort();
+      }
+      ev = it->second;
     }
-    return it->second;
+    check_thread(ev->device, "an event");
+    return ev;
+  }
+  // A thread that never chose its device works on device 0: on a node with
+  // several GPUs, a helper thread (a progress thread, a worker) that forgot
+  // to choose makes a context on GPU 0 and puts its work there. Here its
+  // use of another device's stream or event is that error.
+  static void check_thread(int device, const char* what) {
+    if (chosen || device == 0) return;
+    detail::throw_error(
+        ErrorCode::cuda,
+        std::string("simulated device: ") + what + " of device " + std::to_string(device) +
+            " used by a thread that never chose its device (it works on device 0, and on a GPU "
+            "makes a context there)",
+        "call set_current_device (cudaSetDevice) in every thread that calls the device "
+        "runtime, before its first call",
+        __FILE__, __LINE__);
   }
   Stream* new_stream(int device) {
     std::lock_guard<std::mutex> lock(streams_mu_);
@@ -443,6 +551,8 @@ class SimDevice final : public detail::DeviceRuntime {
 
   int devices_ = 1;
   unsigned max_delay_ = 0;
+  std::mutex sticky_mu_;
+  std::string sticky_;
   std::uint64_t seed_ = 1;
   char* base_ = nullptr;
   char* alias_ = nullptr;
@@ -484,33 +594,47 @@ class SimCollectives final : public detail::DeviceCollectives {
 
   const char* name() const noexcept override { return "nccl (simulated)"; }
 
+  // avg as NCCL computes it for floating types (ncclAvg): each rank's
+  // input multiplied by 1/n first, then summed, which is not bitwise the
+  // host transports' sum-then-divide. shardopt never asks for it (it sums,
+  // then divides on the stream); a caller that did would see NCCL's result.
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                  StreamHandle s) override {
-    enqueue("allreduce", s, [=](SimDevice& d, detail::Backend& w) {
+    enqueue("allreduce", s, [=, this](SimDevice& d, detail::Backend& w) {
+      std::vector<char> scaled;
+      const void* in = premultiplied(d.reach(send, "a collective"), count, dtype, op, scaled);
       detail::complete_yielding(
-          w.allreduce(d.translate(send), d.translate(recv), count, dtype, op, false, nullptr));
+          w.allreduce(in, d.reach(recv, "a collective"), count, dtype, summed(op), false, nullptr));
     });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                       StreamHandle s) override {
     const auto place = recv == block(send, count, dtype) ? detail::ScatterPlace::at_own_block
                                                          : detail::ScatterPlace::separate;
-    enqueue("reduce_scatter", s, [=](SimDevice& d, detail::Backend& w) {
-      detail::complete_yielding(w.reduce_scatter(d.translate(send), d.translate(recv), count, dtype,
-                                                 op, place, false, nullptr));
+    enqueue("reduce_scatter", s, [=, this](SimDevice& d, detail::Backend& w) {
+      std::vector<char> scaled;
+      const std::size_t all = count * std::size_t(w.size());
+      void* out = d.reach(recv, "a collective");
+      const void* in = premultiplied(d.reach(send, "a collective"), all, dtype, op, scaled);
+      // A premultiplied copy is a separate input.
+      const auto where = in != d.translate(send) ? detail::ScatterPlace::separate : place;
+      detail::complete_yielding(
+          w.reduce_scatter(in, out, count, dtype, summed(op), where, false, nullptr));
     });
   }
   void allgather(const void* send, void* recv, std::size_t count, DType dtype,
                  StreamHandle s) override {
     const bool in_place = send == block(recv, count, dtype);
     enqueue("allgather", s, [=](SimDevice& d, detail::Backend& w) {
-      detail::complete_yielding(w.allgather(d.translate(send), d.translate(recv), count, dtype,
-                                            in_place, false, nullptr));
+      detail::complete_yielding(w.allgather(d.reach(send, "a collective"),
+                                            d.reach(recv, "a collective"), count, dtype, in_place,
+                                            false, nullptr));
     });
   }
   void broadcast(void* buf, std::size_t count, DType dtype, int root, StreamHandle s) override {
     enqueue("broadcast", s, [=](SimDevice& d, detail::Backend& w) {
-      detail::complete_yielding(w.broadcast(d.translate(buf), count, dtype, root, false, nullptr));
+      detail::complete_yielding(
+          w.broadcast(d.reach(buf, "a collective"), count, dtype, root, false, nullptr));
     });
   }
 
@@ -542,6 +666,46 @@ class SimCollectives final : public detail::DeviceCollectives {
   }
 
  private:
+  static ReduceOp summed(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+  // For avg: n elements of `in` times 1/size() in `scaled`, rounded to the
+  // dtype as NCCL's pre-multiplication rounds; for other ops `in` itself.
+  const void* premultiplied(const void* in, std::size_t n, DType t, ReduceOp op,
+                            std::vector<char>& scaled) const {
+    if (op != ReduceOp::avg) return in;
+    scaled.resize(n * dtype_size(t));
+    const int size = wire_->size();
+    auto each = [&](auto tag, auto scale) {
+      using T = decltype(tag);
+      const T* x = static_cast<const T*>(in);
+      T* y = reinterpret_cast<T*>(scaled.data());
+      for (std::size_t k = 0; k < n; ++k) {
+        if constexpr (std::is_same_v<T, bfloat16>)
+          y[k] = bf16_from_float(to_float(x[k]) * scale);
+        else if constexpr (std::is_same_v<T, float16>)
+          y[k] = f16_from_float(to_float(x[k]) * scale);
+        else
+          y[k] = static_cast<T>(x[k] * scale);
+      }
+    };
+    switch (t) {
+      case DType::f64:
+        each(double{}, 1.0 / size);
+        break;
+      case DType::f32:
+        each(float{}, 1.0f / static_cast<float>(size));
+        break;
+      case DType::bf16:
+        each(bfloat16{}, 1.0f / static_cast<float>(size));
+        break;
+      case DType::f16:
+        each(float16{}, 1.0f / static_cast<float>(size));
+        break;
+      default:
+        return in;  // integers: avg of integers is refused before it gets here
+    }
+    return scaled.data();
+  }
+
   const void* block(const void* p, std::size_t count, DType dtype) const {
     return static_cast<const char*>(p) + std::size_t(wire_->rank()) * count * dtype_size(dtype);
   }
@@ -627,17 +791,13 @@ void set_device(int d) {
                         "set_device(" + std::to_string(d) + "): the simulated device has " +
                             std::to_string(device().device_count()) + " device(s)",
                         "set SHARDOPT_SIM_DEVICES", __FILE__, __LINE__);
-  current = d;
-}
-
-void launch(StreamHandle s, std::function<void(const std::function<void*(const void*)>&)> f) {
-  SimDevice& d = device();
-  d.stream(s).enqueue(
-      [&d, f = std::move(f)] { f([&d](const void* p) -> void* { return d.translate(p); }); });
+  device().set_current_device(d);
 }
 
 std::uint64_t delay_seed() { return device().seed(); }
 
 void fail_collective_after(int n) { collectives_to_fail_after = n; }
+
+void clear_sticky_error() { device().clear_sticky(); }
 
 }  // namespace shardopt::sim

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -129,6 +130,78 @@ void streams_events_and_flags() {
   rt().release(b);
 }
 
+// What a GPU refuses, refused here too: a kernel that reaches pageable host
+// memory (an illegal address on a GPU, a sticky error every later call
+// returns), and a thread that never chose its device using another
+// device's stream (on a GPU it works on, and makes a context on, device 0).
+void what_a_gpu_refuses() {
+  std::vector<float> pageable(64, 1.0f);
+  float* pinned = static_cast<float*>(rt().allocate_pinned(64 * 4, "pinned"));
+  void* s = rt().create_stream();
+  float seen = 0.0f;
+  pinned[0] = 2.0f;
+  rt().emulate(s, [&](const shardopt::detail::Translate& tr) {
+    seen = *shardopt::detail::translated(pinned, tr);  // pinned memory is mapped: fine
+  });
+  rt().synchronize(s);
+  check(seen == 2.0f, "a kernel reaches pinned host memory");
+
+  rt().emulate(s, [&](const shardopt::detail::Translate& tr) {
+    seen = *shardopt::detail::translated(pageable.data(), tr);
+  });
+  bool threw = false;
+  try {
+    rt().synchronize(s);
+  } catch (const shardopt::Error& err) {
+    threw = err.code() == shardopt::ErrorCode::cuda &&
+            std::strstr(err.what(), "pageable host memory") != nullptr;
+  }
+  check(threw, "a kernel given pageable host memory fails at the next synchronization");
+  threw = false;
+  try {
+    rt().zero(pinned, 4, s);
+  } catch (const shardopt::Error& err) {
+    threw = std::strstr(err.what(), "pageable host memory") != nullptr;
+  }
+  check(threw, "the error is sticky: the next call fails with it too");
+  shardopt::sim::clear_sticky_error();
+
+  if (rt().device_count() >= 2) {
+    shardopt::sim::set_device(1);
+    void* on1 = rt().create_stream();
+    shardopt::sim::set_device(0);
+    std::string error;
+    std::thread helper([&] {  // never chooses its device
+      try {
+        rt().zero(pinned, 4, on1);
+      } catch (const shardopt::Error& err) {
+        error = err.what();
+      }
+    });
+    helper.join();
+    check(error.find("never chose its device") != std::string::npos,
+          "a thread that never chose its device cannot use device 1's stream");
+    error.clear();
+    std::thread chooser([&] {
+      try {
+        shardopt::sim::set_device(1);
+        rt().zero(pinned, 4, on1);
+        rt().synchronize(on1);
+      } catch (const shardopt::Error& err) {
+        error = err.what();
+      }
+    });
+    chooser.join();
+    if (!error.empty()) std::printf("  %s\n", error.c_str());
+    check(error.empty(), "a thread that chose device 1 uses its stream");
+    rt().destroy_stream(on1);
+  } else {
+    std::printf("skip: one device (SHARDOPT_SIM_DEVICES=2 checks the threads)\n");
+  }
+  rt().destroy_stream(s);
+  rt().release_pinned(pinned);
+}
+
 }  // namespace
 
 int main() {
@@ -136,6 +209,7 @@ int main() {
               static_cast<unsigned long long>(shardopt::sim::delay_seed()));
   host_cannot_touch_device_memory();
   streams_events_and_flags();
+  what_a_gpu_refuses();
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -9,8 +9,30 @@
 // blocking one waits for that event on the host. The forms NCCL does not
 // have are made of those it has: the MPI-style in-place reduce-scatter
 // (result at the start of the buffer) reduces in place into this rank's
-// block, then moves the block to the start on the same stream.
+// block, then moves the block to the start on the same stream. avg is a
+// sum, then a division on the stream, as the host transports compute it:
+// NCCL's own avg multiplies each input by 1/n first, which is not bitwise
+// the same.
+//
+// The device's collectives (an NCCL communicator) are made on the first
+// operation on device buffers, not with the Communicator: most
+// communicators (the engine's agreements, a user's host traffic) never
+// move device buffers, and each NCCL communicator costs an
+// ncclCommInitRank and device memory. A communicator freed without a
+// failure leaves its device communicator to the next one over the same
+// ranks and device (the ranks agree on both steps), so a program that makes
+// and frees communicators over the same ranks, as test suites and
+// checkpoint tools do, sets NCCL up once per group.
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "comm/backend.hpp"
 #include "common/check.hpp"
@@ -19,6 +41,76 @@
 namespace shardopt::detail {
 
 namespace {
+
+std::atomic<int> g_collectives_made{0};
+
+// Device communicators left by freed shardopt communicators, each with its
+// group's key and a number that every rank of the group gave it alike
+// (entries of one key are added in the same order on every rank: only by
+// the collective free() after all ranks agreed). Never destroyed: NCCL's
+// communicators need not be before the process ends.
+class Spares {
+ public:
+  // At most this many are kept; a free() past it releases its own.
+  static constexpr std::size_t kMax = 8;
+
+  // The newest spare of `key` (null if none) and its number.
+  std::unique_ptr<DeviceCollectives> take(const std::string& key, std::int64_t& number) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = spares_.rbegin(); it != spares_.rend(); ++it) {
+      if (it->key != key) continue;
+      std::unique_ptr<DeviceCollectives> c = std::move(it->coll);
+      number = it->number;
+      spares_.erase(std::next(it).base());
+      return c;
+    }
+    number = -1;
+    return nullptr;
+  }
+  bool room() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return spares_.size() < kMax;
+  }
+  void put(const std::string& key, std::unique_ptr<DeviceCollectives> c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spares_.push_back({key, next_[key]++, std::move(c)});
+  }
+
+ private:
+  struct Spare {
+    std::string key;
+    std::int64_t number;
+    std::unique_ptr<DeviceCollectives> coll;
+  };
+  std::mutex mu_;
+  std::deque<Spare> spares_;
+  std::map<std::string, std::int64_t> next_;
+};
+
+Spares& spares() {
+  static Spares* const s = new Spares;  // outlives every static destructor
+  return *s;
+}
+
+// Which ranks of MPI_COMM_WORLD `comm` holds, in its order, and the device:
+// two communicators of the same key can share a device communicator.
+std::string group_key(MPI_Comm comm, int device) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  int n = 0;
+  SHARDOPT_CHECK_MPI(MPI_Comm_group(comm, &group), "the communicator's group");
+  SHARDOPT_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world), "the world's group");
+  SHARDOPT_CHECK_MPI(MPI_Group_size(group, &n), "the group's size");
+  std::vector<int> mine(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) mine[static_cast<std::size_t>(r)] = r;
+  SHARDOPT_CHECK_MPI(MPI_Group_translate_ranks(group, n, mine.data(), world, in_world.data()),
+                     "the group's ranks in MPI_COMM_WORLD");
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  std::ostringstream key;
+  key << "device " << device << ":";
+  for (int w : in_world) key << ' ' << w;
+  return key.str();
+}
 
 class NativePending final : public PendingOp {
  public:
@@ -48,22 +140,33 @@ class NativePending final : public PendingOp {
 
 class NativeBackend final : public DeviceBackend {
  public:
-  NativeBackend(std::unique_ptr<Backend> host, DeviceRuntime* rt,
-                std::unique_ptr<DeviceCollectives> coll)
-      : DeviceBackend(std::move(host)),
-        rt_(rt),
-        coll_(std::move(coll)),
-        device_(rt->current_device()) {
-    SHARDOPT_LOG(info,
-                 "Communicator: device buffers by " << coll_->name() << " on " << rt_->name());
+  NativeBackend(std::unique_ptr<Backend> host, DeviceRuntime* rt)
+      : DeviceBackend(std::move(host)), rt_(rt), device_(rt->current_device()) {
+    SHARDOPT_LOG(info, "Communicator: device buffers by the device's own collectives on "
+                           << rt_->name() << " (made at the first operation on them)");
   }
 
-  const char* device_name() const noexcept override { return coll_->name(); }
+  const char* device_name() const noexcept override { return rt_->collectives_name(); }
   bool accepts(const MemoryLocation& where) const noexcept override {
     return where.kind == MemoryKind::host || where.kind == MemoryKind::device;
   }
+  // Collective. A device communicator that saw no failure on any rank is
+  // kept for the next communicator over the same ranks and device.
   void free() override {
-    if (!host_->freed()) coll_->free();
+    if (!host_->freed() && coll_) {
+      int keep = spares().room() ? 1 : 0;
+      try {
+        coll_->check("free");
+      } catch (const Error&) {
+        keep = 0;
+      }
+      SHARDOPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &keep, 1, MPI_INT, MPI_MIN, host_->mpi_comm()),
+                         "agreeing to keep the device communicator");
+      if (keep)
+        spares().put(key_, std::move(coll_));
+      else
+        coll_->free();
+    }
     host_->free();
     claim_.release();
   }
@@ -72,7 +175,8 @@ class NativeBackend final : public DeviceBackend {
                                        ReduceOp op, bool blocking, StreamHandle s) override {
     if (!on_device("allreduce", {send, recv}, count, s))
       return host_->allreduce(send, recv, count, dtype, op, blocking, s);
-    coll_->allreduce(send, recv, count, dtype, op, s);
+    coll_->allreduce(send, recv, count, dtype, summed(op), s);
+    if (op == ReduceOp::avg) rt_->divide(recv, count, dtype, size(), s);
     return finish("allreduce", blocking, s);
   }
 
@@ -81,14 +185,12 @@ class NativeBackend final : public DeviceBackend {
                                             bool blocking, StreamHandle s) override {
     if (!on_device("reduce_scatter", {send, recv}, count, s))
       return host_->reduce_scatter(send, recv, count, dtype, op, place, blocking, s);
-    if (place != ScatterPlace::at_start) {
-      coll_->reduce_scatter(send, recv, count, dtype, op, s);
-    } else {
-      const std::size_t bytes = count * dtype_size(dtype);
-      char* own = static_cast<char*>(recv) + std::size_t(rank()) * bytes;
-      coll_->reduce_scatter(send, own, count, dtype, op, s);
-      if (own != recv) rt_->copy(recv, own, bytes, s);
-    }
+    const std::size_t bytes = count * dtype_size(dtype);
+    char* out = static_cast<char*>(recv) +
+                (place == ScatterPlace::at_start ? std::size_t(rank()) * bytes : 0);
+    coll_->reduce_scatter(send, out, count, dtype, summed(op), s);
+    if (op == ReduceOp::avg) rt_->divide(out, count, dtype, size(), s);
+    if (out != recv) rt_->copy(recv, out, bytes, s);
     return finish("reduce_scatter", blocking, s);
   }
 
@@ -124,9 +226,46 @@ class NativeBackend final : public DeviceBackend {
                   "creating the Communicator, one Communicator per device; or use the staged "
                   "transport (SHARDOPT_DEVICE_COMM=staged), which takes any device",
                   __FILE__, __LINE__);
+    if (!coll_) make_collectives();
     coll_->check(op);  // an earlier collective's failure stops this one
     return true;
   }
+
+  // Collective: every rank reaches its first operation on device buffers
+  // in the same call. A spare of the same ranks and device that every rank
+  // has, with the same number, is taken; else one is made, on device_,
+  // whatever the calling thread's current device.
+  void make_collectives() {
+    key_ = group_key(host_->mpi_comm(), device_);
+    std::int64_t number = -1;
+    std::unique_ptr<DeviceCollectives> spare = spares().take(key_, number);
+    std::int64_t span[2] = {number, -number};  // the minimum and (negated) the maximum
+    SHARDOPT_CHECK_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, span, 2, MPI_INT64_T, MPI_MIN, host_->mpi_comm()),
+        "agreeing on a spare device communicator");
+    if (spare && span[0] == number && -span[1] == number) {
+      coll_ = std::move(spare);
+      SHARDOPT_LOG(info, "Communicator of " << size() << " ranks: " << coll_->name()
+                                            << " communicator of these ranks reused");
+      return;
+    }
+    spare.reset();  // not every rank has it: released here (locally), as on every rank
+    const int current = rt_->current_device();
+    if (current != device_) rt_->set_current_device(device_);
+    try {
+      coll_ = rt_->collectives(host_->mpi_comm(), host_->max_chunk());
+    } catch (...) {
+      if (current != device_) rt_->set_current_device(current);
+      throw;
+    }
+    if (current != device_) rt_->set_current_device(current);
+    const int made = g_collectives_made.fetch_add(1) + 1;
+    SHARDOPT_LOG(info, "Communicator of " << size() << " ranks: " << coll_->name()
+                                          << " communicator made on device " << device_
+                                          << " (this process's " << made << ")");
+  }
+
+  static ReduceOp summed(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
 
   std::unique_ptr<PendingOp> finish(const char* op, bool blocking, StreamHandle s) {
     EventHandle done = rt_->create_event();
@@ -140,15 +279,18 @@ class NativeBackend final : public DeviceBackend {
 
   DeviceRuntime* rt_;
   std::unique_ptr<DeviceCollectives> coll_;
-  int device_;  // the device the collectives were made for
+  std::string key_;  // group_key() of coll_
+  int device_;       // the device the collectives were made for
   TransportClaim claim_{DeviceTransport::nccl};
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_native_backend(std::unique_ptr<Backend> host, DeviceRuntime* runtime,
-                                             std::unique_ptr<DeviceCollectives> collectives) {
-  return std::make_unique<NativeBackend>(std::move(host), runtime, std::move(collectives));
+std::unique_ptr<Backend> make_native_backend(std::unique_ptr<Backend> host,
+                                             DeviceRuntime* runtime) {
+  return std::make_unique<NativeBackend>(std::move(host), runtime);
 }
+
+int device_collectives_made() noexcept { return g_collectives_made.load(); }
 
 }  // namespace shardopt::detail

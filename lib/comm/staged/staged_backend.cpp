@@ -109,8 +109,13 @@ class Progress {
     std::uint32_t seq;
   };
 
-  void start(std::uint32_t* flag) {
+  // device: the one the backend's streams and events are on, which the
+  // thread makes its own before its first call of the runtime (a thread
+  // starts on device 0: on a node with several GPUs it would otherwise make
+  // a context there and wait on the wrong device's events).
+  void start(std::uint32_t* flag, int device) {
     flag_ = flag;
+    device_ = device;
     thread_ = std::thread([this] { run(); });
   }
   void stop() noexcept {
@@ -157,6 +162,12 @@ class Progress {
 
  private:
   void run() {
+    try {
+      rt_->set_current_device(device_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+    }
     for (;;) {
       Job job;
       {
@@ -185,6 +196,7 @@ class Progress {
 
   DeviceRuntime* rt_;
   std::uint32_t* flag_ = nullptr;
+  int device_ = 0;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -437,7 +449,7 @@ class StagedBackend final : public DeviceBackend {
       slot_free_[k] = rt_->create_event();
     }
     flag_ = rt_->allocate_flags(1);
-    progress_.start(flag_);
+    progress_.start(flag_, rt_->current_device());
     started_ = true;
     SHARDOPT_LOG(info, "Communicator: device buffers "
                            << (direct_ ? "moved by MPI itself, 16-bit reductions " : "")
