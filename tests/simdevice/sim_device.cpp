@@ -603,8 +603,15 @@ class SimCollectives final : public detail::DeviceCollectives {
     enqueue("allreduce", s, [=, this](SimDevice& d, detail::Backend& w) {
       std::vector<char> scaled;
       const void* in = premultiplied(d.reach(send, "a collective"), count, dtype, op, scaled);
-      detail::complete_yielding(
-          w.allreduce(in, d.reach(recv, "a collective"), count, dtype, summed(op), false, nullptr));
+      void* out = d.reach(recv, "a collective");
+      if (!in_own_order(dtype, op)) {
+        detail::complete_yielding(w.allreduce(in, out, count, dtype, op, false, nullptr));
+        return;
+      }
+      // Every rank's input, then their sum in this collective's order.
+      std::vector<char> all(std::size_t(w.size()) * count * dtype_size(dtype));
+      detail::complete_yielding(w.allgather(in, all.data(), count, dtype, false, false, nullptr));
+      sum_in_own_order(all.data(), count, 0, out, count, dtype);
     });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -613,13 +620,19 @@ class SimCollectives final : public detail::DeviceCollectives {
                                                          : detail::ScatterPlace::separate;
     enqueue("reduce_scatter", s, [=, this](SimDevice& d, detail::Backend& w) {
       std::vector<char> scaled;
-      const std::size_t all = count * std::size_t(w.size());
+      const std::size_t all_count = count * std::size_t(w.size());
       void* out = d.reach(recv, "a collective");
-      const void* in = premultiplied(d.reach(send, "a collective"), all, dtype, op, scaled);
-      // A premultiplied copy is a separate input.
-      const auto where = in != d.translate(send) ? detail::ScatterPlace::separate : place;
+      const void* in = premultiplied(d.reach(send, "a collective"), all_count, dtype, op, scaled);
+      if (!in_own_order(dtype, op)) {
+        detail::complete_yielding(
+            w.reduce_scatter(in, out, count, dtype, op, place, false, nullptr));
+        return;
+      }
+      // Every rank's whole input, then the sum of this rank's blocks.
+      std::vector<char> all(std::size_t(w.size()) * all_count * dtype_size(dtype));
       detail::complete_yielding(
-          w.reduce_scatter(in, out, count, dtype, summed(op), where, false, nullptr));
+          w.allgather(in, all.data(), all_count, dtype, false, false, nullptr));
+      sum_in_own_order(all.data(), all_count, std::size_t(w.rank()) * count, out, count, dtype);
     });
   }
   void allgather(const void* send, void* recv, std::size_t count, DType dtype,
@@ -666,7 +679,31 @@ class SimCollectives final : public detail::DeviceCollectives {
   }
 
  private:
-  static ReduceOp summed(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+  // NCCL picks its own order of additions (rings, trees; by size and
+  // topology), not the host transports'. So that no test relies on the
+  // host's order where NCCL would not keep it, these collectives add
+  // floating-point values in an order the host never uses: the last rank's
+  // first, then each lower rank's. (avg: the inputs premultiplied, then
+  // summed so.)
+  static bool in_own_order(DType t, ReduceOp op) {
+    return is_floating(t) && (op == ReduceOp::sum || op == ReduceOp::avg);
+  }
+  // out = the sum over ranks r = n-1 .. 0 of the `count` elements at
+  // `first` of rank r's block of `per_rank` elements in `all`, each
+  // addition the host's (MPI_Reduce_local with shardopt's operation).
+  void sum_in_own_order(const char* all, std::size_t per_rank, std::size_t first, void* out,
+                        std::size_t count, DType t) const {
+    const int n = wire_->size();
+    const std::size_t es = dtype_size(t);
+    auto at = [&](int r) { return all + (std::size_t(r) * per_rank + first) * es; };
+    std::memcpy(out, at(n - 1), count * es);
+    constexpr std::size_t kMost = std::size_t(1) << 30;  // an MPI count
+    for (int r = n - 2; r >= 0; --r)
+      for (std::size_t done = 0; done < count; done += kMost)
+        MPI_Reduce_local(at(r) + done * es, static_cast<char*>(out) + done * es,
+                         static_cast<int>(std::min(kMost, count - done)), detail::mpi_datatype(t),
+                         detail::mpi_op(t, ReduceOp::sum));
+  }
   // For avg: n elements of `in` times 1/size() in `scaled`, rounded to the
   // dtype as NCCL's pre-multiplication rounds; for other ops `in` itself.
   const void* premultiplied(const void* in, std::size_t n, DType t, ReduceOp op,
