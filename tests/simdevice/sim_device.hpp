@@ -29,7 +29,9 @@
 //     error that every later call throws; a thread that never chose its
 //     device (set_device) using a stream or event of another device than
 //     0 is an error (on a GPU it makes a context on device 0); avg in the
-//     device's collectives is NCCL's (inputs times 1/n, then summed).
+//     device's collectives is NCCL's (inputs times 1/n, then summed), and
+//     they add floating-point values in an order of their own (the last
+//     rank's first), as NCCL picks its own.
 #pragma once
 
 #include <cstddef>
