@@ -4,10 +4,11 @@
 // Every rank runs the whole Catch session. Rank 0 writes Catch's report to
 // stdout; every other rank writes its output (Catch's report, the library's
 // log, anything on stdout or stderr) to its own file,
-//   <cwd>/test-logs/<program>.np<N>.rank<R>.log,
-// so the job's output stays readable. At the end the ranks agree on the
-// result: every rank exits with the same code, and rank 0 names the log files
-// of the ranks that failed.
+//   <log dir>/<program>.np<N>.rank<R>.log,
+// so the job's output stays readable. The log folder is
+// SHARDOPT_TEST_LOG_DIR, or <cwd>/test-logs when it is unset or empty. At
+// the end the ranks agree on the result: every rank exits with the same
+// code, and rank 0 names the log files of the ranks that failed.
 //
 // Environment:
 //   SHARDOPT_TEST_SEED     seed of the random test data (default 20240611);
@@ -16,11 +17,14 @@
 //                          running after that prints
 //                          "test watchdog: rank R hung for N s" and exits with
 //                          124, so a hang ends the job instead of stalling CI.
+//   SHARDOPT_TEST_LOG_DIR  the folder of the other ranks' logs (default
+//                          <cwd>/test-logs; created if missing, its parent
+//                          must exist), read by each rank.
 //   SHARDOPT_TEST_MAX_DEVICE_COMMS
 //                          the most device communicators (NCCL's: an
 //                          ncclCommInitRank each) a rank may make in the
-//                          whole run; more fails it. Each rank prints how
-//                          many it made at the end, set or not.
+//                          whole run; more fails it. Each rank that made
+//                          any, or runs with it set, prints how many.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 // catch.hpp first: it configures the runner.
@@ -168,15 +172,22 @@ std::string current_dir() {
   return buf.data();
 }
 
+// SHARDOPT_TEST_LOG_DIR, or <cwd>/test-logs.
+std::string log_dir() {
+  if (const char* dir = std::getenv("SHARDOPT_TEST_LOG_DIR"); dir != nullptr && *dir != '\0')
+    return dir;
+  return current_dir() + "/test-logs";
+}
+
 std::string log_path(const std::string& program, int rank) {
-  return current_dir() + "/test-logs/" + program + ".np" + std::to_string(g_size) + ".rank" +
+  return log_dir() + "/" + program + ".np" + std::to_string(g_size) + ".rank" +
          std::to_string(rank) + ".log";
 }
 
 // Sends this rank's stdout and stderr to its log file. Returns false (and
 // leaves the output alone) if the file cannot be opened.
 bool redirect_output(const std::string& path) {
-  const std::string dir = current_dir() + "/test-logs";
+  const std::string dir = log_dir();
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     std::fprintf(stderr, "rank %d: cannot create %s: %s\n", g_rank, dir.c_str(),
                  std::strerror(errno));
@@ -244,11 +255,12 @@ int main(int argc, char** argv) {
   if (g_rank != 0 && !redirect_output(log_path(program, g_rank))) ok = false;
 
   if (g_rank == 0) {
+    const std::string others = g_size > 1 ? ", other ranks log to " + log_dir() + "/" : "";
     std::printf(
         "%s: %d rank%s, seed %llu (SHARDOPT_TEST_SEED), watchdog %u s "
         "(SHARDOPT_TEST_TIMEOUT)%s\n",
         program.c_str(), g_size, g_size == 1 ? "" : "s", static_cast<unsigned long long>(g_seed),
-        g_watchdog_seconds, g_size > 1 ? ", other ranks log to test-logs/" : "");
+        g_watchdog_seconds, others.c_str());
     std::fflush(stdout);
   } else {
     std::printf("%s: rank %d of %d, seed %llu\n", program.c_str(), g_rank, g_size,

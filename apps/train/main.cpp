@@ -55,11 +55,13 @@ bool all_ok(bool ok) {
 // node's devices (srun --gpus-per-task=1 shows each rank one); "" or why
 // there is none.
 std::string choose_device() {
-  if (!shardopt::build_info().cuda)
+  // Asked first: a program with the simulated device (shardopt-train-sim)
+  // has a device in any build.
+  const int devices = shardopt::device_count();
+  if (devices == 0 && !shardopt::build_info().cuda)
     return "--device cuda: this shardopt was built without CUDA; rebuild it with "
            "-Dcuda=enabled on a machine with the CUDA toolkit, or train on the host "
            "(--device host)";
-  const int devices = shardopt::device_count();
   if (devices == 0)
     return "--device cuda: this process sees no CUDA device; run it on a GPU node (srun "
            "--gpus-per-task=1, or mpirun with CUDA_VISIBLE_DEVICES set), or train on the host "
