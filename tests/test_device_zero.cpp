@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "build_config.hpp"
+#include "ckpt_helpers.hpp"
 #include "comm/backend.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
@@ -115,10 +116,6 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-std::string temp_path(const char* what) {
-  return "test-device-" + std::string(what) + "-" + std::to_string(world_size()) + ".safetensors";
-}
-
 }  // namespace
 
 TEST_CASE("device ZeRO: a checkpoint saved on the device loads on the host and back",
@@ -134,7 +131,8 @@ TEST_CASE("device ZeRO: a checkpoint saved on the device loads on the host and b
       train(oh, host, 0, 3);
       train(od, dev, 0, 3);
       CHECK(all_ranks_true(host.param_bytes() == dev.param_bytes()));
-      const std::string path = temp_path("ckpt");
+      const zero::TempDir dir;  // removed, with what was written, at the end
+      const std::string path = dir.file("ckpt.safetensors");
       od.save(path);
       // Loaded into fresh host parameters, 2 more steps: the host run's.
       Net host2(t, false);
@@ -153,7 +151,8 @@ TEST_CASE("device ZeRO: a checkpoint saved on the device loads on the host and b
         CHECK(all_ranks_true(od2.gather_state(name, 1) == oh.gather_state(name, 1)));
       CHECK(all_ranks_true(od2.check_sync().in_sync));
       // An export from the device equals the host's, byte for byte.
-      const std::string ex_dev = temp_path("export-dev"), ex_host = temp_path("export-host");
+      const std::string ex_dev = dir.file("export-dev.safetensors"),
+                        ex_host = dir.file("export-host.safetensors");
       for (bool fp32 : {true, false}) {
         od2.export_params(ex_dev, {.fp32 = fp32});
         oh.export_params(ex_host, {.fp32 = fp32});
@@ -267,7 +266,8 @@ TEST_CASE("device ZeRO: a device checkpoint resumes at another rank count, devic
       Net dev(t, true);
       ZeroRedundancyOptimizer od(world(), dev.params(), Adam{.lr = 0.01}, zo);
       train(od, dev, 0, 3);
-      const std::string path = temp_path("resize");
+      const zero::TempDir dir;
+      const std::string path = dir.file("resize.safetensors");
       od.save(path);
       const std::vector<std::byte> saved = dev.param_bytes();
       std::vector<std::vector<float>> states;
