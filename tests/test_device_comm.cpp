@@ -5,19 +5,18 @@
 // tests, on the results copied back) with the memory around each buffer untouched; blocking and
 // stream-ordered non-blocking; and the errors of bad device arguments on every rank.
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/backend.hpp"
 #include "common/device_runtime.hpp"
+#include "device_test.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
@@ -84,24 +83,6 @@ std::string run_on_device(Communicator& comm, const Spec& s, bool blocking) {
     return cat("rank ", comm.rank(), ": the operation threw");
   dev.download();
   return trial->verify();
-}
-
-// Whether two ranks of the job work on one device, as the Communicator
-// tells (the devices' names): the device's own collectives, which take one
-// device per rank as NCCL's do, then refuse them, and auto takes another
-// transport.
-bool ranks_share_a_device() {
-  constexpr int kLen = 128;
-  char mine[kLen] = {};
-  std::snprintf(mine, kLen, "%s", rt().device_identity().c_str());
-  std::vector<char> all(std::size_t(kLen) * std::size_t(world_size()));
-  MPI_Allgather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, MPI_COMM_WORLD);
-  std::set<std::string> seen;
-  for (int r = 0; r < world_size(); ++r) {
-    const std::string id(all.data() + std::size_t(r) * kLen);
-    if (!id.empty() && !seen.insert(id).second) return true;
-  }
-  return false;
 }
 
 std::vector<Spec> all_specs(std::size_t count, std::uint64_t salt) {

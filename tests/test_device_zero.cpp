@@ -20,6 +20,7 @@
 #include "comm/backend.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
+#include "device_test.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/error.hpp"
@@ -451,14 +452,25 @@ TEST_CASE("device ZeRO: step() enqueues its work and returns without waiting for
 }
 
 TEST_CASE("device collectives that fail on the stream are reported by the next call",
-          "[device][comm][errors][nccl-only][sim-only]") {
+          "[device][comm][errors][sim-only]") {
   // The device's own collectives fail asynchronously, as NCCL's do: the
   // call that enqueued one has returned. The next call on that
   // communicator throws CommError on every rank naming it, and the host
   // never hangs: the failed collective and those after it move nothing on
-  // any rank. A communicator of its own, so the failure stays in it (not
-  // run where the test runner's communicators use MPI on device buffers,
-  // which refuses NCCL beside it).
+  // any rank. A communicator of its own, so the failure stays in it.
+  // Where the device's own collectives cannot be had (ranks that share a
+  // device; the test runner's communicators moving device buffers over
+  // MPI, beside which NCCL must not run), forcing them fails on every rank
+  // with the reason instead.
+  const bool shared = ranks_share_a_device();
+  if (shared || detail::live_device_transports(detail::DeviceTransport::mpi) > 0) {
+    CHECK(all_ranks_true(throws_error<UnsupportedError>(
+        [&] { Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl}); },
+        ErrorCode::unsupported,
+        shared ? "and NCCL takes one device per rank"
+               : "must not run collectives on one device side by side")));
+    return;
+  }
   Communicator c(MPI_COMM_WORLD, {.device_comm = DeviceComm::nccl});
   const std::size_t n = 1000;
   auto* dev = static_cast<float*>(rt().allocate(n * 4, "a test buffer"));
