@@ -4,7 +4,9 @@
 # list every step PASS or SKIP, none "not reached": the GPU kernels' tests
 # and benchmark SKIP (no GPU), the main job, the step and communication
 # benchmarks and the device suites PASS; and the logs' archive must exist,
-# be under 16 MiB and hold the other ranks' logs of a multi-rank suite.
+# be under 16 MiB and hold the other ranks' logs of a multi-rank suite. A
+# --logs folder (or the archive beside it) that it did not write is refused
+# first, untouched.
 # SKIP (77) when the build has no CUDA parts.
 # Usage: test_device_check.sh SOURCE_ROOT BUILD_ROOT
 set -u
@@ -13,17 +15,39 @@ build_root=$(cd "$2" && pwd -P)
 carry="$build_root/device-check-sim"
 out="$build_root/device-check-sim.out"
 
-rc=0
-BUILD_DIR=$build_root "$source_root/scripts/device-check" --simulate --no-build --dir "$carry" \
-  >"$out" 2>&1 || rc=$?
-cat "$out"
-if [ "$rc" -eq 77 ]; then exit 77; fi
-
 failed=0
 fail() {
   echo "FAILED: $*"
   failed=$((failed + 1))
 }
+
+# A --logs folder or an archive beside it that device-check did not write is
+# refused at once, with exit status 2, and left as it was.
+guard="$build_root/device-check-guard"
+rm -rf "$guard"
+mkdir -p "$guard/mine" "$guard/arch/logs"
+echo "a user's log" >"$guard/mine/job.log"
+echo "a user's archive" >"$guard/arch/device-check-logs.tar.xz"
+for case in "mine:refusing to delete its logs:$guard/mine/job.log:a user's log" \
+  "arch/logs:refusing to replace it:$guard/arch/device-check-logs.tar.xz:a user's archive"; do
+  IFS=: read -r logs why file content <<<"$case"
+  grc=0
+  g=$(BUILD_DIR=$build_root "$source_root/scripts/device-check" --simulate --no-build \
+    --dir "$guard/carry" --logs "$guard/$logs" 2>&1) || grc=$?
+  if [ "$grc" -ne 2 ] || ! grep -q "$why" <<<"$g" || [ "$(cat "$file")" != "$content" ] ||
+    [ -e "$guard/carry" ]; then
+    fail "--logs $logs: exit $grc, '$g'; $file holds '$(cat "$file")'"
+  else
+    echo "--logs $logs refused: $g"
+  fi
+done
+rm -rf "$guard"
+
+rc=0
+BUILD_DIR=$build_root "$source_root/scripts/device-check" --simulate --no-build --dir "$carry" \
+  >"$out" 2>&1 || rc=$?
+cat "$out"
+if [ "$rc" -eq 77 ]; then exit 77; fi
 [ "$rc" -eq 0 ] || fail "scripts/device-check --simulate exited with $rc"
 
 # The table: "(part) step result seconds limit note", after its header.
