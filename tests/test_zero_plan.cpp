@@ -4,6 +4,7 @@
 // optimizers and awkward layouts, the MemoryReport planned for this rank
 // equals memory_report() of an optimizer built on this communicator, field
 // by field. Also run on the simulated device (test_zero_device).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <string>
@@ -161,6 +162,102 @@ TEST_CASE("plan_memory: several groups allocate the state slots any of them uses
     INFO("stage " << stage);
     if (!failure.empty()) UNSCOPED_INFO("rank " << world_rank() << ":" << failure);
     CHECK(all_ranks_true(ran && failure.empty()));
+  }
+}
+
+// The buffers a run allocates as it goes (bucket buffers that streamed
+// gradients fill) are planned too: after steps whose gradients are marked
+// ready in backward order, as a backward pass makes them, the report still
+// equals the plan, with parameters that span one, two, three and eight
+// buckets.
+TEST_CASE("plan_memory equals memory_report after steps, whatever the buckets a tensor spans",
+          "[zero][memory][plan]") {
+  const Precision precisions[] = {Precision::f32, Precision::bf16};
+  for (Precision p : precisions) {
+    const DType t = param_dtype(p);
+    ZeroOptions options;
+    options.bucket_mb = 0.01;
+    MemoryPlan probe;
+    probe.numel = {std::size_t(1) << 20};
+    probe.dtype = t;
+    probe.options = options;
+    probe.ranks = world_size();
+    const std::size_t B = plan_layout(probe).buckets[0];  // elements of a full bucket
+    // Spans, in flat order: 1 (7), 8 (8B - 7, up to the ninth bucket), 1
+    // (B / 3), 2 (B - 20 across a boundary), 3 (2B + 1 across two), 1, 8.
+    const std::vector<std::size_t> sizes = {7,         8 * B - 7,  B / 3,      B - 20,
+                                            2 * B + 1, B / 2 - 40, 8 * B - 100};
+    std::vector<std::size_t> spans;
+    std::size_t flat = 0;
+    for (std::size_t n : sizes) {
+      spans.push_back((flat + n - 1) / B - flat / B + 1);
+      flat += n;
+    }
+    INFO("bucket " << B << " elements, spans " << spans[0] << " " << spans[1] << " " << spans[2]
+                   << " " << spans[3] << " " << spans[4] << " " << spans[5] << " " << spans[6]);
+    for (std::size_t k : {1, 2, 3, 8})
+      REQUIRE(std::find(spans.begin(), spans.end(), k) != spans.end());
+    const Layout layout = make_layout(sizes);
+    std::vector<std::byte> host(layout.largest() * dtype_size(t));
+    void* scratch = host.data();
+#if SHARDOPT_TEST_DEVICE
+    struct Release {
+      void* p;
+      ~Release() { sim::runtime().release(p); }
+    } device_scratch{sim::runtime().allocate(host.size(), "a test gradient")};
+    scratch = device_scratch.p;
+#endif
+    for (int stage = 0; stage <= 2; ++stage)
+      for (GradForm grads : {GradForm::user, GradForm::owned, GradForm::streamed})
+        for (bool contiguous : {true, false}) {
+          if (grads == GradForm::streamed && stage != 2) continue;
+          options.stage = stage;
+          options.stream_grads = grads == GradForm::streamed;
+          Model model(layout, t, contiguous, grads != GradForm::user, 23);
+          MemoryPlan plan = probe;
+          plan.numel = sizes;
+          plan.groups = {Adam{}};
+          plan.options = options;
+          plan.rank = world_rank();
+          plan.nodes = world().nodes().nodes;
+          plan.device = Model::on_device;
+          plan.user_grads = grads == GradForm::user;
+          plan.contiguous = contiguous;
+          std::string failure;
+          const bool ran = no_throw([&] {
+            ZeroRedundancyOptimizer opt(world(), model.params(), Adam{}, options);
+            for (int step = 0; step < 3; ++step) {
+              opt.zero_grad();
+              for (std::size_t i = sizes.size(); i-- > 0;) {
+                void* g = grads == GradForm::streamed ? host.data()
+                          : grads == GradForm::owned  ? opt.grad(i)
+                                                      : model.grad_host(i);
+                if (Model::on_device && grads == GradForm::owned) g = host.data();
+                fill_grad(g, t, sizes[i], GradKind::random, 3, step, world_rank(), i, false);
+                if (grads == GradForm::streamed) {
+                  Model::upload(scratch, host.data(), sizes[i] * dtype_size(t));
+                  opt.grad_ready(i, scratch);
+                } else {
+                  if (Model::on_device)
+                    Model::upload(grads == GradForm::owned ? opt.grad(i) : model.grad_data(i), g,
+                                  sizes[i] * dtype_size(t));
+                  opt.grad_ready(i);
+                }
+              }
+              opt.step();
+            }
+            failure = differences(plan_memory(plan), opt.memory_report());
+          });
+          INFO(precision_name(p) << ", stage " << stage << ", gradients "
+                                 << (grads == GradForm::user    ? "user"
+                                     : grads == GradForm::owned ? "owned"
+                                                                : "streamed")
+                                 << (contiguous ? ", one flat buffer" : ", one buffer each")
+                                 << ", bucket " << B << " elements");
+          if (!failure.empty())
+            UNSCOPED_INFO("rank " << world_rank() << ": planned/reported:" << failure);
+          CHECK(all_ranks_true(ran && failure.empty()));
+        }
   }
 }
 

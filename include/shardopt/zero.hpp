@@ -146,7 +146,9 @@ struct ZeroOptions {
   // buffer at all; their gradients are passed to grad_ready(i, grad) and
   // copied straight into their bucket, so no full-size gradient exists
   // anywhere (the memory of the ZeRO formula). Their buckets fill in
-  // bucket buffers, two of them, more if gradients come out of bucket order.
+  // bucket buffers, two of them when gradients are marked ready in backward
+  // order (each bucket launches as soon as it is complete), one more for
+  // each bucket left filling by gradients marked in another order.
   bool stream_grads = false;
   std::optional<LossScaler> loss_scaler = std::nullopt;
   // Run check_sync() after every N-th applied step and throw DesyncError
@@ -278,8 +280,8 @@ struct MemoryPlan {
 // (SHARDOPT_BUCKET_MB, SHARDOPT_HOST_COMM, SHARDOPT_FUSED_UPDATE). It
 // assumes what the engine finds out at construction goes the common way:
 // the shared memory and the reads of other ranks' memory that the fused
-// stage-2 update needs are available. Buckets filled out of order with
-// stream_grads add bucket buffers later (one per bucket in flight). Throws
+// stage-2 update needs are available. Buckets filled out of backward order
+// with stream_grads add bucket buffers later (one per bucket left filling). Throws
 // InvalidArgument naming a bad input.
 SHARDOPT_API MemoryReport plan_memory(const MemoryPlan& plan);
 

@@ -492,14 +492,20 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
-  // Buckets start at multiples of the bucket size: those the parameter spans.
-  for (std::size_t b = layout_.flat[i] / layout_.bucket_elems;
-       p.numel > 0 && b <= (layout_.flat[i] + p.numel - 1) / layout_.bucket_elems; ++b) {
+  // Buckets start at multiples of the bucket size: those the parameter
+  // spans, from its last to its first, as they launch. Each one launches as
+  // soon as it is complete, before the next is filled: a parameter that
+  // spans many buckets streams through the two bucket buffers, one filling
+  // while the one before is in flight.
+  const std::size_t first = layout_.flat[i] / layout_.bucket_elems;
+  for (std::size_t b = p.numel > 0 ? (layout_.flat[i] + p.numel - 1) / layout_.bucket_elems + 1
+                                   : first;
+       b-- > first;) {
     if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
     const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);
     buckets_[b].ready += e - s;
+    launch_ready_buckets();
   }
-  launch_ready_buckets();
   progress();
 }
 
@@ -523,14 +529,20 @@ int GradReducer::acquire_pool() {
     complete(flights_.front());  // the oldest reduction frees its buffer
     flights_.pop_front();
   }
-  // Every buffer holds a bucket still being filled (gradients streamed out
-  // of bucket order): one more, kept for later steps.
+  // Every buffer holds a bucket still being filled while the bucket that
+  // launches next is incomplete (gradients streamed out of backward order):
+  // one more, kept for later steps.
   pool_.push_back(space_.allocate(pool_bytes_, "the bucket buffers"));
   pool_busy_.push_back(true);
-  SHARDOPT_LOG(info, "ZeRO engine: " << pool_.size()
-                                     << " bucket buffers in use: gradients arrive out of bucket "
-                                        "order (buckets fill from the last parameter to the "
-                                        "first)");
+  std::string filling;
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    if (buckets_[b].staging >= 0) filling += (filling.empty() ? "" : ", ") + std::to_string(b);
+  SHARDOPT_LOG(
+      info, "ZeRO engine: " << pool_.size() << " bucket buffers: buckets " << filling
+                            << " are being filled while bucket " << next_launch_ - 1
+                            << ", which launches next, is incomplete (buckets launch from the "
+                               "last parameter's to the first's: mark gradients ready in backward "
+                               "order to stream them through two buffers)");
   return static_cast<int>(pool_.size() - 1);
 }
 
