@@ -10,6 +10,9 @@
 # public header compiles alone (C headers as C11 and C++20, C++ headers as
 # C++20, warnings as errors) with only the prefix and MPI's flags, opening
 # no header but the prefix's, MPI's and the compiler's and C library's.
+# Last, the prefix is moved elsewhere: its programs and libraries find
+# their libraries there without LD_LIBRARY_PATH, and shardopt-train,
+# shardopt-ckpt and shardopt-plan run from it.
 #
 # With --subproject, instead: the Meson project with shardopt as a
 # subproject (subprojects/shardopt links to this source tree, beside
@@ -262,6 +265,53 @@ if make -C "$d" "FORTRAN=$([ "$fortran" = fortran ] && echo 1 || echo 0)" >"$d/b
   run_programs "make" "$d"
 else
   fail "make with pkg-config" "$d/build.log"
+fi
+
+# --- The installed programs, the prefix moved ------------------------------
+# The prefix moved elsewhere as a whole, as a user copies or relocates an
+# installation: every program of its bin/ and every library of its libdir
+# finds its libraries with no LD_LIBRARY_PATH (their run path is relative
+# to themselves, $ORIGIN), libshardopt in the moved prefix itself.
+moved=$tmp/elsewhere/shardopt
+mkdir -p "$(dirname "$moved")"
+rel_libdir=${libdir#"$PREFIX"/}
+if mv "$PREFIX" "$moved"; then
+  unset PKG_CONFIG_PATH CMAKE_PREFIX_PATH
+  bad=()
+  mapfile -t elves < <(find "$moved/bin" "$moved/$rel_libdir" -maxdepth 1 -type f \
+    \( -perm -u+x -o -name '*.so*' \) -exec sh -c 'head -c 4 "$1" | grep -q ELF' _ {} \; -print |
+    sort)
+  for f in "${elves[@]}"; do
+    runpath=$(readelf -d "$f" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p')
+    deps=$(env -u LD_LIBRARY_PATH ldd "$f" 2>&1)
+    if grep -q 'not found' <<<"$deps"; then
+      bad+=("${f#"$moved"/} (run path '${runpath}'): $(grep 'not found' <<<"$deps" | tr -s '\t\n' '  ')")
+    elif grep -q 'libshardopt' <<<"$deps" && grep 'libshardopt' <<<"$deps" | grep -qv "=> $moved/"; then
+      bad+=("${f#"$moved"/} (run path '${runpath}') takes libshardopt from outside the prefix: $(grep 'libshardopt' <<<"$deps" | tr -s '\t\n' '  ')")
+    fi
+  done
+  if [ ${#elves[@]} -lt 4 ]; then
+    fail "the moved prefix: ${#elves[@]} programs and libraries found in bin/ and ${rel_libdir}/"
+  elif [ ${#bad[@]} -eq 0 ]; then
+    ok "the prefix moved: ${#elves[@]} programs and libraries of bin/ and ${rel_libdir}/ find their libraries without LD_LIBRARY_PATH (run path $(readelf -d "$moved/bin/shardopt-plan" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p'))"
+  else
+    printf '%s\n' "${bad[@]}" >"$tmp/moved.log"
+    fail "the prefix moved: ${#bad[@]} of ${#elves[@]} programs and libraries miss a library" \
+      "$tmp/moved.log"
+  fi
+  # Run, not only loaded: shardopt-train's help, shardopt-ckpt's, and a
+  # plan (stage 2 of 1M parameters at 2 ranks).
+  for cmd in "shardopt-train --help" "shardopt-ckpt --help" "shardopt-plan -p 1M -s 2 -n 2 --json"; do
+    # shellcheck disable=SC2086
+    if (cd "$tmp" && env -u LD_LIBRARY_PATH timeout 60 "$moved/bin/"$cmd) >"$tmp/moved-run.log" 2>&1 &&
+      [ -s "$tmp/moved-run.log" ]; then
+      ok "the prefix moved: $cmd ran: $(head -n 1 "$tmp/moved-run.log" | cut -c 1-80)"
+    else
+      fail "the prefix moved: $cmd" "$tmp/moved-run.log"
+    fi
+  done
+else
+  fail "moving the prefix $PREFIX to $moved"
 fi
 
 finish
