@@ -10,6 +10,7 @@
 # public header compiles alone (C headers as C11 and C++20, C++ headers as
 # C++20, warnings as errors) with only the prefix and MPI's flags, opening
 # no header but the prefix's, MPI's and the compiler's and C library's.
+# The CMake projects set no C++ standard (shardopt::shardopt brings C++20).
 # Last, the prefix is moved elsewhere: its programs and libraries find
 # their libraries there without LD_LIBRARY_PATH, and shardopt-train,
 # shardopt-ckpt and shardopt-plan run from it.

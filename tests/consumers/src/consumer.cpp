@@ -1,11 +1,13 @@
 // A C++ program built against the installed shardopt, as a user's code is:
 // a ZeRO optimizer (stage 2) over two parameters, a few SGD steps (momentum
 // and weight decay) on gradients known in advance, and the result compared
-// with the same update computed here in double precision. Exits non-zero
-// on any failure or mismatch, on every rank.
+// with the same update computed here in double precision, and the ranks'
+// parameters compared through Communicator's std::span overloads. Exits
+// non-zero on any failure or mismatch, on every rank.
 #include <cmath>
 #include <cstdio>
 #include <shardopt/shardopt.hpp>
+#include <span>
 #include <vector>
 
 namespace {
@@ -58,6 +60,17 @@ bool run(shardopt::Communicator& comm) {
     if (std::fabs(got - ref[i]) > 1e-5 * (1.0 + std::fabs(ref[i]))) {
       std::fprintf(stderr, "consumer (C++): rank %d: element %zu is %.8f, expected %.8f\n",
                    comm.rank(), i, got, ref[i]);
+      good = false;
+    }
+  }
+  // After the step's gather every rank holds the same parameters: their
+  // sum over the ranks is size() times this rank's.
+  std::vector<float> sum(w.size());
+  comm.allreduce(std::span<const float>(w), std::span<float>(sum), shardopt::ReduceOp::sum);
+  for (std::size_t i = 0; i < w.size() && good; ++i) {
+    if (std::fabs(sum[i] - static_cast<float>(comm.size()) * w[i]) > 1e-5f * comm.size()) {
+      std::fprintf(stderr, "consumer (C++): rank %d: the ranks' element %zu differ (sum %.8f)\n",
+                   comm.rank(), i, static_cast<double>(sum[i]));
       good = false;
     }
   }
