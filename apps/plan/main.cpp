@@ -32,17 +32,19 @@ void print_json(const plan::Options& o, const plan::Plan& p) {
   for (const plan::StageEstimate& e : p.stages) {
     const shardopt::MemoryReport& m = e.memory;
     std::printf(
-        "{\"stage\":%d,\"nodes\":%d,\"ranks_per_node\":%d,\"ranks\":%d,\"device\":%s,"
+        "{\"stage\":%d,\"nodes\":%d,\"ranks_per_node\":%d,\"ranks\":%d,\"threads\":%d,"
+        "\"device\":%s,"
         "\"params\":%zu,\"tensors\":%zu,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"bucket_mb\":%g,"
         "\"buckets\":%zu,\"master_params\":%zu,\"optimizer_state\":%zu,\"grad_shard\":%zu,"
         "\"reduced_grads\":%zu,\"owned_grads\":%zu,\"bucket_bytes\":%zu,\"user_params\":%zu,"
         "\"user_grads\":%zu,\"allocated\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,"
         "\"node_shared\":%zu,\"per_rank_bytes\":%zu,\"shm_per_node_bytes\":%zu,",
-        e.stage, o.nodes, o.ranks_per_node, o.nodes * o.ranks_per_node, o.device ? "true" : "false",
-        p.model.total(), p.model.numel.size(), shardopt::dtype_name(p.dtype),
-        p.optimizer_key.c_str(), p.bucket_mb, e.buckets, m.master_params, m.optimizer_state,
-        m.grad_shard, m.reduced_grads, m.owned_grads, m.buckets, m.user_params, m.user_grads,
-        m.allocated(), m.device_bytes, m.host_bytes, m.node_shared, e.per_rank, p.shm_per_node);
+        e.stage, o.nodes, o.ranks_per_node, o.nodes * o.ranks_per_node, o.threads,
+        o.device ? "true" : "false", p.model.total(), p.model.numel.size(),
+        shardopt::dtype_name(p.dtype), p.optimizer_key.c_str(), p.bucket_mb, e.buckets,
+        m.master_params, m.optimizer_state, m.grad_shard, m.reduced_grads, m.owned_grads, m.buckets,
+        m.user_params, m.user_grads, m.allocated(), m.device_bytes, m.host_bytes, m.node_shared,
+        e.per_rank, p.shm_per_node);
     if (e.largest)
       std::printf("\"largest_params\":%llu,", static_cast<unsigned long long>(*e.largest));
     else
@@ -68,10 +70,10 @@ void print_table(const plan::Options& o, const plan::Plan& p) {
               p.model.numel.size(), p.model.numel.size() == 1 ? "" : "s", p.model.total(),
               shardopt::dtype_name(p.dtype), p.optimizer_key.c_str());
   std::printf(
-      "# job: %d node%s x %d rank%s per node = %d ranks, parameters in %s memory; "
-      "buckets of %g MiB; gradients %s%s\n",
+      "# job: %d node%s x %d rank%s per node = %d ranks, %d thread%s per rank, parameters in "
+      "%s memory; buckets of %g MiB; gradients %s%s\n",
       o.nodes, o.nodes == 1 ? "" : "s", o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s", ranks,
-      o.device ? "device" : "host", p.bucket_mb,
+      o.threads, o.threads == 1 ? "" : "s", o.device ? "device" : "host", p.bucket_mb,
       o.grads == plan::GradMode::owned  ? "owned by the optimizer"
       : o.grads == plan::GradMode::user ? "in the application's buffers"
                                         : "streamed (stream_grads)",

@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 #include "plan/plan.hpp"
+#include "shardopt/zero.hpp"
 
 namespace plan {
 
@@ -43,8 +44,9 @@ std::string usage() {
          "  -N, --nodes N            nodes (default 1)\n"
          "  -n, --ranks-per-node R   ranks on each node (default 1)\n"
          "      --device             parameters in device memory, one GPU per rank\n"
-         "      --threads T          OpenMP threads per rank (default 1): the update's\n"
-         "                           rate (-u) and stage 2's per-thread blocks\n"
+         "      --threads T          OpenMP threads per rank: the update's rate (-u) and\n"
+         "                           stage 2's per-thread blocks (default: what the\n"
+         "                           run's ranks use, OMP_NUM_THREADS, else the cores)\n"
          "\n"
          "The machine, for the step's time (measured files, or rates; a rate given\n"
          "replaces what a file says):\n"
@@ -212,6 +214,9 @@ Options parse_options(int argc, char** argv) {
                               : "give one model: -p, -t or -f, once"};
   if (o.comm_files.size() > 2)
     throw cli::UsageError{"-c (--comm) at most twice: one node's rows and several nodes' rows"};
+  // No --threads: as many as the run's ranks would use, counted by the
+  // library's own rule (the OMP_NUM_THREADS of this shell, else the cores).
+  if (o.threads == 0) o.threads = shardopt::plan_threads(shardopt::MemoryPlan{});
   return o;
 }
 

@@ -56,7 +56,7 @@ struct Options {
   int nodes = 1;
   int ranks_per_node = 1;
   bool device = false;
-  int threads = 1;
+  int threads = 0;  // 0: the library's count, shardopt::plan_threads()
   // The machine.
   std::vector<std::string> comm_files;
   std::string optim_file;

@@ -269,9 +269,17 @@ struct MemoryPlan {
   // bucket buffers. false: each parameter its own allocation.
   bool contiguous = true;
   // OpenMP threads per rank (stage 2's fused update keeps a block per
-  // thread); 0: this process's omp_get_max_threads().
+  // thread); 0: this process's omp_get_max_threads(), as the engine counts
+  // them (OMP_NUM_THREADS, else the cores): see plan_threads().
   int threads = 0;
 };
+
+// Local, no MPI: the OpenMP threads per rank that plan_memory() counts for
+// `plan`: plan.threads when it is 1 or more; when 0, the threads a
+// ZeroRedundancyOptimizer constructed in this process would use,
+// omp_get_max_threads() (OMP_NUM_THREADS if set, else the cores), at
+// least 1. Throws InvalidArgument when plan.threads is negative.
+SHARDOPT_API int plan_threads(const MemoryPlan& plan);
 
 // Local, no MPI: the MemoryReport that memory_report() gives on `rank`
 // right after constructing a ZeroRedundancyOptimizer with these

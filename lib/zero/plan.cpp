@@ -5,6 +5,7 @@
 // lib/zero/reduction.cpp) what it would allocate.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -101,6 +102,13 @@ LayoutPlan plan_layout(const MemoryPlan& p) {
   return out;
 }
 
+int plan_threads(const MemoryPlan& p) {
+  if (p.threads < 0) bad("threads is " + std::to_string(p.threads), "use 1 or more, or 0");
+  // The engine's own count: its fused update keeps a block for each of
+  // omp_get_max_threads() threads (lib/zero/reduction.cpp).
+  return p.threads > 0 ? p.threads : std::max(1, omp_get_max_threads());
+}
+
 MemoryReport plan_memory(const MemoryPlan& p) {
   using namespace detail;
   const ShardLayout l = layout_of(p);
@@ -140,7 +148,7 @@ MemoryReport plan_memory(const MemoryPlan& p) {
   m.reduced_grads = reduced_bytes(l, p.ranks, stage, p.dtype, reduce_type);
   m.owned_grads = owned ? owned_grad_bytes(l, p.ranks, p.dtype) : 0;
   m.node_shared = fused && owned ? m.owned_grads : 0;
-  const int threads = p.threads > 0 ? p.threads : std::max(1, omp_get_max_threads());
+  const int threads = plan_threads(p);
   // Two bucket buffers when some bucket needs one.
   m.buckets =
       2 * pool_bytes(l, p.ranks, stage, p.dtype, reduce_type, m.reduced_grads > 0, in_place) +

@@ -11,6 +11,8 @@
 #   with the model;
 # - --memory: the largest model that fits at each stage does fit, and 0.5%
 #   more does not; a model that fits at no stage is an error (exit 1);
+# - no --threads: OMP_NUM_THREADS, as the library counts threads (stage 2
+#   with OMP_NUM_THREADS=2 equals --threads 2, not --threads 1);
 # - bad inputs: a malformed bench file, a file that is not safetensors, zero
 #   ranks, an unknown option: a message naming the problem, exit 1 or 2.
 # Usage: test_plan.sh MPIEXEC PLAN-PROGRAM BENCH-STEP-PROGRAM SOURCE-DIR
@@ -232,6 +234,38 @@ expect_error 1 "the rates within a node" "ranks on a node without its rates" \
   -p 1M -n 2 --mem-gbps 10
 expect_error 1 "the network's rates" "several nodes without the network's rates" \
   -p 1M -N 2 --mem-gbps 10
+
+# No --threads: the threads the run's ranks would use, OMP_NUM_THREADS, as
+# the library counts them (MemoryPlan::threads = 0). Stage 2's fused update
+# at 2 ranks on a node keeps a block per thread: the plan with
+# OMP_NUM_THREADS=2 equals --threads 2's and is not --threads 1's.
+threads_plan() {  # NAME OMP_NUM_THREADS [OPTION...]
+  local name=$1 omp=$2
+  shift 2
+  OMP_NUM_THREADS=$omp "$plan" -p 1M -s 2 -n 2 --json "$@" >"$tmp/threads-$name.json" \
+    2>"$tmp/threads.err" || cat "$tmp/threads.err" >>"$tmp/threads-$name.json"
+}
+threads_plan default 2
+threads_plan two 1 --threads 2
+threads_plan one 2 --threads 1
+if python3 - "$tmp" >"$tmp/threads.out" 2>&1 <<'EOF'; then
+import json, sys
+d = sys.argv[1]
+plans = {n: json.loads(open('%s/threads-%s.json' % (d, n)).read()) for n in ('default', 'two', 'one')}
+keys = ('threads', 'buckets', 'bucket_bytes', 'allocated', 'per_rank_bytes', 'fused')
+for n, e in plans.items():
+    print(n + ': ' + ', '.join('%s %s' % (k, e.get(k)) for k in keys))
+default, two, one = plans['default'], plans['two'], plans['one']
+assert two['fused'] and two['bucket_bytes'] != one['bucket_bytes'], \
+    'the stage-2 plan does not depend on the threads: no test of the default'
+for k in keys:
+    assert default.get(k) == two.get(k), 'OMP_NUM_THREADS=2 without --threads: %s %s, ' \
+        '--threads 2: %s' % (k, default.get(k), two.get(k))
+EOF
+  ok "no --threads: OMP_NUM_THREADS=2 plans stage 2 as --threads 2 does ($(grep '^default' "$tmp/threads.out")), not as --threads 1 ($(grep '^one' "$tmp/threads.out"))"
+else
+  fail "no --threads with OMP_NUM_THREADS=2: the plan of --threads 2" "$tmp/threads.out"
+fi
 
 echo "plan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
