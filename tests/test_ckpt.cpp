@@ -313,4 +313,47 @@ TEST_CASE("keep_last rotates checkpoints and leaves no temporary file", "[ckpt]"
   CHECK(all_ranks_true(failure.empty()));
 }
 
+// A damaged file at the path (a truncated copy, say) is not a checkpoint to
+// keep: the save replaces it, and path.1 keeps the last valid one instead
+// of the damaged file.
+TEST_CASE("keep_last never rotates a damaged file over the last valid checkpoint", "[ckpt]") {
+  TempDir dir;
+  Model m(ckpt_layout(), DType::f32, false, false, 4);
+  ZeroRedundancyOptimizer opt(world(), m.params(), SGD{.lr = 0.1}, ZeroOptions{.stage = 1});
+  const std::string path = dir.file("r.safetensors");
+  for (int s = 0; s < 2; ++s) {
+    train(opt, m, nullptr, 4, s, 1, world_size(), world_rank());
+    opt.save(path, {.keep_last = 2});
+  }
+  if (world_rank() == 0) fs::resize_file(path, fs::file_size(path) / 2);
+  MPI_Barrier(MPI_COMM_WORLD);
+  train(opt, m, nullptr, 4, 2, 1, world_size(), world_rank());
+  opt.save(path, {.keep_last = 2});
+  std::string failure;
+  if (world_rank() == 0) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path()))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    if (names != std::vector<std::string>{"r.safetensors", "r.safetensors.1"}) {
+      failure = "the directory holds:";
+      for (const auto& n : names) failure += " " + n;
+    }
+  }
+  // path holds step 3, path.1 the last valid one, step 1 (not the
+  // truncated step 2).
+  for (int i = 0; i < 2; ++i) {
+    const std::string f = i == 0 ? path : path + ".1";
+    try {
+      ckpt::Reader rd(world(), f);
+      if (rd.header().metadata.at("shardopt.step") != std::to_string(i == 0 ? 3 : 1))
+        failure = f + " holds step " + rd.header().metadata.at("shardopt.step");
+    } catch (const Error& e) {
+      failure = f + " is not a valid checkpoint: " + e.what();
+    }
+  }
+  if (!failure.empty()) UNSCOPED_INFO(failure);
+  CHECK(all_ranks_true(failure.empty()));
+}
+
 }  // namespace shardopt::test::zero

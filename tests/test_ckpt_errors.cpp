@@ -217,6 +217,53 @@ TEST_CASE("a bad or mismatched checkpoint is an error on every rank, nothing cha
       no_throw([&] { train(opt, m, nullptr, 12, 3, 1, world_size(), world_rank()); })));
 }
 
+// The gradient reduction is recorded in the file; a load by an optimizer
+// that reduces the other way is an error on every rank and changes nothing.
+// A file without the key (older shardopt) loads into either.
+TEST_CASE("a checkpoint of the other gradient reduction is refused on every rank", "[ckpt]") {
+  TempDir dir;
+  const Layout& l = ckpt_layout();
+  Model ma(l, DType::f32, false, false, 14);
+  ZeroRedundancyOptimizer avg(world(), ma.params(), Adam{.lr = 0.01}, ZeroOptions{.stage = 2});
+  Model ms(l, DType::f32, false, false, 15);
+  ZeroRedundancyOptimizer sum(world(), ms.params(), Adam{.lr = 0.01},
+                              ZeroOptions{.stage = 1, .reduction = GradReduction::sum});
+  train(avg, ma, nullptr, 14, 0, 2, world_size(), world_rank());
+  train(sum, ms, nullptr, 15, 0, 1, world_size(), world_rank());
+  const std::string avg_file = dir.file("avg.safetensors"), sum_file = dir.file("sum.safetensors");
+  avg.save(avg_file);
+  sum.save(sum_file);
+  for (const auto& [file, want] : {std::pair{avg_file, "avg"}, std::pair{sum_file, "sum"}}) {
+    ckpt::Reader rd(world(), file);
+    const auto it = rd.header().metadata.find("shardopt.grad_reduction");
+    INFO(file << " must record shardopt.grad_reduction " << want);
+    CHECK(all_ranks_true(it != rd.header().metadata.end() && it->second == want));
+  }
+  check_load_fails<CheckpointError>(sum, ms, avg_file, ErrorCode::checkpoint,
+                                    "the run that saved it averaged its gradients over the ranks "
+                                    "(GradReduction::avg), this optimizer sums them "
+                                    "(GradReduction::sum)");
+  check_load_fails<CheckpointError>(avg, ma, sum_file, ErrorCode::checkpoint,
+                                    "the run that saved it summed its gradients over the ranks "
+                                    "(GradReduction::sum), this optimizer averages them "
+                                    "(GradReduction::avg)");
+  // Not even a non-strict load takes it.
+  check_load_fails<CheckpointError>(avg, ma, sum_file, ErrorCode::checkpoint, "GradReduction::sum",
+                                    LoadOptions{.strict = false});
+  // Without the key: accepted by both.
+  const std::string old_file = dir.file("old.safetensors");
+  if (world_rank() == 0) {
+    const std::string bytes = read_file(avg_file);
+    nlohmann::ordered_json h = header_of(bytes);
+    h["__metadata__"].erase("shardopt.grad_reduction");
+    write_file(old_file, with_header(bytes, h.dump()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(all_ranks_true(no_throw([&] { sum.load(old_file); })));
+  CHECK(all_ranks_true(no_throw([&] { avg.load(old_file); })));
+  CHECK(all_ranks_true(sum.steps() == 2 && avg.steps() == 2));
+}
+
 TEST_CASE("a failed save is an error on every rank; the previous checkpoint stays", "[ckpt]") {
   TempDir dir;
   Model m(ckpt_layout(), DType::f32, false, false, 21);

@@ -74,6 +74,15 @@ struct Header {
 // problem. Local.
 SHARDOPT_API Header parse_header(std::string_view json, std::uint64_t file_bytes);
 
+// Reads and validates the header of the file at `path` (as Reader does,
+// without MPI): its 8-byte length, the header, and that the tensors cover
+// the file to its last byte, so that a truncated file is an error. The
+// tensors' data is not read, so checksums are not verified. Throws IoError
+// for a file that cannot be read, CheckpointError for one that is not a
+// valid safetensors file. Local: for tools, and for checks one rank makes
+// before a job starts (the step a checkpoint holds, its optimizer).
+SHARDOPT_API Header read_header(const std::string& path);
+
 // A tensor to write: its data is given by Pieces.
 struct WriteTensor {
   std::string name;

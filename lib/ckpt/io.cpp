@@ -117,32 +117,77 @@ std::string create_temporary(const std::string& path, std::uint64_t bytes, const
   return {};
 }
 
-// Rank 0: the rotation of WriteOptions::keep_last, then the atomic rename of
-// tmp to path and a sync of the directory. "" or the error.
+// Whether the file at p is a checkpoint worth keeping in the rotation: its
+// header reads and its tensors reach its last byte (not truncated, not some
+// other file). Its data is not read.
+bool readable_checkpoint(const std::string& p) {
+  try {
+    (void)read_header(p);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Rank 0: the atomic rename of tmp to `path`, with the rotation of
+// WriteOptions::keep_last, then a sync of the directory. "" or the error.
+//
+// Nothing that exists is removed before the new file is at `path`: the
+// current file first gets a second name (a hard link, so that a valid
+// checkpoint stays at `path` throughout), tmp is renamed over `path`, and
+// only then do the older ones move down (the oldest dropping out) and the
+// second name become path.1. A failure before the rename leaves every file
+// as it was. A file at `path` that is not a readable checkpoint is replaced
+// without entering the rotation, so that path.1, ... keep the valid ones.
 std::string publish(const std::string& tmp, const std::string& path, int keep_last) {
   const auto exists = [](const std::string& p) { return ::access(p.c_str(), F_OK) == 0; };
-  if (keep_last > 1 && exists(path)) {
-    for (int i = keep_last - 1; i >= 2; --i) {
-      const std::string from = path + "." + std::to_string(i - 1);
-      const std::string to = path + "." + std::to_string(i);
-      if (exists(from) && std::rename(from.c_str(), to.c_str()) != 0)
-        return "cannot rename '" + from + "' to '" + to + "': " + errno_text(errno);
+  const auto sync_dir = [&] {
+    const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
     }
-    // A second name for the current file; the rename below then replaces
-    // `path` atomically, so a valid checkpoint is always at `path`.
-    const std::string one = path + ".1";
-    if (exists(one) && ::unlink(one.c_str()) != 0)
-      return "cannot remove '" + one + "': " + errno_text(errno);
-    if (::link(path.c_str(), one.c_str()) != 0)
-      return "cannot link '" + path + "' to '" + one + "': " + errno_text(errno);
+  };
+  if (keep_last <= 1 || !exists(path) || !readable_checkpoint(path)) {
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      return "cannot rename '" + tmp + "' to '" + path + "': " + errno_text(errno);
+    sync_dir();
+    return {};
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return "cannot rename '" + tmp + "' to '" + path + "': " + errno_text(errno);
-  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  // The current file's second name, beside tmp (whose name is this save's own).
+  const std::string previous = tmp + ".previous";
+  ::unlink(previous.c_str());
+  bool moved = false;  // no hard links here: the current file moved instead
+  if (::link(path.c_str(), previous.c_str()) != 0) {
+    const int link_errno = errno;
+    if (std::rename(path.c_str(), previous.c_str()) != 0)
+      return "cannot link '" + path + "' to '" + previous + "': " + errno_text(link_errno);
+    moved = true;
   }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text(errno);
+    if (moved)
+      std::rename(previous.c_str(), path.c_str());
+    else
+      ::unlink(previous.c_str());
+    return "cannot rename '" + tmp + "' to '" + path + "': " + why;
+  }
+  // The new checkpoint is at `path`: the older ones move down a place.
+  for (int i = keep_last - 1; i >= 2; --i) {
+    const std::string from = path + "." + std::to_string(i - 1);
+    const std::string to = path + "." + std::to_string(i);
+    if (exists(from) && std::rename(from.c_str(), to.c_str()) != 0)
+      return "the checkpoint is at '" + path +
+             "', but the older ones could not rotate: cannot "
+             "rename '" +
+             from + "' to '" + to + "': " + errno_text(errno) +
+             "; the previous checkpoint is at '" + previous + "'";
+  }
+  const std::string one = path + ".1";
+  if (std::rename(previous.c_str(), one.c_str()) != 0)
+    return "the checkpoint is at '" + path + "', but cannot rename the previous one, '" + previous +
+           "', to '" + one + "': " + errno_text(errno);
+  sync_dir();
   return {};
 }
 

@@ -134,6 +134,20 @@ std::string create_probe(const std::string& path, const std::string& token) {
 
 }  // namespace
 
+Header read_header(const std::string& path) {
+  std::string error;
+  std::uint64_t file_bytes = 0;
+  const std::string text = read_header_text(path, file_bytes, error);
+  if (!error.empty()) {
+    const bool io = error.rfind("cannot", 0) == 0;
+    throw_error(io ? ErrorCode::io : ErrorCode::checkpoint, error,
+                io ? "check the path and that this process can read it"
+                   : "pass a checkpoint written by shardopt (or another safetensors file)",
+                __FILE__, __LINE__);
+  }
+  return parse_header(text, file_bytes);
+}
+
 Reader::Reader(Communicator& comm, const std::string& path) : impl_(std::make_unique<Impl>()) {
   impl_->comm = &comm;
   impl_->path = path;

@@ -103,6 +103,9 @@ json meta_json(const ckpt::Header& h, const std::string& path, const char* key) 
   }
 }
 
+// The value of "shardopt.grad_reduction".
+const char* reduction_key(GradReduction r) { return r == GradReduction::sum ? "sum" : "avg"; }
+
 }  // namespace
 
 std::map<std::string, std::string> ZeroEngine::checkpoint_metadata(const char* content) const {
@@ -219,6 +222,7 @@ void ZeroEngine::save(const std::string& path, const SaveOptions& o) {
   m["shardopt.stage"] = std::to_string(opt_.stage);
   m["shardopt.ranks"] = std::to_string(nranks_);
   m["shardopt.param_remainders"] = remainders_ ? "true" : "false";
+  m["shardopt.grad_reduction"] = reduction_key(opt_.reduction);
   m["shardopt.layout_fingerprint"] = layout_fingerprint(params_, dtype_, kind_key(groups_[0]));
   for (const auto& [k, v] : o.metadata) m["user." + k] = v;
   ckpt::WriteOptions w;
@@ -285,6 +289,33 @@ LoadReport read_report(const ckpt::Header& h, const std::string& path) {
   return report;
 }
 
+// A checkpoint's moments and step count belong to gradients reduced one
+// way: averaged gradients are 1/N of summed ones at N ranks, so the state
+// of one does not fit a run of the other (the update's scale, Adam's
+// epsilon against the second moment). A file without the key (written
+// before it existed) is taken as it is.
+void check_reduction(const ckpt::Header& h, const std::string& path, GradReduction here) {
+  const auto it = h.metadata.find("shardopt.grad_reduction");
+  if (it == h.metadata.end()) return;
+  const std::string& saved = it->second;
+  if (saved != "avg" && saved != "sum")
+    fail_load(path, "metadata 'shardopt.grad_reduction' is '" + saved + "', not 'avg' or 'sum'",
+              "the header is corrupted; load another checkpoint");
+  if (saved == reduction_key(here)) return;
+  const bool summed = saved == "sum";
+  fail_load(path,
+            std::string("the run that saved it ") +
+                (summed ? "summed its gradients over the ranks (GradReduction::sum)"
+                        : "averaged its gradients over the ranks (GradReduction::avg)") +
+                ", this optimizer " +
+                (summed ? "averages them (GradReduction::avg)" : "sums them (GradReduction::sum)"),
+            summed
+                ? "construct the optimizer with ZeroOptions::reduction = GradReduction::sum, as "
+                  "the run that saved it"
+                : "construct the optimizer with ZeroOptions::reduction = GradReduction::avg (the "
+                  "default), as the run that saved it");
+}
+
 // The tensors of an optimizer with these parameters and state slots
 // (and the loss scaler's), matched against h's; the report's loaded,
 // missing, unexpected and mismatched lists, and the problems they make.
@@ -345,6 +376,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   // From here on every decision depends on the header and the agreed
   // layout only, so every rank takes it alike without communicating.
   LoadReport report = read_report(h, path);
+  check_reduction(h, path, opt_.reduction);
   const std::string kind = meta(h, path, "shardopt.optimizer");
   const json groups = meta_json(h, path, "shardopt.groups");
   std::vector<std::string> problems;
