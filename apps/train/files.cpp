@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "shardopt/checkpoint.hpp"
+
 namespace train {
 namespace {
 
@@ -114,6 +116,27 @@ std::string check_directory(const std::string& option, const std::string& path) 
            "': " + std::strerror(errno);
   }
   return {};
+}
+
+std::string overwrite_refusal(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st) || std::filesystem::is_directory(st)) return {};
+  std::string holds;
+  try {
+    const shardopt::ckpt::Header h = shardopt::ckpt::read_header(path);
+    const auto content = h.metadata.find("shardopt.content");
+    const auto step = h.metadata.find("shardopt.step");
+    if (content != h.metadata.end() && content->second == "checkpoint" && step != h.metadata.end())
+      holds = "a checkpoint at step " + step->second;
+    else
+      holds = "a safetensors file that is not a shardopt checkpoint";
+  } catch (const shardopt::Error& e) {
+    holds = "a file that is not a readable checkpoint (" + e.message() + ")";
+  }
+  return "--checkpoint " + path + " exists and holds " + holds +
+         "; this run, without --resume, would replace it: go on from it with --resume " + path +
+         ", or replace it with --overwrite";
 }
 
 }  // namespace train

@@ -21,4 +21,10 @@ std::string check_writable(const std::string& path);
 // directory, then renamed to PATH).
 std::string check_directory(const std::string& option, const std::string& path);
 
+// Before training, without --resume or --overwrite: "" if nothing is at
+// --checkpoint PATH (or a directory, which no save can replace), else why
+// the run must not start: the file, the step it holds (from its header),
+// or that it is not a readable checkpoint, and the two ways on.
+std::string overwrite_refusal(const std::string& path);
+
 }  // namespace train

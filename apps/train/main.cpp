@@ -116,6 +116,17 @@ int train_main(int argc, char** argv) {
     return 1;
   }
 
+  // An existing --checkpoint file is a finished or interrupted run's: a run
+  // that starts afresh does not replace it unless told to. Rank 0 looks (a
+  // checkpoint directory may be mounted on its node only); every rank stops.
+  std::string refusal;
+  if (rank == 0 && !opt.checkpoint.empty() && opt.resume.empty() && !opt.overwrite)
+    refusal = overwrite_refusal(opt.checkpoint);
+  if (!all_ok(refusal.empty())) {
+    if (rank == 0) cli::print_error(kProgram, rank, refusal);
+    return 2;
+  }
+
   // The ranks are the parallelism: one BLAS thread each, unless the user
   // asks for more.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);

@@ -2,6 +2,7 @@
 #include "optimizer_options.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <type_traits>
 #include <variant>
@@ -150,6 +151,48 @@ shardopt::OptimizerConfig optimizer_config(const OptimizerOptions& o) {
     config = c;
   });
   return *config;
+}
+
+std::string number_text(double v) {
+  char b[32];
+  const auto r = std::to_chars(b, b + sizeof b, v);
+  return std::string(b, r.ptr);
+}
+
+namespace {
+
+template <class T>
+std::string field_text(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "on" : "off";
+  } else if constexpr (std::is_same_v<T, std::pair<double, double>>) {
+    return number_text(v.first) + "," + number_text(v.second);
+  } else {
+    return number_text(static_cast<double>(v));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> apply_given_fields(const OptimizerOptions& o,
+                                            shardopt::OptimizerConfig& group) {
+  const shardopt::OptimizerConfig given = optimizer_config(o);
+  std::vector<std::string> changed;
+  shardopt::Optimizers::each([&]<class O>() {
+    O* to = std::get_if<O>(&group);
+    const O* from = std::get_if<O>(&given);
+    if (to == nullptr || from == nullptr) return;
+    for (const auto& given_field : o.fields) {
+      const std::string& field = given_field.first;
+      O::fields([&](const char* name, auto member, const char*, shardopt::Check) {
+        if (field != name || to->*member == from->*member) return;
+        changed.push_back("--" + flag_of(name) + " " + field_text(from->*member) +
+                          " (the checkpoint's " + field_text(to->*member) + ")");
+        to->*member = from->*member;
+      });
+    }
+  });
+  return changed;
 }
 
 std::string optimizer_usage() {

@@ -45,6 +45,16 @@ bool apply_optimizer_option(OptimizerOptions& o, const cli::OptionSpec& spec,
 // optimizer does not have, or a value of the wrong form.
 shardopt::OptimizerConfig optimizer_config(const OptimizerOptions& o);
 
+// On resume, after load() restored the checkpoint's hyper-parameters into
+// `group`: sets over them those the command line gives (its flags; not the
+// defaults of those it leaves out). Returns one line for each that changed,
+// "--weight-decay 0.1 (the checkpoint's 0.01)".
+std::vector<std::string> apply_given_fields(const OptimizerOptions& o,
+                                            shardopt::OptimizerConfig& group);
+
+// "0.01", the shortest text that reads back as the same double.
+std::string number_text(double v);
+
 // The usage text of the optimizers: each one's flags.
 std::string optimizer_usage();
 

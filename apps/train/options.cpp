@@ -45,6 +45,8 @@ const char* const kUsage =
     "      --loss-scale M     dynamic or none (default: dynamic for f16, none otherwise)\n"
     "      --param-remainders bf16 only: keep the fp32 master as 16-bit remainders\n"
     "      --reduce-fp32      reduce 16-bit gradients in fp32\n"
+    "      --grad-reduction R avg or sum: the gradients averaged or summed over the ranks\n"
+    "                         (default avg)\n"
     "\n"
     "Training:\n"
     "  -n, --steps N          optimizer steps, in all: those before a --resume checkpoint\n"
@@ -85,7 +87,12 @@ const char* const kUsage =
     "      --keep-last K      keep the K newest checkpoints: PATH, then the older ones at\n"
     "                         PATH.1, PATH.2, ... (default 1)\n"
     "      --resume PATH      load the checkpoint PATH (written at any rank count and stage)\n"
-    "                         and go on from its step count to --steps steps in all\n"
+    "                         and go on from its step count to --steps steps in all; the\n"
+    "                         optimizer's flags and --lr given with it replace the\n"
+    "                         checkpoint's, while -o, -p, --loss-scale and --grad-reduction\n"
+    "                         must be the checkpoint's (docs/train.md)\n"
+    "      --overwrite        let --checkpoint replace an existing file without --resume\n"
+    "                         (otherwise the run refuses to start)\n"
     "      --export PATH      write the final fp32 parameters to PATH, for inference\n"
     "      --stop-on SIGNALS  stop on any of these signals (a comma list of USR1, USR2, TERM,\n"
     "                         INT): at the next step boundary, agreed by every rank, write\n"
@@ -106,7 +113,9 @@ const char* const kUsage =
     "learning rate of step s depend on the seed, the rank and s only, and a run resumed\n"
     "from a checkpoint takes the same steps as one that was never stopped.\n"
     "\n"
-    "Exit status: 0 done, 1 an error, 2 a bad option, 3 stopped by a --stop-on signal with\n"
+    "Exit status: 0 done, 1 an error, 2 a bad option (or one a --resume checkpoint refuses, or\n"
+    "an existing --checkpoint file without --resume or --overwrite), 3 stopped by a --stop-on "
+    "signal with\n"
     "the checkpoint written.\n";
 
 double parse_number(const std::string& label, std::string_view s, bool allow_zero) {
@@ -131,6 +140,7 @@ constexpr OptionSpec kOptionSpecs[] = {
     {0, "loss-scale", true},
     {0, "param-remainders", false},
     {0, "reduce-fp32", false},
+    {0, "grad-reduction", true},
     {'n', "steps", true},
     {'b', "batch", true},
     {'m', "micro-batches", true},
@@ -151,6 +161,7 @@ constexpr OptionSpec kOptionSpecs[] = {
     {0, "checkpoint-every", true},
     {0, "keep-last", true},
     {0, "resume", true},
+    {0, "overwrite", false},
     {0, "export", true},
     {0, "stop-on", true},
     {'h', "help", false},
@@ -204,6 +215,9 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
     o.param_remainders = true;
   } else if (name == "reduce-fp32") {
     o.reduce_in_fp32 = true;
+  } else if (name == "grad-reduction") {
+    o.grad_reduction = cli::parse_choice<shardopt::GradReduction>(
+        label, v, {{"avg", shardopt::GradReduction::avg}, {"sum", shardopt::GradReduction::sum}});
   } else if (name == "steps") {
     o.steps = parse_int(label, v, 1, 1 << 30, "an integer >= 1");
   } else if (name == "batch") {
@@ -250,6 +264,8 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   } else if (name == "resume") {
     if (v.empty()) bad_value(label, v, "a file name");
     o.resume = std::string(v);
+  } else if (name == "overwrite") {
+    o.overwrite = true;
   } else if (name == "export") {
     if (v.empty()) bad_value(label, v, "a file name");
     o.export_path = std::string(v);
@@ -268,6 +284,7 @@ Options parse_options(int argc, char** argv) {
   specs.insert(specs.end(), std::begin(kOptionSpecs), std::end(kOptionSpecs));
   cli::for_each_option(argc, argv, specs,
                        [&](const OptionSpec& spec, const std::string& label, std::string_view v) {
+                         o.given.insert(spec.long_name);
                          apply_option(o, spec, label, v);
                        });
   if (o.help) return o;
@@ -291,6 +308,9 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "--stop-on needs --checkpoint PATH: a stopped run writes its checkpoint there, and "
         "the requeued job resumes from it"};
+  }
+  if (o.checkpoint.empty() && o.overwrite) {
+    throw UsageError{"--overwrite needs --checkpoint PATH: the file it lets the run replace"};
   }
   if (o.checkpoint.empty() && (o.checkpoint_every > 0 || o.keep_last)) {
     throw UsageError{std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last") +

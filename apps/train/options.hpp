@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,19 +39,25 @@ struct Options {
   LossScaling loss_scale = LossScaling::automatic;
   bool param_remainders = false;
   bool reduce_in_fp32 = false;
+  shardopt::GradReduction grad_reduction = shardopt::GradReduction::avg;
   bool scattered = false;
   bool device = false;  // --device cuda
   std::string save_params;
   std::string checkpoint;  // --checkpoint: where checkpoints go
   int checkpoint_every = 0;
   std::optional<int> keep_last;
-  std::string resume;  // --resume: the checkpoint to start from
+  bool overwrite = false;  // --overwrite: replace an existing --checkpoint file
+  std::string resume;      // --resume: the checkpoint to start from
   std::string export_path;
   std::vector<int> stop_signals;  // --stop-on: signal numbers
   bool json = false;
   Progress progress = Progress::automatic;
   bool help = false;
+  // The long names of the options the command line gives ("precision",
+  // "weight-decay", ...): on resume only those count, not the defaults.
+  std::set<std::string> given;
 
+  bool was_given(const std::string& long_name) const { return given.count(long_name) > 0; }
   double learning_rate() const { return optimizer.learning_rate(); }
   bool uses_scaler() const {
     return loss_scale == LossScaling::dynamic ||

@@ -90,18 +90,27 @@ bool output_is_terminal() {
 void print_resumed(const RunContext& c, const Resumed& r) {
   const shardopt::LoadReport& rep = r.report;
   const std::string summary = one_line(rep.summary());
+  std::string applied = "[";
+  for (std::size_t i = 0; i < r.applied.size(); ++i) {
+    if (i > 0) applied += ',';
+    applied += json_string(r.applied[i]);
+  }
+  applied += ']';
   if (c.o.json) {
     std::printf(
         "{\"type\":\"resume\",\"path\":%s,\"step\":%lld,\"saved_ranks\":%d,\"ranks\":%d,"
         "\"loaded\":%zu,\"missing\":%zu,\"unexpected\":%zu,\"mismatched\":%zu,"
-        "\"hyper_parameters\":%s,\"seconds\":%.6f,\"summary\":%s}\n",
+        "\"hyper_parameters\":%s,\"applied\":%s,\"seconds\":%.6f,\"summary\":%s}\n",
         json_string(r.path).c_str(), static_cast<long long>(rep.step), rep.saved_ranks, c.ranks,
         rep.loaded.size(), rep.missing.size(), rep.unexpected.size(), rep.mismatched.size(),
-        rep.hyper_parameters ? "true" : "false", r.seconds, json_string(summary).c_str());
+        rep.hyper_parameters ? "true" : "false", applied.c_str(), r.seconds,
+        json_string(summary).c_str());
   } else {
     // The summary gives the step and the rank count the file was saved at.
     std::printf("# resumed from %s at %d rank%s: %s; read in %.3f s\n", r.path.c_str(), c.ranks,
                 c.ranks == 1 ? "" : "s", summary.c_str(), r.seconds);
+    for (const std::string& a : r.applied)
+      std::printf("# from the command line, replacing the checkpoint's: %s\n", a.c_str());
   }
   std::fflush(stdout);
 }

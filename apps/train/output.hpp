@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model.hpp"
 #include "run.hpp"
@@ -62,6 +63,9 @@ struct Resumed {
   std::string path;
   shardopt::LoadReport report;
   double seconds = 0.0;  // the slowest rank's
+  // The command line's hyper-parameters that replaced the checkpoint's:
+  // "--weight-decay 0.1 (the checkpoint's 0.01)".
+  std::vector<std::string> applied;
 };
 
 void print_resumed(const RunContext& c, const Resumed& r);

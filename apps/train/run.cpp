@@ -25,6 +25,7 @@
 #include "model.hpp"
 #include "output.hpp"
 #include "shardopt/agree.hpp"
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/zero.hpp"
 
 namespace train {
@@ -165,7 +166,7 @@ class Training {
   }
 
   bool make_optimizer();
-  bool resume();
+  int resume();
   void start();
   bool train();
   int finish();
@@ -175,6 +176,7 @@ class Training {
 
  private:
   bool stop_requested();
+  std::string refusal(const shardopt::ckpt::Header& h) const;
   bool checkpoint_is_current() const;
   bool write_checkpoint();
   double forward_backward(const Batch& batch, std::vector<float>& dy, double grad_scale);
@@ -227,6 +229,7 @@ bool Training::make_optimizer() {
   zopt_.bucket_mb = o.bucket_mb;
   zopt_.param_remainders = o.param_remainders;
   zopt_.reduce_in_fp32 = o.reduce_in_fp32;
+  zopt_.reduction = o.grad_reduction;
   if (o.uses_scaler()) zopt_.loss_scaler = shardopt::LossScaler{};
   // Collective: a bad layout or argument throws the same error on every
   // rank, so every rank can stop cleanly here.
@@ -239,17 +242,81 @@ bool Training::make_optimizer() {
   return true;
 }
 
+// --resume: why the checkpoint of header h cannot go on under this command
+// line, or "". What a checkpoint's optimizer state is bound to cannot
+// change on resume: the optimizer (-o), the model's precision (-p: the
+// tensors of the model and the loss scaler's state are the checkpoint's),
+// the loss scaler (--loss-scale) and whether the gradients are averaged or
+// summed (--grad-reduction: the moments are of gradients of that scale).
+// The same on every rank: every rank reads the same header.
+std::string Training::refusal(const shardopt::ckpt::Header& h) const {
+  const Options& o = c_.o;
+  const auto meta = [&](const char* key) {
+    const auto it = h.metadata.find(key);
+    return it == h.metadata.end() ? std::string() : it->second;
+  };
+  // "-p bf16 (the default)" when the command line leaves the option out.
+  const auto ours = [&](const char* flag, const char* long_name, const std::string& value) {
+    return std::string(flag) + " " + value + (o.was_given(long_name) ? "" : " (the default)");
+  };
+  const auto refuse = [&](const std::string& flag, const std::string& saved,
+                          const std::string& here, const std::string& why) {
+    return "--resume " + o.resume + ": the checkpoint was trained with " + flag + " " + saved +
+           ", this run has " + here + ": " + why + "; resume with " + flag + " " + saved +
+           ", or start a new run without --resume";
+  };
+  const std::string kind = meta("shardopt.optimizer");
+  if (!kind.empty() && kind != o.optimizer.key)
+    return refuse("-o", kind, ours("-o", "optimizer", o.optimizer.key),
+                  "its optimizer state is " + kind + "'s");
+  const std::string dtype = meta("shardopt.dtype");
+  const std::string precision = shardopt::dtype_name(o.precision);
+  if (!dtype.empty() && dtype != precision)
+    return refuse("-p", dtype, ours("-p", "precision", precision),
+                  "the precision of the model does not change on resume");
+  const bool scaler = h.find("shardopt.loss_scaler") != nullptr;
+  if (meta("shardopt.content") == "checkpoint" && scaler != o.uses_scaler())
+    return refuse("--loss-scale", scaler ? "dynamic" : "none",
+                  ours("--loss-scale", "loss-scale", o.uses_scaler() ? "dynamic" : "none"),
+                  scaler ? "the loss scale it holds would be dropped"
+                         : "it holds no loss scale to go on from");
+  const std::string reduction = meta("shardopt.grad_reduction");
+  const std::string ours_reduction =
+      o.grad_reduction == shardopt::GradReduction::sum ? "sum" : "avg";
+  if (!reduction.empty() && reduction != ours_reduction)
+    return refuse("--grad-reduction", reduction,
+                  ours("--grad-reduction", "grad-reduction", ours_reduction),
+                  "its optimizer state belongs to gradients " +
+                      std::string(reduction == "sum" ? "summed" : "averaged") +
+                      " over the ranks, which differ from this run's by the rank count");
+  return {};
+}
+
 // --resume: the parameters, the optimizer state, the step count and the
 // loss scaler as the checkpoint has them; training goes on from its step.
-bool Training::resume() {
+// The hyper-parameter flags the command line gives replace the
+// checkpoint's (refusal() lists the options that cannot change). Returns
+// 0, or the exit status after an error (1) or a refusal (2), alike on every
+// rank.
+int Training::resume() {
   const Options& o = c_.o;
   shardopt::ZeroRedundancyOptimizer& opt = *engine_;
   if (!o.resume.empty()) {
+    std::string why;
+    const std::optional<double> checked = timed_collective(c_, "cannot resume from", o.resume, [&] {
+      const shardopt::ckpt::Reader reader(c_.comm, o.resume);
+      why = refusal(reader.header());
+    });
+    if (!checked) return 1;
+    if (!why.empty()) {
+      if (c_.rank == 0) cli::print_error(kProgram, c_.rank, why);
+      return 2;
+    }
     Resumed r;
     r.path = o.resume;
     const std::optional<double> seconds = timed_collective(c_, "cannot resume from", o.resume,
                                                            [&] { r.report = opt.load(o.resume); });
-    if (!seconds) return false;
+    if (!seconds) return 1;
     r.seconds = *seconds;
     // The report is the same on every rank: every rank stops here alike.
     if (r.report.step > o.steps) {
@@ -261,12 +328,13 @@ bool Training::resume() {
                              ": --steps counts the steps in all, those before the checkpoint "
                              "included");
       }
-      return false;
+      return 1;
     }
+    r.applied = apply_given_fields(o.optimizer, opt.param_group(0));
     resumed_ = std::move(r);
   }
   start_step_ = opt.steps();
-  return true;
+  return 0;
 }
 
 // The loss on held-out samples before training, then the configuration
@@ -576,7 +644,8 @@ int Training::stop() {
 int run(const RunContext& c) {
   install_stop_handlers(c.o.stop_signals);
   Training t(c);  // the model and the data
-  if (!t.make_optimizer() || !t.resume()) return 1;
+  if (!t.make_optimizer()) return 1;
+  if (const int status = t.resume(); status != 0) return status;
   t.start();  // the initial loss, the configuration and the banner
   if (!t.train()) return 1;
   if (t.stopped_by() != 0) return t.stop();

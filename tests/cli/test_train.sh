@@ -182,6 +182,58 @@ if [ "${SHARDOPT_TEST_HAS_GPU:-0}" = 0 ]; then
   fi
 fi
 
+# --checkpoint on an existing file without --resume: every rank refuses
+# before training (exit code 2), rank 0 alone says why: the file, the step
+# it holds and the two ways on; the file is left byte for byte. A file that
+# is not a checkpoint is refused too, saying so. --overwrite replaces it.
+ow="$tmp/overwrite"
+mkdir -p "$ow"
+ckpt_step() {  # FILE
+  python3 -c 'import json, struct, sys
+f = open(sys.argv[1], "rb"); n, = struct.unpack("<Q", f.read(8))
+print(json.loads(f.read(n))["__metadata__"]["shardopt.step"])' "$1"
+}
+expect_refusal() {  # FILE TEXT
+  local file=$1 text=$2 out rc
+  cp "$file" "$file.before"
+  out=$(timeout 60 "$mpiexec" -n 3 --oversubscribe "$program" --json "${small[@]}" --steps 5 \
+          --checkpoint "$file" 2>&1)
+  rc=$?
+  if [ $rc -ne 2 ]; then
+    fail "--checkpoint $file existing, no --resume: exit code $rc (expected 2)" "$out"
+  elif [ "$(grep -cF -- "$text" <<<"$out")" -ne 1 ]; then
+    fail "--checkpoint $file existing: the message is not printed once: '$text'" "$out"
+  elif grep -q '"type":"step"' <<<"$out"; then
+    fail "--checkpoint $file existing: training started" "$out"
+  elif ! cmp -s "$file" "$file.before"; then
+    fail "--checkpoint $file existing: the file changed" "$out"
+  else
+    passed=$((passed + 1)); echo "ok: an existing --checkpoint $(basename "$file") is refused, left as it was"
+  fi
+  rm -f "$file.before"
+}
+if ! out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" "${small[@]}" --steps 20 \
+             --checkpoint "$ow/C" 2>&1); then
+  fail "the 20-step run with --checkpoint failed" "$out"
+else
+  expect_refusal "$ow/C" "shardopt-train: rank 0: --checkpoint $ow/C exists and holds a \
+checkpoint at step 20; this run, without --resume, would replace it: go on from it with --resume \
+$ow/C, or replace it with --overwrite"
+  echo "not a checkpoint" >"$ow/T"
+  expect_refusal "$ow/T" "--checkpoint $ow/T exists and holds a file that is not a readable \
+checkpoint ("
+  if ! out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" "${small[@]}" --steps 5 \
+               --checkpoint "$ow/C" --overwrite 2>&1); then
+    fail "--overwrite: the run failed" "$out"
+  elif [ "$(ckpt_step "$ow/C")" != 5 ]; then
+    fail "--overwrite: the checkpoint holds step $(ckpt_step "$ow/C"), not 5" "$out"
+  else
+    passed=$((passed + 1)); echo "ok: --overwrite replaces an existing --checkpoint file"
+  fi
+fi
+expect_usage_error "--overwrite needs --checkpoint PATH" --overwrite
+expect_usage_error "bad value 'mean' for --grad-reduction; accepted: avg sum" --grad-reduction mean
+
 # An unwritable --save-params file: exit code 1 before training, no hang.
 out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" --save-params "$tmp/no/such/dir/p.bin" \
         2>&1)

@@ -12,6 +12,10 @@
 #   steps 40, 30 and 20, and nothing else;
 # - a missing, foreign, truncated or corrupted checkpoint, or one of another
 #   model, stops every rank with a message and exit status 1, no hang;
+# - a damaged newest checkpoint is never rotated over the last valid one;
+# - on resume, an optimizer flag given applies (--weight-decay), and -o,
+#   -p, --loss-scale and --grad-reduction unlike the checkpoint's are
+#   refused with exit status 2 and one message;
 # - --stop-on: SIGUSR1 to mpirun, or SIGTERM to one rank, stops every rank
 #   at one step with the checkpoint written and exit status 3, and the run
 #   resumed from it ends bitwise as a straight one.
@@ -252,6 +256,104 @@ expect_save_error() {
   fi
 }
 expect_save_error
+
+# A damaged newest checkpoint (truncated) with --keep-last 2: the run
+# resumed from C.1 replaces C, and C.1 keeps the valid step-10 checkpoint
+# rather than the damaged file.
+d="$tmp/damaged"
+mkdir -p "$d"
+if ! train 2 "$d/a.out" --steps 20 --checkpoint "$d/C" --checkpoint-every 10 --keep-last 2; then
+  fail "the run that writes C and C.1 failed" "$d/a.out"
+else
+  python3 -c 'import os, sys; os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) // 2)' "$d/C"
+  if ! train 2 "$d/b.out" --steps 30 --resume "$d/C.1" --checkpoint "$d/C" --keep-last 2; then
+    fail "resuming from C.1 beside a damaged C failed" "$d/b.out"
+  elif [ "$(listing "$d")" != "C C.1 a.out b.out " ] || [ "$(ckpt_step "$d/C")" != 30 ] ||
+       [ "$(ckpt_step "$d/C.1" 2>&1)" != 10 ]; then
+    fail "a damaged C was rotated: $(listing "$d"); C.1 holds $(ckpt_step "$d/C.1" 2>&1)" "$d/b.out"
+  elif ! train 2 "$d/c.out" --steps 10 --resume "$d/C.1"; then
+    fail "C.1 no longer loads" "$d/c.out"
+  else
+    ok "--keep-last 2 never rotates a damaged checkpoint over the last valid one"
+  fi
+fi
+
+# (g) What the command line gives on resume. The optimizer's hyper-parameter
+# flags apply: the resumed run says so and its checkpoint holds the new
+# value; left out, the checkpoint's stays. -o, -p, --loss-scale and
+# --grad-reduction unlike the checkpoint's are refused before training
+# (exit status 2, rank 0 says why once, naming both values and the option).
+group_field() {  # FILE FIELD: the field of the checkpoint's first parameter group
+  python3 - "$1" "$2" <<'EOF2'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n, = struct.unpack("<Q", f.read(8))
+    print(json.loads(json.loads(f.read(n))["__metadata__"]["shardopt.groups"])[0][sys.argv[2]])
+EOF2
+}
+expect_refusal() {  # WHAT TEXT ARGS...
+  local what=$1 text=$2 out="$tmp/refused.out" rc
+  shift 2
+  train 2 "$out" "$@"
+  rc=$?
+  if [ $rc -ne 2 ]; then
+    fail "$what: exit status $rc (expected 2)" "$out"
+  elif [ "$(grep -cF -- "$text" "$out")" -ne 1 ]; then
+    fail "$what: the message is not printed once: '$text'" "$out"
+  elif grep -q '"type":"step"' "$out"; then
+    fail "$what: training started" "$out"
+  else
+    ok "$what: refused"
+  fi
+}
+d="$tmp/hyper"
+mkdir -p "$d"
+if ! train 2 "$d/c.out" --steps 10 --weight-decay 0.01 --checkpoint "$d/C"; then
+  fail "the run with --weight-decay 0.01 failed" "$d/c.out"
+else
+  if ! train 2 "$d/b.out" --steps 20 --weight-decay 0.1 --resume "$d/C" --checkpoint "$d/B"; then
+    fail "resuming with --weight-decay 0.1 failed" "$d/b.out"
+  elif ! msg=$(expect "$d/b.out" \
+                 "resume['applied'] == [\"--weight-decay 0.1 (the checkpoint's 0.01)\"]" 2>&1); then
+    fail "--weight-decay 0.1 on resume: $msg" "$d/b.out"
+  elif [ "$(group_field "$d/B" weight_decay)" != 0.1 ]; then
+    fail "--weight-decay 0.1 on resume: the next checkpoint holds $(group_field "$d/B" weight_decay)"
+  else
+    ok "--weight-decay 0.1 on resume replaces the checkpoint's 0.01"
+  fi
+  if ! train 2 "$d/k.out" --steps 20 --resume "$d/C" --checkpoint "$d/K"; then
+    fail "resuming without --weight-decay failed" "$d/k.out"
+  elif ! msg=$(expect "$d/k.out" "resume['applied'] == []" 2>&1) ||
+       [ "$(group_field "$d/K" weight_decay)" != 0.01 ]; then
+    fail "resumed without --weight-decay, the checkpoint's 0.01 did not stay: $msg" "$d/k.out"
+  else
+    ok "resumed without --weight-decay, the checkpoint's 0.01 stays"
+  fi
+  expect_refusal "-p bf16 from an f32 checkpoint" "shardopt-train: rank 0: --resume $d/C: the \
+checkpoint was trained with -p f32, this run has -p bf16: the precision of the model does not \
+change on resume; resume with -p f32, or start a new run without --resume" \
+    --steps 20 -p bf16 --resume "$d/C"
+  expect_refusal "-o sgd from an adamw checkpoint" "--resume $d/C: the checkpoint was trained \
+with -o adamw, this run has -o sgd: its optimizer state is adamw's; resume with -o adamw" \
+    --steps 20 -o sgd --resume "$d/C"
+  expect_refusal "--loss-scale dynamic from a checkpoint without one" "--resume $d/C: the \
+checkpoint was trained with --loss-scale none, this run has --loss-scale dynamic: it holds no \
+loss scale to go on from; resume with --loss-scale none" \
+    --steps 20 --loss-scale dynamic --resume "$d/C"
+fi
+if ! train 2 "$d/s.out" --steps 10 --grad-reduction sum --checkpoint "$d/S"; then
+  fail "the run with --grad-reduction sum failed" "$d/s.out"
+else
+  expect_refusal "a --grad-reduction sum checkpoint resumed with the default" "--resume $d/S: \
+the checkpoint was trained with --grad-reduction sum, this run has --grad-reduction avg (the \
+default): its optimizer state belongs to gradients summed over the ranks" \
+    --steps 20 --resume "$d/S"
+  if ! train 2 "$d/s2.out" --steps 20 --grad-reduction sum --resume "$d/S"; then
+    fail "a --grad-reduction sum checkpoint resumed with --grad-reduction sum failed" "$d/s2.out"
+  else
+    ok "a --grad-reduction sum checkpoint resumes with --grad-reduction sum"
+  fi
+fi
 
 # (f) --stop-on: a signal mid-run stops every rank at the same step boundary
 # with the checkpoint written and exit status 3; resumed to 20 steps past it,
