@@ -67,7 +67,7 @@ TEST_CASE("settings: accepted values", "[settings]") {
   CHECK(parse({}).check_sync == 0);
   CHECK(parse({{"SHARDOPT_CHECK_SYNC", "0"}}).check_sync == 0);
   CHECK(parse({{"SHARDOPT_CHECK_SYNC", "100"}}).check_sync == 100);
-  CHECK(parse({}).timeout == 0.0);
+  CHECK(parse({}).timeout == 600.0);  // armed by default
   CHECK_FALSE(parse({}).desync_check);
   CHECK(parse({}).stats_every == 100);
   CHECK(parse({{"SHARDOPT_STATS_EVERY", "0"}}).stats_every == 0);

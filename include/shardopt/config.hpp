@@ -58,7 +58,7 @@ struct Settings {
   CpuIsa cpu_isa = CpuIsa::avx512;                  // SHARDOPT_CPU_ISA (avx512: no cap)
   double bucket_mb = 25.0;                          // SHARDOPT_BUCKET_MB
   int check_sync = 0;                               // SHARDOPT_CHECK_SYNC (0: never)
-  double timeout = 0.0;                             // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
+  double timeout = 600.0;                           // SHARDOPT_TIMEOUT, seconds (0: no watchdog)
   bool desync_check = false;                        // SHARDOPT_DESYNC_CHECK
   int stats_every = 100;                            // SHARDOPT_STATS_EVERY (0: never)
   std::size_t staged_chunk_kb = 4096;               // SHARDOPT_STAGED_CHUNK_KB

@@ -71,6 +71,10 @@ class Backend {
   virtual std::size_t max_chunk() const noexcept = 0;
   // Whether buffers in memory `where` can be passed to this backend.
   virtual bool accepts(const MemoryLocation& where) const noexcept = 0;
+  // Whether its blocking operations wait through the watchdog themselves
+  // when it is armed (watch_poll on the calling thread): the front end then
+  // issues them blocking rather than as polled non-blocking ones.
+  virtual bool watches_blocking_waits() const noexcept { return false; }
   // Collective: releases the backend's communicator. Idempotent.
   virtual void free() = 0;
   virtual bool freed() const noexcept = 0;

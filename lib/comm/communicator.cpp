@@ -668,11 +668,12 @@ Request wrap(const Backend& b, std::unique_ptr<PendingOp> op, const char* what, 
 
 // A blocking operation, issue(blocking) issuing it. With the watchdog armed
 // it is issued non-blocking and polled, so that a stall can ask the other
-// ranks where they are.
+// ranks where they are, unless the backend's blocking waits are polled by
+// the watchdog themselves (shm: the operation then stays on this thread).
 template <class Issue>
 void run_blocking(Backend& b, const char* what, std::size_t count, DType dtype, Issue issue) {
   detail::WatchScope watch(what, count, dtype, b.size());
-  if (!watch.armed()) {
+  if (!watch.armed() || b.watches_blocking_waits()) {
     issue(true);
     return;
   }

@@ -202,11 +202,13 @@ const VarSpec kVars[] = {
      // Agreed: the buckets decide the reduce-scatters each step issues (the
      // engine also agrees on the size in force, but could not say why).
      value_text<&Settings::bucket_mb>},
-    {"SHARDOPT_TIMEOUT", "0", "a number of seconds >= 0 and <= 604800, e.g. 600 or 0.5",
-     "The watchdog: when one blocking operation of the library (a collective, or the wait for "
-     "one) has not completed after this many seconds, print which operation, the step and "
-     "bucket, and end the process with exit status 86, which ends the job under mpirun (and "
-     "srun --kill-on-bad-exit) instead of letting it hang until the time limit. 0: off.",
+    {"SHARDOPT_TIMEOUT", "600", "a number of seconds >= 0 and <= 604800, e.g. 600 or 0.5",
+     "The watchdog, armed by default: when one blocking operation of the library (a "
+     "collective, or the wait for one) has not completed after this many seconds, print which "
+     "operation, the step and bucket, and end the process with exit status 86, which ends the "
+     "job under mpirun (and srun --kill-on-bad-exit) instead of letting it hang until the time "
+     "limit. The default, 10 minutes, is NCCL's and PyTorch's: longer than any legitimate wait "
+     "of a step or a checkpoint's collective. 0: off.",
      [](Settings& s, const std::string& v) {
        const auto t = parse_number(v, 0.0, false, 604800.0);
        if (!t) return false;

@@ -380,17 +380,22 @@ WatchChannel::~WatchChannel() { free(); }
 void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
   State& s = state();
   const double timeout = timeout_seconds();
+  Clock::time_point since;
   {
     std::lock_guard<std::mutex> lock(s.m);
     s.polled = true;
+    since = s.since;  // the outermost scope's start, fixed while it lasts
   }
+  // Between two tests of the operation, the questions of other ranks and
+  // the clock are looked at every 100 us at most: a poll costs one test.
+  constexpr auto kEvery = std::chrono::microseconds(100);
+  auto next = Clock::now() + kEvery;
   while (!done()) {
+    const auto now = Clock::now();
+    if (now < next) continue;
+    next = now + kEvery;
     serve_asks(s);
-    double waited = 0.0;
-    {
-      std::lock_guard<std::mutex> lock(s.m);
-      waited = std::chrono::duration<double>(Clock::now() - s.since).count();
-    }
+    const double waited = std::chrono::duration<double>(now - since).count();
     if (waited > timeout) fire(s, channel, timeout, waited);
   }
 }

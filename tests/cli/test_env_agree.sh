@@ -90,9 +90,9 @@ fi
 
 # Set on ranks 1 and 2 only, the watchdog, which would add collectives to
 # the communicator's construction on those ranks alone.
-run_job "-u SHARDOPT_TIMEOUT" "SHARDOPT_TIMEOUT=600" "SHARDOPT_TIMEOUT=600"
-expect_error "SHARDOPT_TIMEOUT unset on rank 0, 600 on ranks 1 and 2: every rank stops" 3 \
-  "SHARDOPT_TIMEOUT is unset (default 0) on rank 0 (host $host) but '600' on rank 1 (host $host) (2 of 3 ranks differ from rank 0: ranks 1, 2)"
+run_job "-u SHARDOPT_TIMEOUT" "SHARDOPT_TIMEOUT=60" "SHARDOPT_TIMEOUT=60"
+expect_error "SHARDOPT_TIMEOUT unset on rank 0, 60 on ranks 1 and 2: every rank stops" 3 \
+  "SHARDOPT_TIMEOUT is unset (default 600) on rank 0 (host $host) but '60' on rank 1 (host $host) (2 of 3 ranks differ from rank 0: ranks 1, 2)"
 
 # Two variables at once: both named, each passed with -x.
 run_job "SHARDOPT_CHECK_ARGS=0 SHARDOPT_STAGED_CHUNK_KB=64" "SHARDOPT_CHECK_ARGS=1 SHARDOPT_STAGED_CHUNK_KB=64" \

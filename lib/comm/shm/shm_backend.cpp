@@ -102,6 +102,10 @@ class ShmBackend final : public Backend {
   ~ShmBackend() override { stop_worker(); }
 
   const char* name() const noexcept override { return nodes_ > 1 ? "hier" : "shm"; }
+  // Blocking operations run on the calling thread, their waits for the
+  // node's ranks polled by the watchdog (run_here) and those across nodes
+  // too (finish_mpi).
+  bool watches_blocking_waits() const noexcept override { return true; }
   int rank() const noexcept override { return mpi_->rank(); }
   int size() const noexcept override { return mpi_->size(); }
   MPI_Comm mpi_comm() const noexcept override { return mpi_->mpi_comm(); }
