@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <exception>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -20,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 #include "shardopt/error.hpp"
 
@@ -186,13 +189,57 @@ inline void print_error(const char* program, int rank, const std::string& what) 
   std::fflush(stderr);
 }
 
+// An error as a program prints it, without the rank that raised it (the
+// same text on every rank for an error the ranks agreed on): shardopt's
+// message with its code and its fix, or what().
+inline std::string error_text(const std::exception& e) {
+  const auto* error = dynamic_cast<const shardopt::Error*>(&e);
+  if (error == nullptr) return e.what();
+  std::string s = "[";
+  s += shardopt::error_code_name(error->code());
+  s += "] ";
+  s += error->message();
+  if (!error->hint().empty()) s += "\n  fix: " + error->hint();
+  return s;
+}
+
+// Collective over comm: whether this rank prints `message` (its error, ""
+// for none), so that a job prints each error once however many ranks hold
+// it: the lowest rank holding the same text prints it; with SHARDOPT_DEBUG
+// at INFO or above, every rank prints its own.
+inline bool first_to_hold(MPI_Comm comm, const std::string& message) {
+  const std::uint64_t mine = message.empty() ? 0 : std::hash<std::string>{}(message) | 1;
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(size));
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm);
+  if (message.empty()) return false;
+  bool verbose = false;
+  try {
+    verbose = shardopt::settings().debug >= shardopt::LogLevel::info;
+  } catch (...) {  // a bad setting is the error being printed
+  }
+  for (int r = 0; r < rank && !verbose; ++r)
+    if (all[static_cast<std::size_t>(r)] == mine) return false;
+  return true;
+}
+
+// Collective over comm: prints each rank's error (`message`, "" for none)
+// once per job (first_to_hold).
+inline void print_once(const char* program, MPI_Comm comm, int rank, const std::string& message) {
+  if (first_to_hold(comm, message)) print_error(program, rank, message);
+}
+
 // How a rank that caught an error ends the job. Where every rank caught one
 // (shardopt raises a bad setting, or a failure agreed across ranks, on every
 // rank at once), the ranks meet on their own communicator within a short
-// grace period and end normally with `status`: mpirun reports it once, and
-// is spared several ranks' MPI_Abort at the same moment (Open MPI 4.1's
-// mpirun can crash collecting their messages). Otherwise some ranks may be
-// waiting for this one in a collective: MPI_Abort ends the job.
+// grace period, print each distinct error once (the lowest rank holding
+// it), and end normally with `status`: mpirun reports it once, and is
+// spared several ranks' MPI_Abort at the same moment (Open MPI 4.1's mpirun
+// can crash collecting their messages). Otherwise some ranks may be
+// waiting for this one in a collective: it prints its error and MPI_Abort
+// ends the job.
 class ErrorExit {
  public:
   // Collective over MPI_COMM_WORLD: make one before anything can fail.
@@ -203,8 +250,10 @@ class ErrorExit {
   ErrorExit(const ErrorExit&) = delete;
   ErrorExit& operator=(const ErrorExit&) = delete;
 
+  // Prints `message` (once per job where every rank failed) and returns
   // `status` where every rank arrives within grace_s, else MPI_Abort.
-  int end(int status, double grace_s = 2.0) {
+  int end(const char* program, int rank, const std::string& message, int status,
+          double grace_s = 2.0) {
     MPI_Request r = MPI_REQUEST_NULL;
     MPI_Ibarrier(comm_, &r);
     const double until = MPI_Wtime() + grace_s;
@@ -214,7 +263,11 @@ class ErrorExit {
       const timespec pause{0, 1000000};  // 1 ms
       nanosleep(&pause, nullptr);
     }
-    if (met == 0) MPI_Abort(MPI_COMM_WORLD, status);
+    if (met == 0) {
+      print_error(program, rank, message);
+      MPI_Abort(MPI_COMM_WORLD, status);
+    }
+    print_once(program, comm_, rank, message);
     return status;
   }
 

@@ -331,12 +331,8 @@ int ckpt_main(int argc, char** argv) {
     tool.free();
     comm.free();
     return rc;
-  } catch (const shardopt::Error& e) {
-    cli::print_error(kProgram, w.rank, e.message() + " (fix: " + e.hint() + ")");
-    return error_exit.end(failed);
   } catch (const std::exception& e) {
-    cli::print_error(kProgram, w.rank, e.what());
-    return error_exit.end(failed);
+    return error_exit.end(kProgram, w.rank, cli::error_text(e), failed);
   }
 }
 

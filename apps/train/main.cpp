@@ -109,10 +109,10 @@ int train_main(int argc, char** argv) {
     }
     if (local_error.empty() && opt.device) local_error = choose_device();
   } catch (const std::exception& e) {
-    local_error = e.what();
+    local_error = cli::error_text(e);
   }
   if (!all_ok(local_error.empty())) {
-    if (!local_error.empty()) cli::print_error(kProgram, rank, local_error);
+    cli::print_once(kProgram, MPI_COMM_WORLD, rank, local_error);
     return 1;
   }
 
@@ -147,8 +147,7 @@ int train_main(int argc, char** argv) {
     // Every rank failed alike: end with status 1. A failure on some ranks
     // only, possibly in the middle of a collective the others wait in: stop
     // the job rather than hang.
-    cli::print_error(kProgram, rank, e.what());
-    status = error_exit.end(1);
+    status = error_exit.end(kProgram, rank, cli::error_text(e), 1);
   }
   return status;
 }

@@ -109,18 +109,35 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Collective calls of the optimizer that write or read files
 
 // Ends a collective library call (save, load, export) that throws the same
-// error on every rank: each rank that failed prints the error (a job's ranks
-// often log to files of their own), and the ranks agree, so that no rank
-// goes on alone into a collective the others have left. True if it
-// succeeded on every rank.
+// error on every rank: each error is printed once, by the lowest rank that
+// has it (every rank's with SHARDOPT_DEBUG=INFO), and the ranks agree, so
+// that no rank goes on alone into a collective the others have left. True
+// if it succeeded on every rank.
 bool collective_ok(const RunContext& c, const std::string& error) {
-  if (!error.empty()) cli::print_error(kProgram, c.rank, error);
+  cli::print_once(kProgram, c.stats.mpi_comm(), c.rank, error);
   return shardopt::all_ranks(c.stats, error.empty());
+}
+
+// The library's error as the trainer's user reads it: its fix in the
+// trainer's options where the library's names a C++ field (a load's
+// LoadOptions::strict: the trainer always loads strictly).
+std::string trainer_text(const shardopt::Error& e) {
+  std::string s = "[";
+  s += shardopt::error_code_name(e.code());
+  s += "] ";
+  s += e.message();
+  if (e.hint().find("LoadOptions::strict") != std::string::npos)
+    s += "\n  fix: resume with the model and optimizer options of the run that wrote it "
+         "(--hidden, --layers, -o, -p and the state its flags keep); shardopt-ckpt info FILE "
+         "shows its tensors";
+  else if (!e.hint().empty())
+    s += "\n  fix: " + e.hint();
+  return s;
 }
 
 // Runs a collective call of the optimizer that writes or reads `path`:
 // returns its slowest rank's seconds, or nullopt after an error on any rank
-// (printed by every rank that saw it).
+// (printed once).
 template <class Call>
 std::optional<double> timed_collective(const RunContext& c, const std::string& what,
                                        const std::string& path, Call&& call) {
@@ -129,7 +146,7 @@ std::optional<double> timed_collective(const RunContext& c, const std::string& w
   try {
     call();
   } catch (const shardopt::Error& e) {
-    error = what + " '" + path + "': " + e.what();
+    error = what + " '" + path + "': " + trainer_text(e);
   }
   const double seconds = seconds_since(t0);
   if (!collective_ok(c, error)) return std::nullopt;

@@ -42,8 +42,11 @@ SHARDOPT_API const char* error_code_name(ErrorCode code) noexcept;
 class SHARDOPT_API Error : public std::runtime_error {
  public:
   // rank is the rank in MPI_COMM_WORLD that raised the error, -1 if unknown.
+  // reporter: for an error the ranks agreed on (raised on every rank of a
+  // communicator with the same message), the lowest world rank that found
+  // it, which prints it (reports_error); -1 for an error of this rank alone.
   Error(ErrorCode code, std::string message, std::string hint, const char* file, int line,
-        int rank = -1);
+        int rank = -1, int reporter = -1);
 
   ErrorCode code() const noexcept { return code_; }
   shardopt_status_t status() const noexcept { return static_cast<shardopt_status_t>(code_); }
@@ -52,6 +55,7 @@ class SHARDOPT_API Error : public std::runtime_error {
   const char* file() const noexcept { return file_; }
   int line() const noexcept { return line_; }
   int rank() const noexcept { return rank_; }
+  int reporter() const noexcept { return reporter_; }
 
  private:
   ErrorCode code_;
@@ -60,7 +64,14 @@ class SHARDOPT_API Error : public std::runtime_error {
   const char* file_;
   int line_;
   int rank_;
+  int reporter_;
 };
+
+// Whether this rank is the one that prints e, so that a job prints each
+// error once: true for an error of this rank alone (reporter() -1); for an
+// error the ranks agreed on, true on its reporter only, and on every rank
+// with SHARDOPT_DEBUG=INFO or DEBUG.
+SHARDOPT_API bool reports_error(const Error& e) noexcept;
 
 // One subclass per kind of cause a caller may want to catch on its own.
 class SHARDOPT_API InvalidArgument : public Error {

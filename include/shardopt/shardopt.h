@@ -63,6 +63,12 @@ SHARDOPT_API const char* shardopt_last_error(void);
 SHARDOPT_API const char* shardopt_last_error_hint(void);
 /* The status of this thread's last failing call (SHARDOPT_SUCCESS if none). */
 SHARDOPT_API shardopt_status_t shardopt_last_status(void);
+/* 1 if this rank is the one to print the last error, so that a job prints
+ * each error once: an error of this rank alone, or, for an error the ranks
+ * agreed on (every rank of the communicator failed with the same message),
+ * the lowest rank that found it; every rank with SHARDOPT_DEBUG=INFO or
+ * DEBUG. 0 otherwise (the other ranks of an agreed error). */
+SHARDOPT_API int shardopt_reports_last_error(void);
 /* Forgets the last error of this thread. */
 SHARDOPT_API void shardopt_clear_error(void);
 

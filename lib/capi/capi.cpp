@@ -17,6 +17,7 @@ struct LastError {
   shardopt_status_t status = SHARDOPT_SUCCESS;
   std::string message;
   std::string hint;
+  bool reports = true;
 };
 thread_local LastError last_error;
 
@@ -60,9 +61,11 @@ const char* destroyer(Kind kind) {
 
 }  // namespace
 
-shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint) noexcept {
+shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint,
+                       bool reports) noexcept {
   try {
     last_error.status = status;
+    last_error.reports = reports;
     last_error.message = std::move(message);
     last_error.hint = std::move(hint);
   } catch (...) {
@@ -196,6 +199,9 @@ SHARDOPT_API shardopt_status_t shardopt_version(int* major, int* minor, int* pat
 SHARDOPT_API const char* shardopt_last_error(void) { return last_error.message.c_str(); }
 SHARDOPT_API const char* shardopt_last_error_hint(void) { return last_error.hint.c_str(); }
 SHARDOPT_API shardopt_status_t shardopt_last_status(void) { return last_error.status; }
+SHARDOPT_API int shardopt_reports_last_error(void) {
+  return last_error.status == SHARDOPT_SUCCESS || last_error.reports ? 1 : 0;
+}
 SHARDOPT_API void shardopt_clear_error(void) {
   last_error.status = SHARDOPT_SUCCESS;
   last_error.message.clear();

@@ -22,7 +22,9 @@
 namespace shardopt::capi {
 
 // Records a failure as this thread's last error; returns its status.
-shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint) noexcept;
+// reports: whether this rank prints it (reports_error).
+shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint,
+                       bool reports = true) noexcept;
 
 // Runs f (returning void) and maps what it throws to a status; `function`
 // prefixes the message ("shardopt_step: ...").
@@ -32,7 +34,7 @@ shardopt_status_t guard(const char* function, F&& f) noexcept {
     f();
     return SHARDOPT_SUCCESS;
   } catch (const Error& e) {
-    return fail(e.status(), std::string(function) + ": " + e.message(), e.hint());
+    return fail(e.status(), std::string(function) + ": " + e.message(), e.hint(), reports_error(e));
   } catch (const std::bad_alloc&) {
     return fail(SHARDOPT_ERR_OUT_OF_MEMORY, std::string(function) + ": out of host memory",
                 "free memory, or use fewer or smaller buffers per rank");

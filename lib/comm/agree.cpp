@@ -2,6 +2,8 @@
 // library's own tools, lib/comm/agree.hpp).
 #include "comm/agree.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -111,25 +113,28 @@ void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCod
   std::int64_t failed = local_error.empty() ? 0 : 1;
   comm.allreduce(&failed, &failed, 1, DType::i64, ReduceOp::max);
   if (failed == 0) return;
+  // "code:world rank:message": the lowest rank that found it reports it.
   const std::string record = local_error.empty()
                                  ? std::string()
-                                 : std::to_string(static_cast<int>(code)) + ":" + local_error;
+                                 : std::to_string(static_cast<int>(code)) + ":" +
+                                       std::to_string(detail::world_rank()) + ":" + local_error;
   const std::vector<std::string> all = detail::allgather_strings(comm, record);
   const std::vector<std::string> hints =
       detail::allgather_strings(comm, local_error.empty() ? std::string() : hint);
   std::vector<std::pair<std::string, std::vector<int>>> distinct;
   ErrorCode first_code = code;
   std::string first_hint = hint;
-  bool have_code = false;
+  int reporter = -1;
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;
     const std::size_t colon = all[r].find(':');
-    if (!have_code) {
+    const std::size_t colon2 = all[r].find(':', colon + 1);
+    if (reporter < 0) {
       first_code = static_cast<ErrorCode>(std::stoi(all[r].substr(0, colon)));
       first_hint = hints[r];
-      have_code = true;
+      reporter = std::max(0, std::stoi(all[r].substr(colon + 1, colon2 - colon - 1)));
     }
-    const std::string msg = all[r].substr(colon + 1);
+    const std::string msg = all[r].substr(colon2 + 1);
     auto it = std::find_if(distinct.begin(), distinct.end(),
                            [&](const auto& d) { return d.first == msg; });
     if (it == distinct.end())
@@ -142,7 +147,22 @@ void agree_or_throw(Communicator& comm, const std::string& local_error, ErrorCod
     if (!message.empty()) message += "; ";
     message += "on " + detail::ranks_list(ranks) + ": " + msg;
   }
-  detail::throw_error(first_code, message, first_hint, __FILE__, __LINE__);
+  detail::throw_error(first_code, message, first_hint, __FILE__, __LINE__, reporter);
+}
+
+void detail::throw_agreed(Communicator& comm, ErrorCode code, std::string message, std::string hint,
+                          const char* file, int line) {
+  // comm's rank 0 in MPI_COMM_WORLD.
+  int world = MPI_UNDEFINED;
+  MPI_Group group = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  const int zero = 0;
+  if (MPI_Comm_group(comm.mpi_comm(), &group) == MPI_SUCCESS &&
+      MPI_Comm_group(MPI_COMM_WORLD, &all) == MPI_SUCCESS)
+    MPI_Group_translate_ranks(group, 1, &zero, all, &world);
+  if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+  if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+  detail::throw_error(code, std::move(message), std::move(hint), file, line,
+                      world == MPI_UNDEFINED ? 0 : world);
 }
 
 bool all_ranks(Communicator& comm, bool local) {

@@ -41,4 +41,10 @@ std::string gather_first_nonempty(Communicator& comm, const std::string& s);
 // order.
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& s);
 
+// Throws an error that every rank of comm raises with the same message
+// (built from the collectives above): its reporter (Error::reporter) is
+// comm's rank 0. Local.
+[[noreturn]] void throw_agreed(Communicator& comm, ErrorCode code, std::string message,
+                               std::string hint, const char* file, int line);
+
 }  // namespace shardopt::detail

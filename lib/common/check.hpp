@@ -9,9 +9,10 @@
 namespace shardopt::detail {
 
 // Throws the Error subclass that matches `code`, tagged with this process's
-// rank in MPI_COMM_WORLD (when MPI is running) and a short file path.
+// rank in MPI_COMM_WORLD (when MPI is running) and a short file path;
+// reporter: Error::reporter() (an error the ranks agreed on).
 [[noreturn]] void throw_error(ErrorCode code, std::string message, std::string hint,
-                              const char* file, int line);
+                              const char* file, int line, int reporter = -1);
 
 // Throws CommError for MPI return code `rc` from `call`, while doing `what`.
 [[noreturn]] void throw_mpi_error(int rc, const char* call, const std::string& what,

@@ -82,14 +82,20 @@ const char* error_code_name(ErrorCode code) noexcept {
 }
 
 Error::Error(ErrorCode code, std::string message, std::string hint, const char* file, int line,
-             int rank)
+             int rank, int reporter)
     : std::runtime_error(format_what(code, message, hint, short_path(file), line, rank)),
       code_(code),
       message_(std::move(message)),
       hint_(std::move(hint)),
       file_(short_path(file)),
       line_(line),
-      rank_(rank) {}
+      rank_(rank),
+      reporter_(reporter) {}
+
+bool reports_error(const Error& e) noexcept {
+  return e.reporter() < 0 || e.reporter() == detail::world_rank() ||
+         detail::log_enabled(LogLevel::info);
+}
 
 namespace detail {
 
@@ -120,40 +126,40 @@ std::string ranks_list(const std::vector<int>& ranks) {
   return s;
 }
 
-void throw_error(ErrorCode code, std::string message, std::string hint, const char* file,
-                 int line) {
+void throw_error(ErrorCode code, std::string message, std::string hint, const char* file, int line,
+                 int reporter) {
   const int rank = world_rank();
   SHARDOPT_LOG(info, "raising " << error_code_name(code) << ": " << message);
   switch (code) {
     case ErrorCode::invalid_argument:
-      throw InvalidArgument(code, std::move(message), std::move(hint), file, line, rank);
+      throw InvalidArgument(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::invalid_config:
-      throw ConfigError(code, std::move(message), std::move(hint), file, line, rank);
+      throw ConfigError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::mpi_not_initialized:
     case ErrorCode::mpi_finalized:
-      throw MpiStateError(code, std::move(message), std::move(hint), file, line, rank);
+      throw MpiStateError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::mpi:
     case ErrorCode::cuda:
     case ErrorCode::nccl:
-      throw CommError(code, std::move(message), std::move(hint), file, line, rank);
+      throw CommError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::not_compiled:
-      throw NotCompiledError(code, std::move(message), std::move(hint), file, line, rank);
+      throw NotCompiledError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::unsupported:
-      throw UnsupportedError(code, std::move(message), std::move(hint), file, line, rank);
+      throw UnsupportedError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::wrong_device:
-      throw DeviceError(code, std::move(message), std::move(hint), file, line, rank);
+      throw DeviceError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::invalid_state:
-      throw StateError(code, std::move(message), std::move(hint), file, line, rank);
+      throw StateError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::checkpoint:
-      throw CheckpointError(code, std::move(message), std::move(hint), file, line, rank);
+      throw CheckpointError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::io:
-      throw IoError(code, std::move(message), std::move(hint), file, line, rank);
+      throw IoError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::desync:
-      throw DesyncError(code, std::move(message), std::move(hint), file, line, rank);
+      throw DesyncError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     case ErrorCode::non_finite:
-      throw NonFiniteError(code, std::move(message), std::move(hint), file, line, rank);
+      throw NonFiniteError(code, std::move(message), std::move(hint), file, line, rank, reporter);
     default:
-      throw Error(code, std::move(message), std::move(hint), file, line, rank);
+      throw Error(code, std::move(message), std::move(hint), file, line, rank, reporter);
   }
 }
 

@@ -172,6 +172,7 @@ module shardopt
 
   public :: shardopt_version_string, shardopt_version
   public :: shardopt_error_message, shardopt_error_hint, shardopt_error_status, shardopt_status_name
+  public :: shardopt_reports_error
   public :: shardopt_clear_error
   public :: shardopt_device_count, shardopt_set_device
   public :: shardopt_comm_create, shardopt_comm_destroy, shardopt_comm_rank, shardopt_comm_size
@@ -272,6 +273,10 @@ module shardopt
     function c_last_status() bind(c, name='shardopt_last_status') result(st)
       import
       integer(c_int) :: st
+    end function
+    function c_reports_last_error() bind(c, name='shardopt_reports_last_error') result(r)
+      import
+      integer(c_int) :: r
     end function
     subroutine c_clear_error() bind(c, name='shardopt_clear_error')
     end subroutine
@@ -673,6 +678,19 @@ contains
     end if
   end function
 
+  !> Whether this rank is the one to print the last failure, so that a job
+  !> prints each error once: .true. for a failure of this rank alone; for
+  !> one the ranks agreed on (every rank failed with the same message), on
+  !> the lowest rank that found it only (every rank with SHARDOPT_DEBUG=INFO).
+  function shardopt_reports_error() result(reports)
+    logical :: reports
+    if (own_error) then
+      reports = .true.
+    else
+      reports = c_reports_last_error() /= 0
+    end if
+  end function
+
   !> A status as its name ("SHARDOPT_ERR_INVALID_ARGUMENT").
   function shardopt_status_name(status) result(s)
     integer, intent(in) :: status
@@ -702,11 +720,13 @@ contains
   end function
 
   ! Ends the program with the last failure's message: what a call without
-  ! ierr does when it fails.
+  ! ierr does when it fails. A failure the ranks agreed on is printed by one
+  ! rank; the others stop without a word.
   subroutine stop_with_message()
     character(len=:), allocatable :: text
-    text = 'shardopt'//rank_text()//': '//shardopt_error_message()
     flush (output_unit)
+    if (.not. shardopt_reports_error()) stop 1, quiet=.true.
+    text = 'shardopt'//rank_text()//': '//shardopt_error_message()
     error stop text
   end subroutine
 

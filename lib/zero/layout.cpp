@@ -344,8 +344,8 @@ void ZeroEngine::agree_on_layout() {
                                     static_cast<std::int64_t>(params_.size())};
   if (!all_equal(ctl_, head)) {
     if (!all_equal(ctl_, {head[0]})) {
-      throw_error(
-          ErrorCode::layout_mismatch,
+      throw_agreed(
+          ctl_, ErrorCode::layout_mismatch,
           "ranks passed different optimizer options: " + first_difference(ctl_, options, "option"),
           hint, __FILE__, __LINE__);
     }
@@ -359,17 +359,17 @@ void ZeroEngine::agree_on_layout() {
   if (differs >= 0) {
     const std::size_t i = static_cast<std::size_t>(differs);
     const std::string name = allgather_strings(ctl_, params_[i].name)[0];
-    throw_error(ErrorCode::layout_mismatch,
-                "ranks registered different parameters: parameter " + std::to_string(i) + " ('" +
-                    name +
-                    "' on rank 0): " + first_difference(ctl_, describe_param(params_[i]), "the"),
-                hint, __FILE__, __LINE__);
+    throw_agreed(ctl_, ErrorCode::layout_mismatch,
+                 "ranks registered different parameters: parameter " + std::to_string(i) + " ('" +
+                     name +
+                     "' on rank 0): " + first_difference(ctl_, describe_param(params_[i]), "the"),
+                 hint, __FILE__, __LINE__);
   }
   if (min_over_ranks(ctl_, -count) != -fewest) {
     const std::string extra =
         count > fewest ? "'" + params_[static_cast<std::size_t>(fewest)].name + "'" : "";
-    throw_error(
-        ErrorCode::layout_mismatch,
+    throw_agreed(
+        ctl_, ErrorCode::layout_mismatch,
         "ranks registered different numbers of parameters: " +
             first_difference(ctl_, "number of parameters=" + std::to_string(count) + "\n", "the") +
             " (the first " + std::to_string(fewest) + " agree; the first extra one is parameter " +

@@ -1,7 +1,9 @@
 ! A failing call without ierr stops the program with the message and its
 ! hint, on the failing rank (the last one): `module` passes a gradient of
 ! the wrong size (found by the module), `capi` an unknown hyper-parameter
-! (found by the C API). run_error_stop.sh runs it and checks the output.
+! (found by the C API). `agreed`: the last rank registers a parameter of
+! another size, which every rank's optimizer_create refuses alike; one rank
+! prints it. run_error_stop.sh runs it and checks the output.
 program fortran_error_stop
   use, intrinsic :: iso_c_binding
   use mpi_f08
@@ -22,7 +24,11 @@ program fortran_error_stop
   w = 1
   g = 1
   call shardopt_comm_create(MPI_COMM_WORLD, comm)
-  call shardopt_params_add(params, 'w', w)
+  if (mode == 'agreed' .and. rank == nranks - 1) then
+    call shardopt_params_add(params, 'w', w(1:9))
+  else
+    call shardopt_params_add(params, 'w', w)
+  end if
   call shardopt_optimizer_create(comm, params, 'sgd lr=0.1', opt)
   if (rank == nranks - 1) then
     if (mode == 'module') then

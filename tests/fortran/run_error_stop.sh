@@ -34,5 +34,20 @@ expect_stop() {
 
 expect_stop module "shardopt_grad_ready: parameter 1 ('w') has 10 elements but the gradient passed has 9"
 expect_stop capi "shardopt_set_hparams: "
+
+# An error every rank meets: printed by one rank, the others stop quietly.
+status=0
+timeout 60 "$mpiexec" -n "$n" --oversubscribe "$prog" agreed >"$work/out" 2>&1 || status=$?
+lines=$(grep -c "ERROR STOP shardopt (rank [0-9]*): shardopt_optimizer_create: " "$work/out")
+if [ "$status" -eq 0 ] || [ "$status" -eq 124 ]; then
+  fail "agreed: exit status $status"
+elif [ "$lines" -ne 1 ]; then
+  fail "agreed: $lines ranks printed the error, expected 1"
+elif grep -qF "went on" "$work/out"; then
+  fail "agreed: a rank went on after the error"
+else
+  echo "ok: agreed at $n ranks: one rank printed the error (exit status $status)"
+  passed=$((passed + 1))
+fi
 echo "fortran-error-stop: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
