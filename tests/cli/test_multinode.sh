@@ -29,6 +29,12 @@
 #   rank ends within SHARDOPT_TIMEOUT + 5 s, the job within 30 s with the
 #   watchdog's exit status 86 and its message naming node 2's ranks as the
 #   ones waited for, and the last checkpoint verifies and resumes;
+# - node 2 lost (its daemon and ranks killed with SIGKILL) while a save is
+#   in flight (SHARDOPT_TIMEOUT=3): node 1's ranks end within
+#   SHARDOPT_TIMEOUT + 5 s, the job within 30 s, the previous checkpoint
+#   keeps its bytes, verifies and resumes at 1 node x 2 ranks, and beside
+#   it is left at most the save's temporary file and Open MPI's lock file
+#   of it;
 # - scripts/netns-cluster's refusals: a bad name, a cluster up already, a
 #   node name another namespace holds (left as it was), --delay without
 #   netem, a user who is not root: each exits with status 1 and its
@@ -39,6 +45,9 @@
 # be left. SKIP (77) where network namespaces cannot be made (not root, a
 # container without the capability).
 # Usage: test_multinode.sh SOURCE_ROOT MPIEXEC TRAIN CKPT-TOOL PROGRAM...
+# MULTINODE_CASES, a list of some of suites, hosts, train, chain, local,
+# kill, link and lost-save, runs only those cases (and the refusals and
+# the teardown's checks), for work on one of them; unset: all.
 set -u
 src=$1
 mpiexec=$2
@@ -49,6 +58,10 @@ shift 4
 . "$(dirname "$0")/lib.sh"
 require pgrep:procps
 cluster=mn$((RANDOM % 100000))
+# Whether the case NAME is to run (MULTINODE_CASES).
+wanted() {  # NAME
+  [ -z "${MULTINODE_CASES:-}" ] || [[ " ${MULTINODE_CASES//,/ } " == *" $1 "* ]]
+}
 other=${cluster}1  # a second cluster, whose name starts with the first's
 script="$src/scripts/netns-cluster"
 
@@ -85,6 +98,7 @@ on_one() {  # N LIMIT OUT ARGS...
 }
 
 for prog in "$@"; do
+  wanted suites || break
   name=$(basename "$prog")
   if on_nodes 240 "$tmp/$name.out" "$prog" -w NoAssertions; then
     ok "$name at 2 nodes x 2 ranks"
@@ -94,7 +108,9 @@ for prog in "$@"; do
 done
 
 # The ranks ran on two hosts: each node's hostname seen by MPI, two ranks each.
-if on_nodes 60 "$tmp/hosts.out" hostname &&
+if ! wanted hosts; then
+  :
+elif on_nodes 60 "$tmp/hosts.out" hostname &&
   [ "$(sort "$tmp/hosts.out" | uniq -c | awk '{print $1 " " $2}' | tr '\n' ' ')" = \
     "2 ${cluster}1 2 ${cluster}2 " ]; then
   ok "ranks 0-1 on ${cluster}1, 2-3 on ${cluster}2"
@@ -121,7 +137,9 @@ export SHARDOPT_HOST_COMM=mpi
 
 # The uninterrupted run at 1 node x 4 ranks, and the same at 2 nodes x 2.
 have_ref=0
-if ! on_one 4 120 "$tmp/ref.out" "$train" "${small[@]}" --steps $steps --save-params "$tmp/ref"; then
+if ! wanted train && ! wanted chain && ! wanted kill; then
+  :
+elif ! on_one 4 120 "$tmp/ref.out" "$train" "${small[@]}" --steps $steps --save-params "$tmp/ref"; then
   fail "shardopt-train at 1 node x 4 ranks" "$tmp/ref.out"
 else
   have_ref=1
@@ -131,7 +149,7 @@ else
   elif ! cmp "$tmp/ref" "$tmp/nodes"; then
     fail "shardopt-train: 2 nodes x 2 ranks and 1 node x 4 ranks end with different parameters" \
       "$tmp/nodes.out"
-  else
+  elif wanted train; then
     ok "shardopt-train, $steps steps: 2 nodes x 2 ranks = 1 node x 4 ranks, bitwise"
   fi
 fi
@@ -181,7 +199,7 @@ print(next(json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"type\":\
   fi
   ok "the 2 x 2 checkpoint at 1 node x 2 ranks: resumed at step 30, the loss goes on falling"
 }
-chain
+! wanted chain || chain
 
 # A checkpoint directory only node 1 mounts: a tmpfs mounted in the mount
 # namespace of mpirun and node 1's ranks (each node has its own mounts,
@@ -219,7 +237,7 @@ ${cluster}2 as not seeing the file, with the fix" "$out"
 status 1) naming rank 2 on ${cluster}2; nothing left"
   fi
 }
-node_local
+! wanted local || node_local
 
 # The pids of the trainer's processes with MARKER in their command line.
 rank_pids() {  # MARKER
@@ -362,6 +380,7 @@ ranks $gone s after it; mpirun names rank 3 on ${cluster}2"
 }
 # Up to three tries: the crash came twice in a row in one CI run of 50.
 for try in 1 2 3; do
+  wanted kill || break
   kill_case "$tmp/kill-$try"
   [ $? -eq 2 ] || break
   [ "$try" -lt 3 ] || fail "kill rank 3 on ${cluster}2: mpirun crashed three times in a row"
@@ -423,7 +442,132 @@ ${cluster}2 (pid [0-9]*)\)\{0,1\}: no answer" "$d/job.out"; then
 status 86), the watchdog naming node 2's ranks"
   last_checkpoint_good "link down" "$d" runs
 }
-link_down
+! wanted link || link_down
+
+# Node 2 lost while a save is in flight: every process of node 2 (its
+# daemon and ranks 2-3) killed with SIGKILL the moment the save's
+# temporary file (PATH.tmp-XXXXXXXX, which rank 0 creates before any rank
+# writes) appears beside the checkpoint. A model larger than the others'
+# (16 -> 1536 -> 1536 -> 4, 2,393,092 parameters, a 28.7 MB checkpoint),
+# whose save takes about 0.2 s here, against 10 ms between looks for the
+# file. Node 1's ranks must end within SHARDOPT_TIMEOUT + 5 s, the job
+# within 30 s (here mpirun ends them about 1.2 s after the kill, before
+# the watchdog would, and exits with status 9 after Open MPI's message
+# that it could not "reliably start one or more daemons", its words for a
+# lost daemon); the checkpoint of the save before (step 5) must be left
+# with the bytes it had (compared with a copy taken when it appeared),
+# verify, and resume at 1 node x 2 ranks, whose own save beside the
+# leftovers works. Left beside it, and allowed: the in-flight save's
+# temporary file and Open MPI's lock file of it (TMP-N-PID.lock, which
+# MPI_File_open creates and MPI_File_close removes): no rank lives to
+# remove them, node 1's being ended in the middle of the save; nothing
+# else may be. 7 to 11 s here.
+lost_save() {
+  local d="$tmp/lostsave" c start rc took ranks_end="" i n tmpfile="" from left msg
+  local limit=30 timeout_s=3 node2=() hex8='[0-9a-f][0-9a-f][0-9a-f][0-9a-f]' f bad=""
+  hex8=$hex8$hex8
+  local big=(--hidden 1536 --layers 3 -b 16 --schedule constant --log-every 100000
+    --progress off --json)
+  c="$d/ckpt/C"
+  mkdir -p "$d/ckpt"
+  SHARDOPT_TIMEOUT=$timeout_s timeout 120 "$script" run "$cluster" -- "$mpiexec" -n 4 \
+    -x SHARDOPT_TIMEOUT ${SHARDOPT_HOST_COMM:+-x SHARDOPT_HOST_COMM} "$train" "${big[@]}" \
+    --steps 1000000 --checkpoint "$c" --checkpoint-every 5 >"$d/job.out" 2>&1 &
+  job=$!
+  # The first save done (the rename makes C whole at once), copied before
+  # the next begins, 5 steps (about 1 s) later.
+  for i in $(seq 1 1200); do
+    [ -f "$c" ] || ! kill -0 "$job" 2>/dev/null && break
+    sleep 0.05
+  done
+  if ! cp "$c" "$d/before" 2>/dev/null; then
+    kill "$job" 2>/dev/null
+    wait "$job"
+    fail "lost node during a save: no first checkpoint" "$d/job.out"; return
+  fi
+  for i in $(seq 1 3000); do
+    tmpfile=$(compgen -G "$c.tmp-$hex8") && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.01
+  done
+  mapfile -t node2 < <(ip netns pids "${cluster}2")
+  start=$(date +%s.%N)
+  [ -z "$tmpfile" ] || [ "${#node2[@]}" -eq 0 ] || kill -9 "${node2[@]}"
+  if [ -z "$tmpfile" ] || [ "${#node2[@]}" -eq 0 ]; then
+    kill "$job" 2>/dev/null
+    wait "$job"
+    rank_pids "$c" | xargs -r kill -9
+    fail "lost node during a save: no save's temporary file seen ('$tmpfile'), or no process \
+in ${cluster}2 (${#node2[@]})" "$d/job.out"
+    return
+  fi
+  for i in $(seq 1 $((limit * 10))); do
+    if [ -z "$ranks_end" ]; then
+      n=$(rank_pids "$c" | wc -l)
+      [ "$n" -eq 0 ] && ranks_end=$(since "$start")
+    fi
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  wait_job 1 "$start"
+  [ -n "$ranks_end" ] || [ "$(rank_pids "$c" | wc -l)" -ne 0 ] || ranks_end=$(since "$start")
+  rank_pids "$c" | xargs -r kill -9
+  left=$(cd "$d/ckpt" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort | tr '\n' ' ')
+  echo "note: lost node during a save: ${#node2[@]} processes of ${cluster}2 killed with \
+$(basename "$tmpfile") present; the job's exit status $rc; left in the directory: $left"
+  if [ -z "$ranks_end" ] ||
+    ! python3 -c "import sys; sys.exit(0 if $ranks_end <= $timeout_s + 5 else 1)"; then
+    fail "lost node during a save: node 1's ranks ended ${ranks_end:-never} s after the kill \
+(limit $((timeout_s + 5)) s)" "$d/job.out"
+    return
+  fi
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    fail "lost node during a save: exit status $rc after $took s (124: mpirun still ran $limit s \
+after the kill)" "$d/job.out"
+    return
+  fi
+  if ! cmp -s "$c" "$d/before"; then
+    fail "lost node during a save: the checkpoint changed (step $(ckpt_step "$c" 2>&1); the \
+copy's $(ckpt_step "$d/before" 2>&1)): the save ended before the kill, or damaged it" \
+      "$d/job.out"
+    return
+  fi
+  if ! "$ckpt_tool" verify "$c" >"$d/verify.out" 2>&1; then
+    fail "lost node during a save: the previous checkpoint does not verify" "$d/verify.out"
+    return
+  fi
+  for f in $left; do
+    case $f in
+      C | "$(basename "$tmpfile")" | "$(basename "$tmpfile")"-*.lock) ;;
+      *) bad+="$f " ;;
+    esac
+  done
+  if [ -n "$bad" ]; then
+    fail "lost node during a save: left beside the checkpoint: $bad(expected C and at most \
+$(basename "$tmpfile") and Open MPI's lock files of it)" "$d/job.out"
+    return
+  fi
+  from=$(ckpt_step "$c")
+  ok "lost node during a save: node 1's ranks ended $ranks_end s after node 2 was killed in \
+the save after step $from, the job $took s after (exit status $rc); the step-$from checkpoint \
+is byte for byte as before and verifies"
+  if ! on_one 2 120 "$d/resume.out" "$train" "${big[@]}" --steps $((from + 3)) --resume "$c" \
+    --checkpoint "$c"; then
+    fail "lost node during a save: resuming at 1 node x 2 ranks failed" "$d/resume.out"; return
+  fi
+  if ! msg=$(expect "$d/resume.out" "resume['step'] == $from" 'resume["saved_ranks"] == 4' \
+    'start["ranks"] == 2' "summary['final_step'] == $from + 3" 'summary["applied"] == 3' \
+    'isfinite(summary["final_loss"])' 'len(checkpoints) == 1' 2>&1) ||
+    ! "$ckpt_tool" verify "$c" >"$d/verify2.out" 2>&1 || [ "$(ckpt_step "$c")" != $((from + 3)) ]
+  then
+    fail "lost node during a save: resumed at 1 node x 2 ranks: ${msg:-its checkpoint}" \
+      "$d/resume.out"
+    return
+  fi
+  ok "lost node during a save: resumed at 1 node x 2 ranks from step $from to $((from + 3)), \
+its checkpoint saved beside what was left and verified"
+}
+! wanted lost-save || lost_save
 
 # scripts/netns-cluster's refusals: exit status 1 and the message.
 refused() {  # WHAT PATTERN COMMAND...
