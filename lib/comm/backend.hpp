@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
@@ -29,6 +30,18 @@ class PendingOp {
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
+  // Waits up to d for completion (true: complete, as test()): the
+  // watchdog's wait (Request::wait with it armed). The default tests
+  // until d has passed (an MPI request, which MPI progresses only inside
+  // its calls); an operation that completes on a thread of ours sleeps
+  // instead, so that the waiter leaves the core to that thread.
+  virtual bool wait_for(std::chrono::microseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    do {
+      if (test()) return true;
+    } while (std::chrono::steady_clock::now() < until);
+    return false;
+  }
   // What it is, for the watchdog's message (set by the front end), and
   // where the watchdog asks the other ranks (null when it is not armed).
   const char* what = "wait";

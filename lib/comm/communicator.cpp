@@ -139,7 +139,8 @@ void Request::wait() {
   } else {
     detail::WatchScope watch(op_->what, op_->count, op_->dtype, op_->ranks);
     if (watch.armed())
-      detail::watch_poll([&] { return op_->test(); }, op_->channel.get());
+      detail::watch_wait([&](std::chrono::microseconds d) { return op_->wait_for(d); },
+                         op_->channel.get());
     else
       op_->wait();
   }

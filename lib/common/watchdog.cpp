@@ -377,7 +377,8 @@ void WatchChannel::free() {
 
 WatchChannel::~WatchChannel() { free(); }
 
-void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
+void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
+                const WatchChannel* channel) {
   State& s = state();
   const double timeout = timeout_seconds();
   Clock::time_point since;
@@ -386,18 +387,25 @@ void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) 
     s.polled = true;
     since = s.since;  // the outermost scope's start, fixed while it lasts
   }
-  // Between two tests of the operation, the questions of other ranks and
-  // the clock are looked at every 100 us at most: a poll costs one test.
-  constexpr auto kEvery = std::chrono::microseconds(100);
-  auto next = Clock::now() + kEvery;
-  while (!done()) {
-    const auto now = Clock::now();
-    if (now < next) continue;
-    next = now + kEvery;
+  // Between two waits for the operation, the questions of other ranks and
+  // the clock: every 100 us at most, so that a poll costs one test.
+  while (!wait_for(std::chrono::microseconds(100))) {
     serve_asks(s);
-    const double waited = std::chrono::duration<double>(now - since).count();
+    const double waited = std::chrono::duration<double>(Clock::now() - since).count();
     if (waited > timeout) fire(s, channel, timeout, waited);
   }
+}
+
+void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
+  watch_wait(
+      [&](std::chrono::microseconds d) {
+        const auto until = Clock::now() + d;
+        do {
+          if (done()) return true;
+        } while (Clock::now() < until);
+        return false;
+      },
+      channel);
 }
 
 void on_watchdog_exit(const void* key, std::function<void()> abort) {

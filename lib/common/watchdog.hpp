@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -74,6 +75,10 @@ class WatchChannel {
 // it asks the ranks of `channel` (none when null) where they are, prints
 // the report and ends the process. Exceptions of done() propagate.
 void watch_poll(const std::function<bool()>& done, const WatchChannel* channel);
+// The same for an operation that can wait without spinning: wait_for(d)
+// waits up to d for it and returns whether it completed.
+void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
+                const WatchChannel* channel);
 
 // Device communicators that must be aborted when the watchdog ends the
 // process (NCCL's: ncclCommAbort, so that the peers' operations fail rather

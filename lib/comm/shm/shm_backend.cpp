@@ -42,6 +42,10 @@ struct Task {
   std::function<void()> run;
   std::atomic<bool> done{false};
   std::exception_ptr error;
+  // For a wait with a time limit (wait_for): done is set, then m is taken
+  // and released, then cv notified, so that no waiter misses it.
+  std::mutex m;
+  std::condition_variable cv;
 };
 
 class TaskPending final : public PendingOp {
@@ -53,6 +57,14 @@ class TaskPending final : public PendingOp {
   }
   bool test() override {
     if (!t_->done.load(std::memory_order_acquire)) return false;
+    finish();
+    return true;
+  }
+  bool wait_for(std::chrono::microseconds d) override {
+    std::unique_lock lock(t_->m);
+    if (!t_->cv.wait_for(lock, d, [&] { return t_->done.load(std::memory_order_acquire); }))
+      return false;
+    lock.unlock();
     finish();
     return true;
   }
@@ -373,6 +385,8 @@ class ShmBackend final : public Backend {
       t->run = nullptr;
       t->done.store(true, std::memory_order_release);
       t->done.notify_all();
+      { const std::lock_guard waiters(t->m); }
+      t->cv.notify_all();
       lk.lock();
       busy_ = false;
       cv_.notify_all();
