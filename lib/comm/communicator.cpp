@@ -679,7 +679,8 @@ void run_blocking(Backend& b, const char* what, std::size_t count, DType dtype, 
     return;
   }
   std::unique_ptr<PendingOp> op = issue(false);
-  if (op) detail::watch_poll([&] { return op->test(); }, b.watch.get());
+  if (op)
+    detail::watch_wait([&](std::chrono::microseconds d) { return op->wait_for(d); }, b.watch.get());
 }
 
 }  // namespace

@@ -398,13 +398,17 @@ void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
 }
 
 void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
+  // Tests, yielding the core between tests after the first microseconds
+  // (a thread it waits for may share the core).
   watch_wait(
       [&](std::chrono::microseconds d) {
-        const auto until = Clock::now() + d;
-        do {
+        const auto start = Clock::now();
+        for (;;) {
           if (done()) return true;
-        } while (Clock::now() < until);
-        return false;
+          const auto waited = Clock::now() - start;
+          if (waited >= d) return false;
+          if (waited > std::chrono::microseconds(20)) std::this_thread::yield();
+        }
       },
       channel);
 }
