@@ -72,6 +72,24 @@ SHARDOPT_API int shardopt_reports_last_error(void);
 /* Forgets the last error of this thread. */
 SHARDOPT_API void shardopt_clear_error(void);
 
+/* The language the caller's code is written in, which messages and hints
+ * speak: they name the functions, struct fields and constants of that
+ * language's API (shardopt_zero_options_t.bucket_mb, shardopt_load's
+ * strict = 0, SHARDOPT_AVG in C; bucket_mb= of shardopt_optimizer_create,
+ * strict=.false., shardopt_zero_options_t%init_scale in Fortran) rather
+ * than the C++ API's, and number parameters and groups as it does (from 0
+ * in C, from 1 in Fortran). */
+typedef int shardopt_language_t;
+enum { SHARDOPT_LANGUAGE_C = 0, SHARDOPT_LANGUAGE_FORTRAN = 1 };
+
+/* Local, process-wide: makes messages speak `language` from now on (the
+ * default is SHARDOPT_LANGUAGE_C). A binding built on this API calls it
+ * once, before its first other call (the Fortran module does); a C code
+ * never needs to. Errors that the C++ API, called directly in that process,
+ * throws number parameters the same way. A value that is not a
+ * shardopt_language_t is SHARDOPT_ERR_INVALID_ARGUMENT (nothing changes). */
+SHARDOPT_API shardopt_status_t shardopt_set_language(shardopt_language_t language);
+
 /* ------------------------------------------------------------------------
  * Element types and reductions: the values of shardopt::DType and
  * shardopt::ReduceOp. The types are int, so that any value a caller (or a

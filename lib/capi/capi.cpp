@@ -1,12 +1,14 @@
 // shardopt: the C API's errors, handles, version and devices (shardopt.h).
 #include "capi.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "shardopt/device.hpp"
 #include "shardopt/types.hpp"
 
@@ -20,6 +22,9 @@ struct LastError {
   bool reports = true;
 };
 thread_local LastError last_error;
+
+// shardopt_language_t of the caller; process-wide, set by a binding once.
+std::atomic<int> caller_language{SHARDOPT_LANGUAGE_C};
 
 // Handle values: an id times 16 plus the kind, never 0, never reused. A
 // destroyed id stays in the table (without its object), so its later use is
@@ -61,13 +66,24 @@ const char* destroyer(Kind kind) {
 
 }  // namespace
 
+shardopt_language_t language() noexcept {
+  return static_cast<shardopt_language_t>(caller_language.load(std::memory_order_relaxed));
+}
+
+std::string element_name(const char* array, std::size_t i) {
+  const std::string index = detail::index_text(static_cast<long long>(i));
+  return language() == SHARDOPT_LANGUAGE_FORTRAN ? std::string(array) + "(" + index + ")"
+                                                 : std::string(array) + "[" + index + "]";
+}
+
 shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint,
                        bool reports) noexcept {
   try {
     last_error.status = status;
     last_error.reports = reports;
-    last_error.message = std::move(message);
-    last_error.hint = std::move(hint);
+    const shardopt_language_t lang = language();
+    last_error.message = in_callers_words(std::move(message), lang);
+    last_error.hint = in_callers_words(std::move(hint), lang);
   } catch (...) {
     last_error.message.clear();
     last_error.hint.clear();
@@ -206,6 +222,18 @@ SHARDOPT_API void shardopt_clear_error(void) {
   last_error.status = SHARDOPT_SUCCESS;
   last_error.message.clear();
   last_error.hint.clear();
+}
+
+SHARDOPT_API shardopt_status_t shardopt_set_language(shardopt_language_t language) {
+  return guard("shardopt_set_language", [&] {
+    if (language != SHARDOPT_LANGUAGE_C && language != SHARDOPT_LANGUAGE_FORTRAN)
+      SHARDOPT_THROW(invalid_argument,
+                     "language " + std::to_string(static_cast<int>(language)) +
+                         " is not a shardopt_language_t",
+                     "use SHARDOPT_LANGUAGE_C (0) or SHARDOPT_LANGUAGE_FORTRAN (1)");
+    caller_language.store(static_cast<int>(language), std::memory_order_relaxed);
+    detail::set_index_base(language == SHARDOPT_LANGUAGE_FORTRAN ? 1 : 0);
+  });
 }
 
 SHARDOPT_API shardopt_status_t shardopt_device_count(int* count) {

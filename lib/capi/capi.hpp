@@ -26,6 +26,20 @@ namespace shardopt::capi {
 shardopt_status_t fail(shardopt_status_t status, std::string message, std::string hint,
                        bool reports = true) noexcept;
 
+// The language of the process's caller (shardopt_set_language; C unless a
+// binding said otherwise).
+shardopt_language_t language() noexcept;
+
+// text with the C++ spellings the library's messages and hints use
+// (ZeroOptions::bucket_mb, step(), ...) replaced by the caller's
+// (shardopt_zero_options_t.bucket_mb, shardopt_step(), ...) in `language`:
+// the table is in spelling.cpp.
+std::string in_callers_words(std::string text, shardopt_language_t language);
+
+// Element i of array argument `array`, as the caller writes it: "params[2]"
+// in C, "params(3)" in Fortran.
+std::string element_name(const char* array, std::size_t i);
+
 // Runs f (returning void) and maps what it throws to a status; `function`
 // prefixes the message ("shardopt_step: ...").
 template <class F>

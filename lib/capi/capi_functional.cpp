@@ -7,6 +7,7 @@
 
 #include "capi.hpp"
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "hparams.hpp"
 #include "shardopt/optim.hpp"
 
@@ -64,9 +65,10 @@ SHARDOPT_API shardopt_status_t shardopt_functional_slots(const char* spec, int* 
             if (!name) return;
             if (k < 0 || k >= *num_states)
               SHARDOPT_THROW(invalid_argument,
-                             "k " + std::to_string(k) + " is not a slot of " + O::key +
+                             "k " + detail::index_text(k) + " is not a slot of " + O::key +
                                  ", which has " + std::to_string(names.size()),
-                             "pass k from 0 to num_states - 1, or a NULL name");
+                             "pass k from " + detail::index_text(0) + " to " +
+                                 detail::index_text(*num_states - 1) + ", or a NULL name");
             copy_out(names[static_cast<std::size_t>(k)], name, name_size, "name");
           }
         },
@@ -86,9 +88,10 @@ SHARDOPT_API shardopt_status_t shardopt_functional_slot_used(const char* spec, i
             const auto names = slot_names(o, &in_use);
             if (k < 0 || k >= static_cast<int>(names.size()))
               SHARDOPT_THROW(invalid_argument,
-                             "k " + std::to_string(k) + " is not a slot of " + O::key +
+                             "k " + detail::index_text(k) + " is not a slot of " + O::key +
                                  ", which has " + std::to_string(names.size()),
-                             "pass k from 0 to num_states - 1");
+                             "pass k from " + detail::index_text(0) + " to " +
+                                 detail::index_text(static_cast<long long>(names.size()) - 1));
             *used = in_use[static_cast<std::size_t>(k)] ? 1 : 0;
           }
         },

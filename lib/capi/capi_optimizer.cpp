@@ -5,6 +5,7 @@
 
 #include "capi.hpp"
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "hparams.hpp"
 #include "shardopt/agree.hpp"
 
@@ -45,17 +46,20 @@ void check_index(OptimizerObject& o, std::size_t index) {
   check_count(index, "index");
   if (index >= o.opt->num_params())
     SHARDOPT_THROW(invalid_argument,
-                   "index " + std::to_string(index) + " is not a parameter: there are " +
-                       std::to_string(o.opt->num_params()),
-                   "pass an index from 0 to the number of parameters - 1 (registration order)");
+                   "index " + detail::index_text(static_cast<long long>(index)) +
+                       " is not a parameter: there are " + std::to_string(o.opt->num_params()),
+                   "pass an index from " + detail::index_text(0) + " to " +
+                       detail::index_text(static_cast<long long>(o.opt->num_params()) - 1) +
+                       " (registration order)");
 }
 
 void check_group(OptimizerObject& o, int group, bool all_allowed) {
   if ((all_allowed && group == -1) || (group >= 0 && group < o.opt->num_groups())) return;
   SHARDOPT_THROW(invalid_argument,
-                 "group " + std::to_string(group) + " is not a parameter group: there are " +
+                 "group " + detail::index_text(group) + " is not a parameter group: there are " +
                      std::to_string(o.opt->num_groups()),
-                 std::string("pass a group from 0 to the number of groups - 1") +
+                 "pass a group from " + detail::index_text(0) + " to " +
+                     detail::index_text(o.opt->num_groups() - 1) +
                      (all_allowed ? ", or -1 for every group" : ""));
 }
 
@@ -117,7 +121,7 @@ SHARDOPT_API shardopt_status_t shardopt_optimizer_create(shardopt_comm_t comm,
       ps.reserve(num_params);
       for (std::size_t i = 0; i < num_params; ++i) {
         const shardopt_param_t& p = params[i];
-        const std::string where = "params[" + std::to_string(i) + "]";
+        const std::string where = element_name("params", i);
         Param q;
         q.name = string_of(p.name, (where + ".name").c_str());
         q.data = p.data;
@@ -135,7 +139,7 @@ SHARDOPT_API shardopt_status_t shardopt_optimizer_create(shardopt_comm_t comm,
         ps.push_back(std::move(q));
       }
       for (int g = 0; g < num_groups; ++g) {
-        const std::string where = "groups[" + std::to_string(g) + "]";
+        const std::string where = element_name("groups", static_cast<std::size_t>(g));
         try {
           configs.push_back(parse_spec(string_of(groups[g], where.c_str())));
         } catch (const Error& e) {
@@ -344,8 +348,9 @@ SHARDOPT_API shardopt_status_t shardopt_gather_state(shardopt_optimizer_t opt, c
     if (count != numel)
       SHARDOPT_THROW(invalid_argument,
                      "count " + std::to_string(count) + " differs from parameter " +
-                         std::to_string(index) + " ('" + o.opt->param(index).name +
-                         "'), which has " + std::to_string(numel) + " elements",
+                         detail::index_text(static_cast<long long>(index)) + " ('" +
+                         o.opt->param(index).name + "'), which has " + std::to_string(numel) +
+                         " elements",
                      "pass a buffer of the parameter's element count");
     if (!out && count > 0) check_out(out, "out");
     std::copy(v.begin(), v.end(), out);

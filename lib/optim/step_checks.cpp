@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/language.hpp"
 #include "kernels/finite.hpp"
 
 namespace shardopt::detail {
@@ -232,7 +233,7 @@ void TensorList::check_length(const std::string& what, std::size_t got, bool may
 }
 
 std::string TensorList::name(std::size_t i) const {
-  return std::string(opt_) + ": tensor " + std::to_string(i);
+  return std::string(opt_) + ": tensor " + index_text(i);
 }
 
 functional::StepOptions TensorList::options(std::size_t i) const {
@@ -258,9 +259,8 @@ void ListLocation::add(std::size_t i, const std::string& name,
                         : where_.kind != MemoryKind::host && here.device == where_.device;
   if (!same) {
     throw_error(ErrorCode::wrong_device,
-                std::string(opt_) + ": tensor " + std::to_string(i) + " is in " +
-                    location_name(here) + " but tensor " + std::to_string(first_) + " is in " +
-                    location_name(where_),
+                std::string(opt_) + ": tensor " + index_text(i) + " is in " + location_name(here) +
+                    " but tensor " + index_text(first_) + " is in " + location_name(where_),
                 "keep every tensor of a list in the same memory (all host, or all on one "
                 "GPU), or call the step once per memory",
                 __FILE__, __LINE__);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "common/watchdog.hpp"
 
 namespace shardopt::detail {
@@ -12,7 +13,7 @@ namespace shardopt::detail {
 const Param& ZeroEngine::param(std::size_t i) const {
   if (i >= params_.size())
     throw_error(ErrorCode::invalid_argument,
-                "parameter index " + std::to_string(i) + " is out of range (" +
+                "parameter index " + index_text(i) + " is out of range (" +
                     std::to_string(params_.size()) + " parameters)",
                 "pass an index below num_params()", __FILE__, __LINE__);
   return params_[i];

@@ -15,6 +15,7 @@
 #include "common/check.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
+#include "common/language.hpp"
 #include "common/log.hpp"
 #include "common/settings.hpp"
 #include "shardopt/cast.hpp"
@@ -30,7 +31,7 @@ std::string num(double v) { return format_number(v); }
 // "key=value" lines of a group's hyper-parameters, for the fingerprint and
 // for naming the first one that differs.
 std::string describe_group(const OptimizerConfig& g, int index) {
-  return describe_hypers(g, "group " + std::to_string(index) + " ");
+  return describe_hypers(g, "group " + index_text(index) + " ");
 }
 
 }  // namespace
@@ -124,11 +125,11 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   if (groups_.empty()) fail(bad, "no parameter group: pass at least one OptimizerConfig");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].index() != kind_)
-      fail(bad, std::string("parameter group ") + std::to_string(g) + " uses " +
-                    kind_name(groups_[g]) + " but group 0 uses " + kind_name(groups_[0]) +
+      fail(bad, std::string("parameter group ") + index_text(g) + " uses " + kind_name(groups_[g]) +
+                    " but group " + index_text(0) + " uses " + kind_name(groups_[0]) +
                     "; every group must use the same kind of optimizer");
     if (const auto* c = std::get_if<CustomOptimizer>(&groups_[g]); c && !c->update)
-      fail(bad, "CustomOptimizer '" + c->name + "' of group " + std::to_string(g) +
+      fail(bad, "CustomOptimizer '" + c->name + "' of group " + index_text(g) +
                     " has no update function");
   }
   if (error.empty()) {
@@ -150,7 +151,7 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   std::string first_who;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
-    const std::string who = "parameter " + std::to_string(i) + " ('" + p.name + "')";
+    const std::string who = "parameter " + index_text(i) + " ('" + p.name + "')";
     if (p.name.empty()) fail(bad, who + " has an empty name; give every parameter a name");
     if (!names.insert(p.name).second)
       fail(bad, who + ": the name is used twice; names must be unique");
@@ -158,11 +159,11 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
       fail(ErrorCode::unsupported,
            who + " has dtype " + dtype_name(p.dtype) + "; parameters must be f32, bf16 or f16");
     if (p.dtype != dtype_)
-      fail(ErrorCode::unsupported, who + " is " + dtype_name(p.dtype) + " but parameter 0 is " +
-                                       dtype_name(dtype_) +
+      fail(ErrorCode::unsupported, who + " is " + dtype_name(p.dtype) + " but parameter " +
+                                       index_text(0) + " is " + dtype_name(dtype_) +
                                        "; every parameter must have the same dtype");
     if (p.group < 0 || p.group >= static_cast<int>(groups_.size()))
-      fail(bad, who + " is in group " + std::to_string(p.group) + " but there are " +
+      fail(bad, who + " is in group " + index_text(p.group) + " but there are " +
                     std::to_string(groups_.size()) + " group(s)");
     if (p.numel > 0 && p.data == nullptr)
       fail(bad, who + " has " + std::to_string(p.numel) + " elements but a null data pointer");
@@ -216,10 +217,9 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
     if (ranges[k].begin < ranges[k - 1].end) {
       const Range& a = ranges[k - 1];
       const Range& b = ranges[k];
-      fail(bad, std::string("the ") + a.what + " buffer of parameter " + std::to_string(a.param) +
+      fail(bad, std::string("the ") + a.what + " buffer of parameter " + index_text(a.param) +
                     " ('" + params_[a.param].name + "') overlaps the " + b.what +
-                    " buffer of parameter " + std::to_string(b.param) + " ('" +
-                    params_[b.param].name +
+                    " buffer of parameter " + index_text(b.param) + " ('" + params_[b.param].name +
                     "'); every parameter and gradient needs its own memory");
       break;
     }
@@ -274,7 +274,7 @@ std::string describe_options(const ZeroOptions& o, DType dtype, double bucket_mb
 std::string describe_param(const Param& p) {
   std::ostringstream s;
   s << "name=" << p.name << "\nnumel=" << p.numel << "\ndtype=" << dtype_name(p.dtype)
-    << "\ngroup=" << p.group << "\nshape=";
+    << "\ngroup=" << index_text(p.group) << "\nshape=";
   for (std::size_t d : p.shape) s << d << ",";
   s << "\n";
   return s.str();
@@ -360,7 +360,7 @@ void ZeroEngine::agree_on_layout() {
     const std::size_t i = static_cast<std::size_t>(differs);
     const std::string name = allgather_strings(ctl_, params_[i].name)[0];
     throw_agreed(ctl_, ErrorCode::layout_mismatch,
-                 "ranks registered different parameters: parameter " + std::to_string(i) + " ('" +
+                 "ranks registered different parameters: parameter " + index_text(i) + " ('" +
                      name +
                      "' on rank 0): " + first_difference(ctl_, describe_param(params_[i]), "the"),
                  hint, __FILE__, __LINE__);
@@ -373,7 +373,7 @@ void ZeroEngine::agree_on_layout() {
         "ranks registered different numbers of parameters: " +
             first_difference(ctl_, "number of parameters=" + std::to_string(count) + "\n", "the") +
             " (the first " + std::to_string(fewest) + " agree; the first extra one is parameter " +
-            std::to_string(fewest) + ": " + gather_first_nonempty(ctl_, extra) + ")",
+            index_text(fewest) + ": " + gather_first_nonempty(ctl_, extra) + ")",
         hint, __FILE__, __LINE__);
   }
   reduce_type_ = (opt_.reduce_in_fp32 || dtype_ == DType::f32) ? DType::f32 : dtype_;

@@ -20,6 +20,7 @@
 #include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
+#include "common/language.hpp"
 #include "common/log.hpp"
 #include "shardopt/config.hpp"
 
@@ -438,7 +439,7 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
   const Param& p = params_[i];
   if (opt_.stage < 2 && reduced_once_)
     throw_error(ErrorCode::invalid_state,
-                "grad_ready(" + std::to_string(i) +
+                "grad_ready(" + index_text(i) +
                     ") after the gradients of this step were "
                     "reduced (stage " +
                     std::to_string(opt_.stage) + ")",
@@ -446,15 +447,15 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
                 "buffers and mark them ready in the last one only, or use stage 2",
                 __FILE__, __LINE__);
   if (ready_[i] != 0)
-    throw_error(ErrorCode::invalid_state,
-                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
-                    "') was called twice in one micro-batch",
-                "mark each gradient ready once per micro-batch; reduce_gradients() or step() "
-                "starts the next one",
-                __FILE__, __LINE__);
+    throw_error(
+        ErrorCode::invalid_state,
+        "grad_ready(" + index_text(i) + ") ('" + p.name + "') was called twice in one micro-batch",
+        "mark each gradient ready once per micro-batch; reduce_gradients() or step() "
+        "starts the next one",
+        __FILE__, __LINE__);
   if (streamed_[i] != 0 && grad == nullptr)
     throw_error(ErrorCode::invalid_argument,
-                "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                "grad_ready(" + index_text(i) + ") ('" + p.name +
                     "'): the parameter has no gradient buffer (Param::grad is null in stage 2)",
                 "pass its gradient: grad_ready(i, grad), which copies it into its bucket", __FILE__,
                 __LINE__);
@@ -463,7 +464,7 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
   if (grad != nullptr && p.numel > 0 && grad != grad_ptr_[i] &&
       space_.on_device() != (locate(grad).kind != MemoryKind::host))
     throw_error(ErrorCode::wrong_device,
-                "grad_ready(" + std::to_string(i) + ") ('" + p.name + "'): the gradient is in " +
+                "grad_ready(" + index_text(i) + ") ('" + p.name + "'): the gradient is in " +
                     location_name(locate(grad)) + " but the optimizer's parameters are in " +
                     space_.name(),
                 "pass a gradient in the memory the optimizer was built on (copy it there first)",
@@ -471,17 +472,16 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
   if (producer) {
     if (!space_.on_device())
       throw_error(ErrorCode::invalid_argument,
-                  "grad_ready(" + std::to_string(i) + ") ('" + p.name +
+                  "grad_ready(" + index_text(i) + ") ('" + p.name +
                       "'): a stream was given but the optimizer's parameters are in host memory",
                   "pass no stream (null) for host parameters", __FILE__, __LINE__);
     const int sd = space_.runtime()->stream_device(*producer);
     if (sd != space_.location().device)
-      throw_error(ErrorCode::wrong_device,
-                  "grad_ready(" + std::to_string(i) + ") ('" + p.name +
-                      "'): the stream belongs to device " + std::to_string(sd) +
-                      " but the optimizer's parameters are in " + space_.name(),
-                  "pass the stream that wrote the gradient, on the parameters' device", __FILE__,
-                  __LINE__);
+      throw_error(
+          ErrorCode::wrong_device,
+          "grad_ready(" + index_text(i) + ") ('" + p.name + "'): the stream belongs to device " +
+              std::to_string(sd) + " but the optimizer's parameters are in " + space_.name(),
+          "pass the stream that wrote the gradient, on the parameters' device", __FILE__, __LINE__);
     if (produced_ == nullptr) produced_ = space_.runtime()->create_event();
     // Every stream that wrote into a bucket is waited on: each call orders
     // the engine's stream after its own producer.

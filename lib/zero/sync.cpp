@@ -13,6 +13,7 @@
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/engine.hpp"
 
@@ -100,7 +101,7 @@ SyncReport ZeroEngine::check_sync() {
   std::vector<double> values(static_cast<std::size_t>(nranks));
   ctl_.allgather(&value, values.data(), 1, DType::f64);
 
-  r.message = "parameter '" + p.name + "' (index " + std::to_string(i) + ", " +
+  r.message = "parameter '" + p.name + "' (index " + index_text(i) + ", " +
               std::to_string(p.numel) + " elements) has " +
               by_value(all_sums,
                        [](std::int64_t v) {

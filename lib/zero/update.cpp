@@ -11,6 +11,7 @@
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "common/log.hpp"
 #include "common/mpi_lifetime.hpp"
 #include "kernels/norm.hpp"
@@ -39,7 +40,7 @@ void ZeroEngine::check_hyper_parameters() const {
           },
           groups_[g]);
     } catch (const Error& e) {
-      throw_error(e.code(), "parameter group " + std::to_string(g) + ": " + e.message(), e.hint(),
+      throw_error(e.code(), "parameter group " + index_text(g) + ": " + e.message(), e.hint(),
                   __FILE__, __LINE__);
     }
   }
@@ -395,7 +396,7 @@ void ZeroEngine::throw_non_finite(double mul) {
   const std::size_t p = static_cast<std::size_t>(first[0]);
   std::ostringstream msg;
   msg << "step " << steps_ + 1 << ": the gradient of parameter '" << params_[p].name << "' (index "
-      << p << ") is " << value << " at element " << first[1]
+      << index_text(p) << ") is " << value << " at element " << first[1]
       << " after the reduction over ranks (a rank's gradient held it, or the sum overflowed)";
   if (mul != 1.0) msg << " and the scaling by " << mul;
   msg << "; nothing was updated";
@@ -488,7 +489,7 @@ MemoryReport ZeroEngine::memory_report() const {
 OptimizerConfig& ZeroEngine::param_group(int g) {
   if (g < 0 || g >= num_groups())
     throw_error(ErrorCode::invalid_argument,
-                "parameter group " + std::to_string(g) + " does not exist (" +
+                "parameter group " + index_text(g) + " does not exist (" +
                     std::to_string(num_groups()) + " groups)",
                 "pass a group index below num_groups()", __FILE__, __LINE__);
   return groups_[std::size_t(g)];

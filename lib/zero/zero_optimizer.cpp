@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "shardopt/zero.hpp"
 
 using shardopt::detail::throw_error;
@@ -42,7 +43,7 @@ void ZeroRedundancyOptimizer::grad_ready(std::size_t i) { engine(engine_).grad_r
 void ZeroRedundancyOptimizer::grad_ready(std::size_t i, const void* grad) {
   if (grad == nullptr && param(i).numel > 0)
     throw_error(ErrorCode::invalid_argument,
-                "grad_ready(" + std::to_string(i) + ", grad): grad is null",
+                "grad_ready(" + detail::index_text(i) + ", grad): grad is null",
                 "pass the gradient's buffer, or call grad_ready(i) for the registered one",
                 __FILE__, __LINE__);
   engine(engine_).grad_ready(i, grad);

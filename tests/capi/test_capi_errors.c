@@ -54,6 +54,7 @@ static void on_alarm(int sig) {
  * be in this list by the end. */
 
 static const char* const k_functions[] = {
+    "shardopt_set_language",
     "shardopt_device_count",
     "shardopt_set_device",
     "shardopt_comm_options_init",
@@ -227,6 +228,26 @@ static int last_error_mentions(const char* needles, int line) {
   return 0;
 }
 #define LAST_ERROR_MENTIONS(needles) last_error_mentions((needles), __LINE__)
+
+/* The last error speaks C: its message and its hint name no C++ spelling
+ * ("ZeroOptions::bucket_mb", "LoadOptions::strict"), and one of them names
+ * `c_name`, the C API's word for the thing (a struct field, a constant, a
+ * function). */
+static int speaks_c(const char* c_name, int line) {
+  ++g_checks;
+  const char* message = shardopt_last_error();
+  const char* hint = shardopt_last_error_hint();
+  if (strstr(message, "::") != NULL || strstr(hint, "::") != NULL) {
+    failure(line, "\"%s\" (hint: \"%s\") has a C++ spelling (\"::\")", message, hint);
+    return 0;
+  }
+  if (strstr(message, c_name) == NULL && strstr(hint, c_name) == NULL) {
+    failure(line, "neither \"%s\" nor its hint \"%s\" names \"%s\"", message, hint, c_name);
+    return 0;
+  }
+  return 1;
+}
+#define SPEAKS_C(c_name) speaks_c((c_name), __LINE__)
 
 static const shardopt_status_t INVALID_ARGUMENT = SHARDOPT_ERR_INVALID_ARGUMENT;
 static const shardopt_status_t INVALID_STATE = SHARDOPT_ERR_INVALID_STATE;
@@ -455,6 +476,8 @@ static void test_collectives(shardopt_comm_t comm) {
              "recv|null");
   EXPECT_ERR(shardopt_allreduce(comm, isend, irecv, N, SHARDOPT_I32, SHARDOPT_AVG),
              SHARDOPT_ERR_UNSUPPORTED, "avg");
+  SPEAKS_C("SHARDOPT_AVG");
+  SPEAKS_C("SHARDOPT_SUM"); /* the hint: reduce with SHARDOPT_SUM and divide */
   /* Corrected: the sum of the integers. */
   if (EXPECT_OK(shardopt_allreduce(comm, isend, irecv, N, SHARDOPT_I32, SHARDOPT_SUM)))
     for (int i = 0; i < N; ++i) CHECK(irecv[i] == g_size * (g_size - 1) / 2 + g_size * i);
@@ -686,12 +709,16 @@ static shardopt_optimizer_t test_optimizer_create(shardopt_comm_t comm) {
   EXPECT_ERR(CREATE(p, NP, bad, 2, &o), INVALID_ARGUMENT, "sgd|SGD");
   LAST_ERROR_MENTIONS("same kind|every group");
 
-  /* Options. */
+  /* Options: named by their fields in shardopt_zero_options_t. */
+  o.stage = 5;
+  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "stage");
+  SPEAKS_C("shardopt_zero_options_t.stage is 5");
   o.stage = 3;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "stage");
   o.stage = 1;
   o.bucket_mb = -1.0;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "bucket_mb");
+  SPEAKS_C("shardopt_zero_options_t.bucket_mb is -1");
   o.bucket_mb = 0.0;
   o.non_finite = 7;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "non_finite");
@@ -699,14 +726,25 @@ static shardopt_optimizer_t test_optimizer_create(shardopt_comm_t comm) {
   o.loss_scaler = 1;
   o.init_scale = -1.0;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "init_scale");
+  SPEAKS_C("shardopt_zero_options_t.init_scale");
   o.init_scale = 65536.0;
+  o.non_finite = 3; /* ignore: no check, which the loss scaler needs */
+  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "non_finite");
+  SPEAKS_C("shardopt_zero_options_t.non_finite is 3 (ignore)");
+  o.non_finite = 0;
   o.loss_scaler = 0;
   o.predivide_factor = 0.0;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "predivide_factor");
+  SPEAKS_C("shardopt_zero_options_t.predivide_factor");
   o.predivide_factor = 1.0;
   o.check_sync_every = -5;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "check_sync_every");
+  SPEAKS_C("shardopt_zero_options_t.check_sync_every");
   o.check_sync_every = 0;
+  o.stream_grads = 1; /* needs stage 2 */
+  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "stream_grads");
+  SPEAKS_C("shardopt_zero_options_t.stream_grads");
+  o.stream_grads = 0;
 
   /* Parameters. */
   p[2].dtype = BAD_DTYPE;
@@ -821,6 +859,15 @@ static void test_optimizer_calls(shardopt_optimizer_t opt, shardopt_comm_t comm)
   /* grad_ready and its forms. */
   EXPECT_ERR(shardopt_grad_ready(opt, 3, NULL), INVALID_ARGUMENT, "3");
   LAST_ERROR_MENTIONS("num_params|index|range");
+  LAST_ERROR_MENTIONS("from 0 to 2"); /* C numbers parameters from 0 */
+  /* The language is the process's: a binding's (Fortran numbers from 1),
+   * then C again. */
+  EXPECT_ERR(shardopt_set_language(7), INVALID_ARGUMENT, "language");
+  EXPECT_OK(shardopt_set_language(SHARDOPT_LANGUAGE_FORTRAN));
+  EXPECT_ERR(shardopt_grad_ready(opt, 3, NULL), INVALID_ARGUMENT, "index 4 is not a parameter");
+  LAST_ERROR_MENTIONS("from 1 to 3");
+  EXPECT_OK(shardopt_set_language(SHARDOPT_LANGUAGE_C));
+  EXPECT_ERR(shardopt_grad_ready(opt, 3, NULL), INVALID_ARGUMENT, "index 3 is not a parameter");
   EXPECT_ERR(shardopt_grad_ready(opt, MINUS_ONE, NULL), INVALID_ARGUMENT, "-1");
   EXPECT_ERR(shardopt_grad_ready(NULL, 0, NULL), INVALID_ARGUMENT, "null|optimizer");
   EXPECT_ERR(shardopt_grad_ready_on(opt, NULL, 0, NULL), INVALID_ARGUMENT, "host");
@@ -986,7 +1033,7 @@ static void make_temp_dir(char* dir, size_t size) {
   snprintf(dir, size, "%s", path);
 }
 
-static void test_checkpoints(shardopt_optimizer_t opt) {
+static void test_checkpoints(shardopt_optimizer_t opt, shardopt_comm_t comm) {
   g_where = "test_checkpoints";
   char dir[256], path[512], bad[512], garbage[512], missing[512];
   shardopt_load_report_t report;
@@ -1070,6 +1117,33 @@ static void test_checkpoints(shardopt_optimizer_t opt) {
   /* A parameters-only file is not a checkpoint. */
   EXPECT_ERR(shardopt_load(opt, exported, 1, 1, NULL), SHARDOPT_ERR_CHECKPOINT,
              "params.safetensors");
+
+  /* An optimizer of other parameters, at stage 2 with its gradients
+   * streamed: a strict load of the checkpoint names shardopt_load's strict
+   * argument, and a gradient marked ready without a buffer names the
+   * parameter's missing grad field. */
+  static float other[5];
+  shardopt_param_t q;
+  memset(&q, 0, sizeof q);
+  q.name = "other";
+  q.data = other;
+  q.count = 5;
+  q.dtype = SHARDOPT_F32;
+  const char* spec = "adamw lr=0.01";
+  shardopt_zero_options_t zo;
+  EXPECT_OK(shardopt_zero_options_init(&zo));
+  zo.stage = 2;
+  zo.stream_grads = 1;
+  shardopt_optimizer_t streamed = NULL;
+  if (EXPECT_OK(shardopt_optimizer_create(comm, &q, 1, &spec, 1, &zo, &streamed))) {
+    EXPECT_ERR(shardopt_load(streamed, path, 1, 1, NULL), SHARDOPT_ERR_CHECKPOINT, "match");
+    SPEAKS_C("strict = 0 of shardopt_load");
+    EXPECT_OK(shardopt_zero_grad(streamed));
+    EXPECT_ERR(shardopt_grad_ready(streamed, 0, NULL), INVALID_ARGUMENT, "gradient buffer");
+    SPEAKS_C("shardopt_param_t.grad is NULL");
+    SPEAKS_C("shardopt_grad_ready(opt, i, grad)");
+    EXPECT_OK(shardopt_optimizer_destroy(&streamed));
+  }
 
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == 0) {
@@ -1219,7 +1293,7 @@ int main(int argc, char** argv) {
     shardopt_optimizer_t opt = test_optimizer_create(comm);
     if (all_ranks(opt != NULL)) {
       test_optimizer_calls(opt, comm);
-      test_checkpoints(opt);
+      test_checkpoints(opt, comm);
       test_optimizer_lifetime(comm, &opt);
     }
     EXPECT_OK(shardopt_comm_destroy(&comm));
