@@ -9,7 +9,10 @@
 !   shardopt_error_message() returns. Without ierr a failure stops the
 !   program (error stop) with the message and its hint, on the failing rank.
 ! - Parameters and parameter groups are numbered from 1, as Fortran arrays
-!   are; ranks (and the broadcast root) from 0, as MPI numbers them.
+!   are; ranks (and the broadcast root) from 0, as MPI numbers them. The
+!   C API's messages do the same, and name this module's procedures,
+!   keyword arguments and types: the module tells it its caller speaks
+!   Fortran (shardopt_set_language) before its first call that can fail.
 ! - Collective procedures are called by every rank of the communicator, in
 !   the same order, as in the C API.
 module shardopt
@@ -280,6 +283,11 @@ module shardopt
     end function
     subroutine c_clear_error() bind(c, name='shardopt_clear_error')
     end subroutine
+    function c_set_language(language) bind(c, name='shardopt_set_language') result(st)
+      import
+      integer(c_int), value :: language
+      integer(c_int) :: st
+    end function
     function c_status_name(status) bind(c, name='shardopt_status_name') result(s)
       import
       integer(c_int), value :: status
@@ -580,6 +588,13 @@ module shardopt
   integer :: own_status = SHARDOPT_SUCCESS
   character(len=:), allocatable :: own_message, own_hint
 
+  ! shardopt_language_t: the C API's messages name the module's procedures,
+  ! keyword arguments and types, and number parameters and groups from 1.
+  ! Said once per process, by the first procedure that can reach the C API
+  ! with something to report (speak_fortran).
+  integer(c_int), parameter :: SHARDOPT_LANGUAGE_FORTRAN = 1
+  logical :: language_said = .false.
+
 
   integer, parameter :: OP_ALLREDUCE = 1, OP_REDUCE_SCATTER = 2, OP_ALLGATHER = 3, OP_BROADCAST = 4
 
@@ -705,6 +720,14 @@ contains
     call c_clear_error()
   end subroutine
 
+  ! Tells the C API that its caller speaks Fortran (once per process).
+  subroutine speak_fortran()
+    integer(c_int) :: st
+    if (language_said) return
+    st = c_set_language(SHARDOPT_LANGUAGE_FORTRAN)
+    language_said = st == SHARDOPT_SUCCESS
+  end subroutine
+
   ! " (rank N)" in MPI_COMM_WORLD while MPI runs, for messages that end the job.
   function rank_text() result(s)
     character(len=:), allocatable :: s
@@ -783,6 +806,7 @@ contains
     integer, intent(out) :: count
     integer, intent(out), optional :: ierr
     integer(c_int) :: n
+    call speak_fortran()
     n = 0
     call done(c_device_count(n), ierr)
     count = int(n)
@@ -792,6 +816,7 @@ contains
   subroutine shardopt_set_device(device, ierr)
     integer, intent(in) :: device
     integer, intent(out), optional :: ierr
+    call speak_fortran()
     call done(c_set_device(int(device, c_int)), ierr)
   end subroutine
 
@@ -810,6 +835,7 @@ contains
     type(comm_options_t) :: options
     character(kind=c_char), allocatable, target :: dc(:), hc(:)
     integer :: status
+    call speak_fortran()
     status = c_comm_options_init(options)
     if (present(max_chunk_elements)) then
       if (max_chunk_elements < 0) then
@@ -1726,6 +1752,7 @@ contains
     type(c_ptr) :: params_ptr, groups_ptr
     integer :: i, k, at, total, ng, namelen
     integer(c_int) :: st
+    call speak_fortran()
     ng = size(groups)
     if (ng < 1) then
       call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_optimizer_create: no optimizer spec given', &
@@ -2476,6 +2503,7 @@ contains
     integer, intent(out) :: num_states
     integer, intent(out), optional :: ierr
     integer(c_int) :: n
+    call speak_fortran()
     n = 0
     call done(c_functional_slots(trim(spec)//c_null_char, n, 0_c_int, c_null_ptr, 0_c_size_t), ierr)
     num_states = int(n)
@@ -2489,6 +2517,7 @@ contains
     integer, intent(out), optional :: ierr
     character(kind=c_char), allocatable, target :: buf(:)
     integer(c_int) :: n
+    call speak_fortran()
     allocate (buf(256))
     buf = c_null_char
     n = 0
@@ -2535,6 +2564,7 @@ contains
     logical, allocatable :: used(:)
     integer(c_int) :: st, a, f, nslots
     integer :: k, n
+    call speak_fortran()
     n = size(params)
     if (size(grads) /= n) then
       call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_functional_step: grads has '//str(size(grads))// &

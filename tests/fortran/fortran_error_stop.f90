@@ -3,7 +3,7 @@
 ! the wrong size (found by the module), `capi` an unknown hyper-parameter
 ! (found by the C API). `agreed`: the last rank registers a parameter of
 ! another size, which every rank's optimizer_create refuses alike; one rank
-! prints it. run_error_stop.sh runs it and checks the output.
+! prints it, naming the parameter as Fortran numbers it (parameter 1). run_error_stop.sh runs it and checks the output.
 program fortran_error_stop
   use, intrinsic :: iso_c_binding
   use mpi_f08

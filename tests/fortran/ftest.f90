@@ -7,7 +7,8 @@ module ftest
   use mpi_f08
   implicit none
   private
-  public :: test_init, test_finish, check, check_close, check_status, check_fails, same_bits, uval, grid
+  public :: test_init, test_finish, check, check_close, check_status, check_fails, check_fortran_words
+  public :: same_bits, uval, grid
   public :: world_rank, world_size
 
   integer :: world_rank = 0, world_size = 1
@@ -86,6 +87,22 @@ contains
       failures = failures + 1
       write (output_unit, '(a,i0,a,a,a,i0,a,a,a,a,a)') 'FAIL (rank ', world_rank, '): ', what, &
         ': ierr ', ierr, ' (expected a failure), message "', message, '" (expected to contain "', text, '")'
+      flush (output_unit)
+    end if
+  end subroutine
+
+  ! The call failed with a message (hint included) that speaks Fortran: it
+  ! contains `text` (the module's names, parameters numbered from 1) and no
+  ! C++ spelling ("ZeroOptions::stage").
+  subroutine check_fortran_words(ierr, message, text, what)
+    integer, intent(in) :: ierr
+    character(len=*), intent(in) :: message, text, what
+    checks = checks + 1
+    if (ierr == 0 .or. index(message, text) == 0 .or. index(message, '::') /= 0) then
+      failures = failures + 1
+      write (output_unit, '(a,i0,a,a,a,i0,a,a,a,a,a)') 'FAIL (rank ', world_rank, '): ', what, &
+        ': ierr ', ierr, ', message "', message, '" (expected to contain "', text, &
+        '" and no C++ spelling "::")'
       flush (output_unit)
     end if
   end subroutine

@@ -43,6 +43,10 @@ if [ "$status" -eq 0 ] || [ "$status" -eq 124 ]; then
   fail "agreed: exit status $status"
 elif [ "$lines" -ne 1 ]; then
   fail "agreed: $lines ranks printed the error, expected 1"
+elif ! grep -qF "parameter 1 ('w' on rank 0)" "$work/out"; then
+  fail "agreed: the message does not name the parameter as Fortran numbers it (parameter 1)"
+elif grep -F "ERROR STOP" "$work/out" | grep -qF '::'; then
+  fail "agreed: the message has a C++ spelling ('::')"
 elif grep -qF "went on" "$work/out"; then
   fail "agreed: a rank went on after the error"
 else

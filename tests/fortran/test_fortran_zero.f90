@@ -442,6 +442,12 @@ contains
     call check(.not. c_associated(opt%ptr), 'a failed creation leaves a null handle')
     call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, stage=3, ierr=ierr)
     call check_fails(ierr, shardopt_error_message(), 'stage', 'stage 3 is refused')
+    ! Options are named by the keyword arguments that set them.
+    call check_fortran_words(ierr, shardopt_error_message(), 'stage= of shardopt_optimizer_create is 3', &
+                             'stage 3 is named by its keyword')
+    call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, bucket_mb=-1.0_c_double, ierr=ierr)
+    call check_fortran_words(ierr, shardopt_error_message(), 'bucket_mb= of shardopt_optimizer_create is -1', &
+                             'bucket_mb -1 is named by its keyword')
     call shardopt_params_clear(other)
     call shardopt_params_add(other, 'same', v)
     call shardopt_params_add(other, 'same', w1)
@@ -450,6 +456,16 @@ contains
 
     call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, ierr=ierr)
     call check(ierr == 0, 'optimizer_create: '//shardopt_error_message())
+
+    ! A gradient marked ready twice: named by its number from 1, in the
+    ! words of the call that marks it.
+    call shardopt_zero_grad(opt)
+    call shardopt_grad_ready(opt, 2, ierr=ierr)
+    call check(ierr == 0, 'grad_ready of w2: '//shardopt_error_message())
+    call shardopt_grad_ready(opt, 2, ierr=ierr)
+    call check_fortran_words(ierr, shardopt_error_message(), &
+                             'shardopt_grad_ready(opt, 2) (''w2'') was called twice', &
+                             'grad_ready of w2 twice names parameter 2')
 
     ! Gradients of the wrong size or type, and parameter numbers that do
     ! not exist, then the right call: the step is still the reference's.
