@@ -191,16 +191,20 @@ inline void print_error(const char* program, int rank, const std::string& what) 
 
 // An error as a program prints it, without the rank that raised it (the
 // same text on every rank for an error the ranks agreed on): shardopt's
-// message with its code and its fix, or what().
+// message with its code and `fix` (its own hint unless the program speaks
+// of it in its own options).
+inline std::string error_text(const shardopt::Error& e, const std::string& fix) {
+  std::string s = "[";
+  s += shardopt::error_code_name(e.code());
+  s += "] ";
+  s += e.message();
+  if (!fix.empty()) s += "\n  fix: " + fix;
+  return s;
+}
+// The same for any exception: what() where it is not shardopt's.
 inline std::string error_text(const std::exception& e) {
   const auto* error = dynamic_cast<const shardopt::Error*>(&e);
-  if (error == nullptr) return e.what();
-  std::string s = "[";
-  s += shardopt::error_code_name(error->code());
-  s += "] ";
-  s += error->message();
-  if (!error->hint().empty()) s += "\n  fix: " + error->hint();
-  return s;
+  return error != nullptr ? error_text(*error, error->hint()) : std::string(e.what());
 }
 
 // Collective over comm: whether this rank prints `message` (its error, ""

@@ -130,6 +130,14 @@ void check_restart(const Restart& t, const std::string& path) {
   CHECK(all_ranks_true(failure.empty()));
 }
 
+// The names of the files in folder `dir`, sorted.
+std::vector<std::string> file_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 }  // namespace
 
 TEST_CASE("restart from a checkpoint is exact at another rank count and stage", "[ckpt]") {
@@ -292,10 +300,7 @@ TEST_CASE("keep_last rotates checkpoints and leaves no temporary file", "[ckpt]"
   }
   std::string failure;
   if (world_rank() == 0) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir.path()))
-      names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
+    const std::vector<std::string> names = file_names(dir.path());
     const std::vector<std::string> want = {"r.safetensors", "r.safetensors.1", "r.safetensors.2"};
     if (names != want) {
       failure = "the directory holds:";
@@ -331,10 +336,7 @@ TEST_CASE("keep_last never rotates a damaged file over the last valid checkpoint
   opt.save(path, {.keep_last = 2});
   std::string failure;
   if (world_rank() == 0) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir.path()))
-      names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
+    const std::vector<std::string> names = file_names(dir.path());
     if (names != std::vector<std::string>{"r.safetensors", "r.safetensors.1"}) {
       failure = "the directory holds:";
       for (const auto& n : names) failure += " " + n;

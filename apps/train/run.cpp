@@ -122,17 +122,11 @@ bool collective_ok(const RunContext& c, const std::string& error) {
 // trainer's options where the library's names a C++ field (a load's
 // LoadOptions::strict: the trainer always loads strictly).
 std::string trainer_text(const shardopt::Error& e) {
-  std::string s = "[";
-  s += shardopt::error_code_name(e.code());
-  s += "] ";
-  s += e.message();
-  if (e.hint().find("LoadOptions::strict") != std::string::npos)
-    s += "\n  fix: resume with the model and optimizer options of the run that wrote it "
-         "(--hidden, --layers, -o, -p and the state its flags keep); shardopt-ckpt info FILE "
-         "shows its tensors";
-  else if (!e.hint().empty())
-    s += "\n  fix: " + e.hint();
-  return s;
+  if (e.hint().find("LoadOptions::strict") == std::string::npos) return cli::error_text(e);
+  return cli::error_text(e,
+                         "resume with the model and optimizer options of the run that wrote it "
+                         "(--hidden, --layers, -o, -p and the state its flags keep); shardopt-ckpt "
+                         "info FILE shows its tensors");
 }
 
 // Runs a collective call of the optimizer that writes or reads `path`:

@@ -33,23 +33,11 @@ class PendingOp {
   // Waits up to d for completion (true: complete, as test()): the
   // watchdog's wait (Request::wait with it armed). The default tests
   // until d has passed (an MPI request, which MPI progresses only inside
-  // its calls, or a helper thread's work), yielding the core between tests
-  // after the first microseconds, so that a thread it waits for (a
-  // transport's, the device's) can run where ranks fill the cores; an
-  // operation that completes on a thread of ours sleeps instead.
+  // its calls, or a helper thread's work) as test_for does, yielding the
+  // core after the first microseconds; an operation that completes on a
+  // thread of ours sleeps instead.
   virtual bool wait_for(std::chrono::microseconds d) {
     return test_for(d, [this] { return test(); });
-  }
-  // Calls done() until it returns true or d has passed, as wait_for.
-  template <class Done>
-  static bool test_for(std::chrono::microseconds d, Done&& done) {
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      if (done()) return true;
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited >= d) return false;
-      if (waited > std::chrono::microseconds(20)) std::this_thread::yield();
-    }
   }
   // What it is, for the watchdog's message (set by the front end), and
   // where the watchdog asks the other ranks (null when it is not armed).

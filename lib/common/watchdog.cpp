@@ -50,7 +50,11 @@ struct State {
   std::atomic<int> ranks{0};
   std::atomic<std::uint64_t> seq{0};  // blocking operations entered so far
   std::atomic<bool> polled{false};    // the waiting thread polls and reports itself
-  std::string context = "(no step yet)";
+  // Where the library is (watch_context), formatted for a report only.
+  std::atomic<std::int64_t> step{0};
+  std::atomic<const char*> where{nullptr};  // null: no step yet
+  std::atomic<std::size_t> bucket{SIZE_MAX};
+  std::atomic<std::size_t> buckets{0};
   int world_rank = -1;
   std::once_flag started;
   std::vector<WatchChannel*> channels;  // the channels this process answers on
@@ -65,6 +69,19 @@ struct State {
 State& state() {
   static State* s = new State;
   return *s;
+}
+
+// "step 12: the reduce-scatter of the gradients, bucket 3 of 8", or "(no
+// step yet)": watch_context's record.
+std::string context_text(const State& s) {
+  const char* what = s.where.load(std::memory_order_acquire);
+  if (what == nullptr) return "(no step yet)";
+  std::string t = "step " + std::to_string(s.step.load(std::memory_order_relaxed)) + ": " + what;
+  const std::size_t b = s.bucket.load(std::memory_order_relaxed);
+  if (b != SIZE_MAX)
+    t += ", bucket " + std::to_string(b + 1) + " of " +
+         std::to_string(s.buckets.load(std::memory_order_relaxed));
+  return t;
 }
 
 double timeout_seconds() noexcept {
@@ -90,7 +107,7 @@ Report snapshot(State& s) {
   r.dtype = static_cast<std::int32_t>(s.dtype.load(std::memory_order_relaxed));
   r.inside = s.depth.load(std::memory_order_relaxed) > 0 ? 1 : 0;
   copy_text(r.op, sizeof r.op, s.op.load(std::memory_order_relaxed));
-  copy_text(r.context, sizeof r.context, s.context.c_str());
+  copy_text(r.context, sizeof r.context, context_text(s).c_str());
   return r;
 }
 
@@ -266,8 +283,9 @@ void announce(State& s, const WatchChannel& ch) {
                "if a step can legitimately take longer\n"
                "  ending the job: exit status %d\n",
                s.world_rank, h.c_str(), static_cast<long>(getpid()), what.c_str(), s.ranks.load(),
-               waited, timeout, s.context.c_str(), static_cast<unsigned long long>(s.seq.load()),
-               findings.c_str(), SHARDOPT_WATCHDOG_EXIT_CODE);
+               waited, timeout, context_text(s).c_str(),
+               static_cast<unsigned long long>(s.seq.load()), findings.c_str(),
+               SHARDOPT_WATCHDOG_EXIT_CODE);
   std::fflush(stderr);
   for (auto& [key, abort] : s.aborts) abort();
   std::_Exit(SHARDOPT_WATCHDOG_EXIT_CODE);
@@ -398,19 +416,7 @@ void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
 }
 
 void watch_poll(const std::function<bool()>& done, const WatchChannel* channel) {
-  // Tests, yielding the core between tests after the first microseconds
-  // (a thread it waits for may share the core).
-  watch_wait(
-      [&](std::chrono::microseconds d) {
-        const auto start = Clock::now();
-        for (;;) {
-          if (done()) return true;
-          const auto waited = Clock::now() - start;
-          if (waited >= d) return false;
-          if (waited > std::chrono::microseconds(20)) std::this_thread::yield();
-        }
-      },
-      channel);
+  watch_wait([&](std::chrono::microseconds d) { return test_for(d, done); }, channel);
 }
 
 void on_watchdog_exit(const void* key, std::function<void()> abort) {
@@ -425,11 +431,14 @@ void forget_watchdog_exit(const void* key) noexcept {
   std::erase_if(s.aborts, [key](const auto& a) { return a.first == key; });
 }
 
-void watch_context(std::string what) {
+void watch_context(std::int64_t step, const char* what, std::size_t bucket,
+                   std::size_t buckets) noexcept {
   if (!watchdog_armed()) return;
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.m);
-  s.context = std::move(what);
+  s.step.store(step, std::memory_order_relaxed);
+  s.bucket.store(bucket, std::memory_order_relaxed);
+  s.buckets.store(buckets, std::memory_order_relaxed);
+  s.where.store(what, std::memory_order_release);
 }
 
 }  // namespace shardopt::detail

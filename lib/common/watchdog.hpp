@@ -19,8 +19,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardopt/types.hpp"
@@ -80,6 +82,21 @@ void watch_poll(const std::function<bool()>& done, const WatchChannel* channel);
 void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
                 const WatchChannel* channel);
 
+// Calls done() until it returns true (then true) or d has passed (false),
+// yielding the core between calls after the first 20 us: a thread it
+// waits for (a transport's, the device's) may share the core where ranks
+// fill the cores. watch_poll's wait, and PendingOp::wait_for's default.
+template <class Done>
+bool test_for(std::chrono::microseconds d, Done&& done) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (done()) return true;
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited >= d) return false;
+    if (waited > std::chrono::microseconds(20)) std::this_thread::yield();
+  }
+}
+
 // Device communicators that must be aborted when the watchdog ends the
 // process (NCCL's: ncclCommAbort, so that the peers' operations fail rather
 // than wait), keyed by their address. The watchdog calls each abort() once,
@@ -87,9 +104,11 @@ void watch_wait(const std::function<bool(std::chrono::microseconds)>& wait_for,
 void on_watchdog_exit(const void* key, std::function<void()> abort);
 void forget_watchdog_exit(const void* key) noexcept;
 
-// What the library is doing, for the watchdog's message ("step 12:
-// reduce-scatter of bucket 3 of 8"). Cheap to skip: callers build the
-// string only when watchdog_armed().
-void watch_context(std::string what);
+// What the library is doing, for the watchdog's message ("step 12: the
+// reduce-scatter of the gradients, bucket 3 of 8"): `what` a string
+// literal, bucket SIZE_MAX for none. A few relaxed stores: the text is
+// made only for a report.
+void watch_context(std::int64_t step, const char* what, std::size_t bucket,
+                   std::size_t buckets) noexcept;
 
 }  // namespace shardopt::detail

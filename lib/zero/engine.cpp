@@ -39,11 +39,7 @@ void ZeroEngine::watch(const char* what, std::size_t bucket, bool after_update) 
   // The step under way: the allgather of the parameters comes after the
   // update has counted it (unless its verdict is still on the device).
   const std::int64_t step = after_update && !verdict_.pending ? steps_ : steps_ + 1;
-  std::string s = "step " + std::to_string(step) + ": " + what;
-  if (bucket != SIZE_MAX)
-    s += ", bucket " + std::to_string(bucket + 1) + " of " +
-         std::to_string(reducer().bucket_count());
-  watch_context(std::move(s));
+  watch_context(step, what, bucket, reducer().bucket_count());
 }
 
 }  // namespace shardopt::detail

@@ -65,8 +65,9 @@ struct PeerReadError : std::runtime_error {
 
 class GradReducer {
  public:
-  // For the watchdog's message (SHARDOPT_TIMEOUT): what is under way, the
-  // bucket (SIZE_MAX for none), and whether the update has counted the step.
+  // For the watchdog's message (SHARDOPT_TIMEOUT): what is under way (a
+  // string literal), the bucket (SIZE_MAX for none), and whether the
+  // update has counted the step.
   using Watch = std::function<void(const char* what, std::size_t bucket, bool after_update)>;
 
   // Allocates the buffers. params, layout and options must outlive the

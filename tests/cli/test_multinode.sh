@@ -320,6 +320,22 @@ since() {  # START
   python3 -c "import time; print(f'{time.time() - $1:.1f}')"
 }
 
+# Watches the ranks of the job writing checkpoint CKPT (background pid JOB)
+# for up to LIMIT seconds from START, 0.1 s apart, until the job ends; sets
+# ranks_end to the seconds from START at which none of them was left (""
+# while some were).
+watch_ranks() {  # CKPT JOB START LIMIT
+  local i
+  ranks_end=""
+  for i in $(seq 1 $(($4 * 10))); do
+    if [ -z "$ranks_end" ] && [ "$(rank_pids "$1" | wc -l)" -eq 0 ]; then
+      ranks_end=$(since "$3")
+    fi
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+}
+
 # A rank of node 2 killed mid-run. mpirun ends the job and names the rank.
 # Open MPI 4.1's mpirun sometimes crashes instead (a segmentation fault
 # in its PMIx server while it relays the other ranks' "peer process has
@@ -407,14 +423,7 @@ link_down() {
   fi
   start=$(date +%s.%N)
   ip link set "$cluster-v2" down
-  for i in $(seq 1 $((limit * 10))); do
-    if [ -z "$ranks_end" ]; then
-      n=$(rank_pids "$d/C" | wc -l)
-      [ "$n" -eq 0 ] && ranks_end=$(since "$start")
-    fi
-    kill -0 "$job" 2>/dev/null || break
-    sleep 0.1
-  done
+  watch_ranks "$d/C" "$job" "$start" "$limit"
   wait_job 1 "$start"
   ip link set "$cluster-v2" up
   [ -n "$ranks_end" ] || [ "$(rank_pids "$d/C" | wc -l)" -ne 0 ] ||
@@ -448,7 +457,7 @@ status 86), the watchdog naming node 2's ranks"
 
 # Node 2 lost while a save is in flight: every process of node 2 (its
 # daemon and ranks 2-3) killed with SIGKILL the moment the save's
-# temporary file (PATH.tmp-XXXXXXXX, which rank 0 creates before any rank
+# temporary file (PATH.tmp- and 8 hex digits, which rank 0 creates before any rank
 # writes) appears beside the checkpoint. A model larger than the others'
 # (16 -> 1536 -> 1536 -> 4, 2,393,092 parameters, a 28.7 MB checkpoint),
 # whose save takes about 0.2 s here, against 10 ms between looks for the
@@ -503,14 +512,7 @@ lost_save() {
 in ${cluster}2 (${#node2[@]})" "$d/job.out"
     return
   fi
-  for i in $(seq 1 $((limit * 10))); do
-    if [ -z "$ranks_end" ]; then
-      n=$(rank_pids "$c" | wc -l)
-      [ "$n" -eq 0 ] && ranks_end=$(since "$start")
-    fi
-    kill -0 "$job" 2>/dev/null || break
-    sleep 0.1
-  done
+  watch_ranks "$c" "$job" "$start" "$limit"
   wait_job 1 "$start"
   [ -n "$ranks_end" ] || [ "$(rank_pids "$c" | wc -l)" -ne 0 ] || ranks_end=$(since "$start")
   rank_pids "$c" | xargs -r kill -9
