@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <sstream>
 #include <string>
@@ -173,11 +174,12 @@ inline std::size_t shard_elements(const ZeroRedundancyOptimizer& opt) {
 
 // When parameters are marked ready.
 enum class Ready {
-  none,             // never: step() reduces everything at once
-  forward,          // 0, 1, 2, ...
-  reverse,          // the order of a backward pass
-  scratch,          // reverse, each gradient passed in one reused scratch buffer
-  scratch_forward,  // forward, from the scratch buffer (out of bucket order)
+  none,              // never: step() reduces everything at once
+  forward,           // 0, 1, 2, ...
+  reverse,           // the order of a backward pass
+  scratch,           // reverse, each gradient passed in one reused scratch buffer
+  scratch_forward,   // forward, from the scratch buffer (out of bucket order)
+  scratch_shuffled,  // from the scratch buffer in an order drawn per rank and micro-batch
 };
 
 inline const char* ready_name(Ready r) {
@@ -192,6 +194,8 @@ inline const char* ready_name(Ready r) {
       return "ready from a scratch buffer";
     case Ready::scratch_forward:
       return "ready in forward order from a scratch buffer";
+    case Ready::scratch_shuffled:
+      return "ready in a different order on each rank, from a scratch buffer";
   }
   return "?";
 }
@@ -353,8 +357,9 @@ inline Outcome run_and_compare(const Run& run) {
     return out;
   }
   const int stage = opt->stage();
-  if ((run.ready == Ready::scratch || run.ready == Ready::scratch_forward) &&
-      run.micro_batches > 1 && (stage != 2 || run.accumulate_locally)) {
+  const bool from_scratch = run.ready == Ready::scratch || run.ready == Ready::scratch_forward ||
+                            run.ready == Ready::scratch_shuffled;
+  if (from_scratch && run.micro_batches > 1 && (stage != 2 || run.accumulate_locally)) {
     fail("the test asks for a scratch buffer with local accumulation, which it cannot add to");
   }
   std::vector<std::byte> scratch(run.layout.largest() * dtype_size(dtype));
@@ -392,9 +397,13 @@ inline Outcome run_and_compare(const Run& run) {
           const bool forward = run.ready == Ready::forward || run.ready == Ready::scratch_forward;
           order[i] = forward ? i : order.size() - 1 - i;
         }
+        if (run.ready == Ready::scratch_shuffled) {
+          std::mt19937 draw(static_cast<unsigned>(1000 * batch + rank));
+          std::shuffle(order.begin(), order.end(), draw);
+        }
         for (std::size_t i : order) {
           const std::size_t numel = run.layout.sizes[i];
-          if (run.ready == Ready::scratch || run.ready == Ready::scratch_forward) {
+          if (from_scratch) {
             // Garbage first, so a late copy from the scratch would show.
             std::memset(scratch.data(), 0x7f, scratch.size());
             fill_grad(scratch.data(), dtype, numel, run.kind, run.key, batch, rank, i, false);

@@ -63,7 +63,7 @@ CpuClock cpu_clock() {
 
 }  // namespace
 
-Row Bench::run(int stage, DType t, bool& differ) {
+Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
   const std::vector<Tensor> layout = mlp_layout(b_.psi);
   const std::size_t es = shardopt::dtype_size(t);
   std::vector<shardopt::Param> params;
@@ -78,9 +78,9 @@ Row Bench::run(int stage, DType t, bool& differ) {
   // the user's buffers (the fused update where it applies).
   // With --grads user they are the user's buffers (Param::grad), as at
   // stages 0 and 1.
-  const bool stream = stage == 2 && o_.grads == Options::Grads::stream;
-  const bool owned = stage == 2 && o_.grads == Options::Grads::owned;
-  const bool user = stage == 2 && o_.grads == Options::Grads::user;
+  const bool stream = stage == 2 && grads == Options::Grads::stream;
+  const bool owned = stage == 2 && grads == Options::Grads::owned;
+  const bool user = stage == 2 && grads == Options::Grads::user;
   std::vector<const unsigned char*> grad_of;
   std::size_t offset = 0;
   for (const Tensor& x : layout) {
@@ -151,6 +151,7 @@ Row Bench::run(int stage, DType t, bool& differ) {
     kBReduce,
     kBUpdate,
     kBGather,
+    kPass,
     kParts
   };
   double sample[kParts] = {};
@@ -220,15 +221,25 @@ Row Bench::run(int stage, DType t, bool& differ) {
       });
     }
   };
-  // The step and the two limits in an order drawn at random per iteration
-  // (the same on every rank), so that none always follows the same one.
+  // Stage 2: one pass over the gradients, the streamed step's allowance
+  // beside the owned one (goal 3): the model's gradients copied into the
+  // limit's output buffer, which holds as many.
+  auto run_pass = [&] {
+    sample[kPass] = 0;
+    if (stage == 2)
+      sample[kPass] = timed([&] { std::memcpy(b_.lim_out.data(), b_.grads.data(), b_.psi * es); });
+  };
+  // The step, the two limits and the pass in an order drawn at random per
+  // iteration (the same on every rank), so that none always follows the
+  // same one.
   auto iteration = [&] {
-    int order[] = {0, 1, 2};
+    int order[] = {0, 1, 2, 3};
     std::shuffle(std::begin(order), std::end(order), order_);
     for (int what : order) {
       if (what == 0) run_engine();
       if (what == 1) run_limit();
       if (what == 2) run_bucketed_limit();
+      if (what == 3) run_pass();
     }
   };
 
@@ -296,6 +307,8 @@ Row Bench::run(int stage, DType t, bool& differ) {
   r.b_update = part(kBUpdate);
   r.b_gather = part(kBGather);
   r.limit_b_us = r.b_reduce.median_us + r.b_update.median_us + r.b_gather.median_us;
+  r.grads = stage == 2 ? grads : Options::Grads::user;
+  r.pass = part(kPass);
   r.other_load = other;
 
   // Memory after the steps, so that anything allocated at the first step

@@ -51,6 +51,8 @@ struct Row {
   double limit_us = 0;
   Stats b_reduce, b_update, b_gather;  // the limit with the collectives called per bucket
   double limit_b_us = 0;
+  Options::Grads grads = Options::Grads::user;  // stage 2's (-g); stages 0 and 1: the user's
+  Stats pass;              // stage 2: a copy of the model's gradients (one pass over them)
   double other_load = -1;  // other processes' share of the CPUs while timed; -1 unknown
   bool busy() const { return other_load > kBusyFraction; }
   shardopt::MemoryReport report;
@@ -200,7 +202,7 @@ class Bench {
   // One row: constructs the engine, times it beside the limit, and returns
   // the row (on every rank; times are the slowest rank's). Sets `differ` if
   // the ranks' parameters differ after the steps.
-  Row run(int stage, DType t, bool& differ);
+  Row run(int stage, DType t, Options::Grads grads, bool& differ);
 
  private:
   static void fill_values(void* dst, DType t, std::size_t n, std::uint64_t key, float lo,

@@ -88,20 +88,26 @@ int bench_main(int argc, char** argv) {
       bench.allocate(psi);
       for (DType t : opt.dtypes) {
         for (int stage : opt.stages) {
-          bench.fill(t);
-          bool differ = false;
-          const Row r = bench.run(stage, t, differ);
-          if (printer) print_row(opt, r, bench.bucket_mb());
-          if (differ) {
-            any_differ = true;
-            if (printer) {
-              std::fprintf(stderr,
-                           "%s: stage %d, %s params, %s: the ranks' parameters differ after the "
-                           "steps\n",
-                           kProgram, stage, human_count(psi).c_str(), shardopt::dtype_name(t));
+          // Stage 2: a row for each -g; the others register their buffers.
+          const std::vector<Options::Grads> modes =
+              stage == 2 ? opt.grads : std::vector<Options::Grads>{Options::Grads::user};
+          for (Options::Grads g : modes) {
+            bench.fill(t);
+            bool differ = false;
+            const Row r = bench.run(stage, t, g, differ);
+            if (printer) print_row(opt, r, bench.bucket_mb());
+            if (differ) {
+              any_differ = true;
+              if (printer) {
+                std::fprintf(stderr,
+                             "%s: stage %d, %s params, %s, %s gradients: the ranks' parameters "
+                             "differ after the steps\n",
+                             kProgram, stage, human_count(psi).c_str(), shardopt::dtype_name(t),
+                             grads_name(g));
+              }
             }
+            rows.push_back(r);
           }
-          rows.push_back(r);
         }
       }
     }

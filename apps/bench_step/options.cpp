@@ -38,14 +38,16 @@ std::string usage() {
          "  -w, --warmup N         untimed steps first (default 3)\n"
          "  -n, --iters N          timed steps, at least (default 20); small sizes run more,\n"
          "                         about 1 s worth per row, up to 1000 (after -w warm-up)\n"
-         "  -g, --grads MODE       stage 2's gradients: stream (default: stream_grads, each\n"
-         "                         copied into its bucket by grad_ready(i, grad)), owned\n"
-         "                         (buffers the optimizer owns) or user (the user's buffers,\n"
-         "                         registered in Param::grad); owned and user are written\n"
-         "                         once before the steps as a backward pass would write\n"
-         "                         them and marked by grad_ready(i): the fused reduce-scatter\n"
-         "                         + update where SHARDOPT_FUSED_UPDATE and the shm transport\n"
-         "                         allow; the formula then counts the full gradient buffer too\n"
+         "  -g, --grads LIST       stage 2's gradients, comma-separated, a row each: stream\n"
+         "                         (default: stream_grads, each copied into its bucket by\n"
+         "                         grad_ready(i, grad)), owned (buffers the optimizer owns)\n"
+         "                         or user (the user's buffers, registered in Param::grad);\n"
+         "                         owned and user are written once before the steps as a\n"
+         "                         backward pass would write them and marked by\n"
+         "                         grad_ready(i): the fused reduce-scatter + update where\n"
+         "                         SHARDOPT_FUSED_UPDATE and the shm transport allow; the\n"
+         "                         formula then counts the full gradient buffer too.\n"
+         "                         stream,owned: goal 3 compares the two\n"
          "      --json             one JSON object per row on stdout; the rest on stderr\n"
          "  -h, --help             this text\n"
          "\n"
@@ -99,11 +101,16 @@ std::string usage() {
          "  other    CPU time other processes used while the row was timed, as a share of\n"
          "           all cores (from /proc/stat, this node's ranks' own time taken out);\n"
          "           over 5% the row is marked * and its times are a busy machine's\n"
+         "  grads    stage 2's gradients (-g); stages 0 and 1: user\n"
+         "  pass     stage 2: one pass over the gradients, a copy of the model's gradient\n"
+         "           bytes (memcpy), timed in the same iterations\n"
          "\n"
          "Goals, printed after the table: mem within 5% of the formula plus the buckets, that\n"
          "is 0.95 * formula alone <= mem <= 1.05 * (formula + buckets), since the buckets\n"
          "counted are an upper bound; stage-2 total within 1.3x of the limit at 25M params on\n"
-         "2 ranks. Timings are not pass/fail.\n"
+         "2 ranks; with -g stream,owned, the streamed step at most the owned one plus one pass\n"
+         "over the gradients (the streamed row's pass): stream / (owned + pass) <= 1.\n"
+         "Timings are not pass/fail.\n"
          "\n"
          "Exit status: 0 every step ran and left every rank's parameters identical; 1 an error\n"
          "or parameters that differ across ranks; 2 a bad option. With --json, rank 0 prints one\n"
@@ -116,8 +123,8 @@ std::string usage() {
          "limit_update_bucketed_us, limit_gather_bucketed_us, limit_bucketed_us,\n"
          "ratio_bucketed, bucket_bytes_counted, mem_ratio, mem_goal_met, the memory report's\n"
          "categories (mem_master, mem_state, mem_grad_shard, mem_reduced_grads,\n"
-         "mem_owned_grads, mem_buckets, mem_user_params, mem_user_grads), and other_load\n"
-         "(null: unknown).\n";
+         "mem_owned_grads, mem_buckets, mem_user_params, mem_user_grads), other_load\n"
+         "(null: unknown) and pass_us (0 below stage 2).\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -178,10 +185,13 @@ Options parse_options(int argc, char** argv) {
         } else if (name == "device") {
           o.device = cli::parse_choice<bool>(label, v, {{"host", false}, {"cuda", true}});
         } else if (name == "grads") {
-          o.grads = cli::parse_choice<Options::Grads>(label, v,
-                                                      {{"stream", Options::Grads::stream},
-                                                       {"owned", Options::Grads::owned},
-                                                       {"user", Options::Grads::user}});
+          o.grads.clear();
+          for (std::string_view item : split(v)) {
+            o.grads.push_back(cli::parse_choice<Options::Grads>(label, item,
+                                                                {{"stream", Options::Grads::stream},
+                                                                 {"owned", Options::Grads::owned},
+                                                                 {"user", Options::Grads::user}}));
+          }
         } else if (name == "help") {
           o.help = true;
         }
@@ -194,6 +204,11 @@ Options parse_options(int argc, char** argv) {
   unique_sorted(o.stages);
   unique_sorted(o.params);
   unique_sorted(o.dtypes);
+  // In the order given (owned first times it first), each once.
+  for (std::size_t i = o.grads.size(); i-- > 0;)
+    if (std::find(o.grads.begin(), o.grads.begin() + static_cast<std::ptrdiff_t>(i), o.grads[i]) !=
+        o.grads.begin() + static_cast<std::ptrdiff_t>(i))
+      o.grads.erase(o.grads.begin() + static_cast<std::ptrdiff_t>(i));
   return o;
 }
 

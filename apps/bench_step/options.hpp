@@ -61,10 +61,16 @@ struct Options {
   // Stage 2's gradients: streamed into the buckets (stream_grads), in
   // buffers the optimizer owns, or in the user's buffers (the fused update
   // where it applies, for the last two).
+  // Several (-g stream,owned): a stage-2 row for each, one after the
+  // other, and goal 3 compares streamed with owned.
   enum class Grads { stream, owned, user };
-  Grads grads = Grads::stream;
+  std::vector<Grads> grads{Grads::stream};
   bool device = false;  // --device cuda: the step on device buffers (device.hpp)
 };
+
+inline const char* grads_name(Options::Grads g) {
+  return g == Options::Grads::stream ? "stream" : g == Options::Grads::owned ? "owned" : "user";
+}
 
 // The text of -h.
 std::string usage();

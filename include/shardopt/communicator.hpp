@@ -58,9 +58,11 @@
 
 namespace shardopt {
 
+class Communicator;
 namespace detail {
 class PendingOp;
 class Backend;
+Backend& backend_of(Communicator& comm);  // shardopt internal (lib/comm/backend.hpp)
 }  // namespace detail
 
 // The handle of a non-blocking operation. Move-only. Destroying a Request
@@ -233,6 +235,7 @@ class SHARDOPT_API Communicator {
   void require_usable(const char* what) const;
   void release() noexcept;
   void choose_device_backend(MPI_Comm comm, DeviceComm choice);
+  friend detail::Backend& detail::backend_of(Communicator& comm);
 
   std::unique_ptr<detail::Backend> backend_;
   NodeLayout nodes_;

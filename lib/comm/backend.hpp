@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
@@ -85,6 +87,14 @@ class Backend {
   // when it is armed (watch_poll on the calling thread): the front end then
   // issues them blocking rather than as polled non-blocking ones.
   virtual bool watches_blocking_waits() const noexcept { return false; }
+  // Node shared memory that collectives may read in place rather than
+  // through copies: rank q's range [bases[q], bases[q] + bytes) of its own
+  // address space is mapped at `local` in this process (every rank of the
+  // communicator on this node). Local; backends that never read other
+  // ranks' memory ignore it. Until forget_shared(local).
+  virtual void map_shared(const std::byte* /*local*/, std::size_t /*bytes*/,
+                          std::vector<std::uintptr_t> /*bases*/) {}
+  virtual void forget_shared(const std::byte* /*local*/) noexcept {}
   // Collective: releases the backend's communicator. Idempotent.
   virtual void free() = 0;
   virtual bool freed() const noexcept = 0;
@@ -130,6 +140,11 @@ class DeviceBackend : public Backend {
   MPI_Comm mpi_comm() const noexcept override { return host_->mpi_comm(); }
   std::size_t max_chunk() const noexcept override { return host_->max_chunk(); }
   bool freed() const noexcept override { return host_->freed(); }
+  void map_shared(const std::byte* local, std::size_t bytes,
+                  std::vector<std::uintptr_t> bases) override {
+    host_->map_shared(local, bytes, std::move(bases));
+  }
+  void forget_shared(const std::byte* local) noexcept override { host_->forget_shared(local); }
   std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle stream) override {
     return host_->barrier(blocking, stream);
   }

@@ -95,6 +95,13 @@ void TransportClaim::release() noexcept {
   held_ = false;
 }
 
+Backend& backend_of(Communicator& comm) {
+  if (!comm.backend_ || comm.backend_->freed())
+    SHARDOPT_THROW(invalid_state, "the communicator was freed",
+                   "keep the Communicator alive (not free()d) while objects built on it are used");
+  return *comm.backend_;
+}
+
 }  // namespace detail
 
 using detail::Backend;

@@ -6,6 +6,7 @@
 // so that the two cannot drift apart.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -55,10 +56,13 @@ inline std::size_t owned_grad_bytes(const ShardLayout& l, int ranks, DType dtype
   return full_elements(l, ranks) * dtype_size(dtype);
 }
 // The fused step's per-thread blocks (a block of reduced fp32 gradients and
-// the scratch of its reduction) and, reading the user's buffers, a slice of
-// every rank's gradients per thread.
-inline std::size_t fused_block_bytes(int threads) {
-  return static_cast<std::size_t>(threads) * kFusedBlock * 8;
+// the scratch of its reduction; no block is longer than the shard) and,
+// reading the user's buffers, a slice of every rank's gradients per thread.
+inline std::size_t fused_block_elements(const ShardLayout& l) {
+  return std::max<std::size_t>(1, std::min(kFusedBlock, l.shard));
+}
+inline std::size_t fused_block_bytes(const ShardLayout& l, int threads) {
+  return static_cast<std::size_t>(threads) * fused_block_elements(l) * 8;
 }
 inline std::size_t fused_slice_bytes(int threads, int ranks, DType dtype) {
   return static_cast<std::size_t>(threads) * static_cast<std::size_t>(ranks) * kFusedBlock *

@@ -124,8 +124,13 @@ MemoryReport plan_memory(const MemoryPlan& p) {
   // The fused stage-2 step (GradReducer::allocate): on the node's shared
   // owned gradients, or reading the user's from the other ranks.
   const bool plain = !o.stream_grads && reduce_type == p.dtype && o.predivide_factor == 1.0;
-  const bool fused = stage == 2 && !lamb && !custom && settings().fused_update && !p.device &&
-                     p.ranks > 1 && shm_transport(p) && plain && (p.user_grads || owned);
+  const bool one_node =
+      stage == 2 && settings().fused_update && !p.device && p.ranks > 1 && shm_transport(p);
+  const bool fused = one_node && !lamb && !custom && plain && (p.user_grads || owned);
+  // Streamed: the two bucket buffers in shared memory, and with an
+  // element-wise optimizer the update's blocks (the held buckets).
+  const bool shared_pool = one_node && streamed && any;
+  const bool held = shared_pool && !lamb && !custom;
   // Which buckets move in place: the buffers of a bucket are contiguous when
   // the user's are one flat buffer, when the bucket holds one parameter
   // with elements, and (gradients) when the optimizer owns them.
@@ -147,13 +152,14 @@ MemoryReport plan_memory(const MemoryPlan& p) {
   m.grad_shard = grad_shard_bytes(l, stage);
   m.reduced_grads = reduced_bytes(l, p.ranks, stage, p.dtype, reduce_type);
   m.owned_grads = owned ? owned_grad_bytes(l, p.ranks, p.dtype) : 0;
-  m.node_shared = fused && owned ? m.owned_grads : 0;
   const int threads = plan_threads(p);
   // Two bucket buffers when some bucket needs one.
-  m.buckets =
-      2 * pool_bytes(l, p.ranks, stage, p.dtype, reduce_type, m.reduced_grads > 0, in_place) +
-      (custom ? custom_scratch_bytes(l) : 0) + (fused ? fused_block_bytes(threads) : 0) +
-      (fused && p.user_grads ? fused_slice_bytes(threads, p.ranks, p.dtype) : 0);
+  const std::size_t pool =
+      pool_bytes(l, p.ranks, stage, p.dtype, reduce_type, m.reduced_grads > 0, in_place);
+  m.node_shared = (fused && owned ? m.owned_grads : 0) + (shared_pool ? 2 * pool : 0);
+  m.buckets = 2 * pool + (custom ? custom_scratch_bytes(l) : 0) +
+              (fused || held ? fused_block_bytes(l, threads) : 0) +
+              (fused && p.user_grads ? fused_slice_bytes(threads, p.ranks, p.dtype) : 0);
   const std::size_t elem = dtype_size(p.dtype);
   for (std::size_t n : p.numel) {
     m.user_params += n * elem;

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "comm/agree.hpp"
+#include "comm/backend.hpp"
 #include "comm/shm/shm_peer.hpp"
 #include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
@@ -25,6 +26,13 @@
 #include "shardopt/config.hpp"
 
 namespace shardopt::detail {
+
+namespace {
+constexpr std::size_t kPage = 4096;
+// Streamed gradients copied into a bucket from this many bytes on are
+// written past the caches: every rank reads the bucket later, from memory.
+constexpr std::size_t kStreamCopyBytes = std::size_t{4} << 20;
+}  // namespace
 
 GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
                          const std::vector<Param>& params, const ShardLayout& layout,
@@ -56,6 +64,12 @@ GradReducer::~GradReducer() {
     } catch (...) {  // a destructor never throws; the Request logs
     }
   }
+  if (shared_pool_ != nullptr) {
+    try {
+      backend_of(comm_).forget_shared(shared_pool_->data());
+    } catch (...) {  // a freed communicator reads nothing any more
+    }
+  }
   if (produced_ != nullptr) space_.runtime()->destroy_event(produced_);
 }
 
@@ -80,18 +94,21 @@ void GradReducer::allocate() {
   // The fused step (reduction.hpp): decided on agreed values only, then
   // agreed on whether every rank's gradients are all owned (kept in shared
   // memory) or all the user's (read from the other ranks' memory).
-  std::int64_t fuse[2] = {0, 0};  // all owned, all the user's
-  if (opt_.stage == 2 && fusable_ && settings().fused_update && !space_.on_device() &&
-      nranks_ > 1 && std::string_view(comm_.backend_name()) == "shm") {
+  // The same conditions, not the fused update, share the streamed
+  // gradients' bucket buffers.
+  std::int64_t fuse[3] = {0, 0, 0};  // all owned, all the user's, streamed buckets shared
+  if (opt_.stage == 2 && settings().fused_update && !space_.on_device() && nranks_ > 1 &&
+      std::string_view(comm_.backend_name()) == "shm") {
     bool all_owned = true, all_user = true;
     for (const Param& p : params_) {
       all_owned = all_owned && (p.grad == nullptr || p.numel == 0);
       all_user = all_user && (p.grad != nullptr || p.numel == 0);
     }
     const bool plain = !opt_.stream_grads && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0;
-    fuse[0] = plain && owned && all_owned;
-    fuse[1] = plain && all_user;
-    ctl_.allreduce(fuse, fuse, 2, DType::i64, ReduceOp::min);
+    fuse[0] = fusable_ && plain && owned && all_owned;
+    fuse[1] = fusable_ && plain && all_user;
+    fuse[2] = std::find(streamed_.begin(), streamed_.end(), 1) != streamed_.end();
+    ctl_.allreduce(fuse, fuse, 3, DType::i64, ReduceOp::min);
     if (fuse[0] != 0) share_owned_grads(owned_grad_bytes(layout_, nranks_, dtype_));
   }
   if (owned && !fused_)
@@ -138,30 +155,69 @@ void GradReducer::allocate() {
   const std::size_t pool_bytes = detail::pool_bytes(layout_, nranks_, opt_.stage, dtype_,
                                                     reduce_type_, reduced_.size() > 0, in_place);
   pool_bytes_ = pool_bytes;
+  if (fuse[2] != 0) share_pool(pool_bytes);  // every rank: each has a streamed bucket
   if (pool_bytes > 0) {
-    for (int k = 0; k < 2; ++k) pool_.push_back(space_.allocate(pool_bytes, "the bucket buffers"));
+    while (pool_.size() < 2) pool_.push_back(space_.allocate(pool_bytes, "the bucket buffers"));
     pool_busy_.assign(pool_.size(), false);
   }
 }
 
-void GradReducer::share_owned_grads(std::size_t bytes) {
+std::unique_ptr<NodeSegment> GradReducer::node_segment(std::size_t bytes, const char* what) {
   MPI_Comm node = MPI_COMM_NULL;
   SHARDOPT_CHECK_MPI(
       MPI_Comm_split_type(ctl_.mpi_comm(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-      "finding the ranks of this node for the fused update");
+      "finding the ranks of this node for their shared gradients");
   std::string error;
   // The shm transport runs only with every rank on one node: the node's
   // ranks are the communicator's, in its order (key: the rank).
-  shared_ = NodeSegment::create(node, bytes * std::size_t(nranks_), error);
+  auto segment = NodeSegment::create(node, bytes * std::size_t(nranks_), error);
   SHARDOPT_CHECK_MPI(MPI_Comm_free(&node), "freeing the communicator of this node");
-  if (shared_ == nullptr) {  // the same outcome on every rank
-    if (rank_ == 0)
-      SHARDOPT_LOG(warn,
-                   "ZeRO stage 2: the fused update is off, the gradients stay in each "
-                   "rank's own memory: "
-                       << error << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
-    return;
+  if (segment == nullptr && rank_ == 0)  // the same outcome on every rank
+    SHARDOPT_LOG(warn, "ZeRO stage 2: " << what << ": " << error
+                                        << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
+  return segment;
+}
+
+void GradReducer::share_pool(std::size_t pool_bytes) {
+  // The segment's size is every rank's (the largest, should they differ).
+  std::int64_t most = static_cast<std::int64_t>(pool_bytes);
+  ctl_.allreduce(&most, &most, 1, DType::i64, ReduceOp::max);
+  pool_bytes = pool_bytes_ = static_cast<std::size_t>(most);
+  // Each rank's part: a page saying where its held buckets are, then its
+  // two buffers, each starting on a page.
+  pool_stride_ = (pool_bytes + kPage - 1) / kPage * kPage;
+  const std::size_t part = kPage + 2 * pool_stride_;
+  shared_pool_ = node_segment(
+      part, "the bucket buffers stay in each rank's own memory (copied to be reduced)");
+  if (shared_pool_ == nullptr) return;
+  std::byte* mine = shared_pool_->data() + std::size_t(rank_) * part;
+  std::memset(mine, 0, part);  // its pages touched by this rank first
+  for (std::size_t k = 0; k < 2; ++k)
+    pool_.push_back(SpaceBuffer::borrow(mine + kPage + k * pool_stride_, pool_bytes));
+  // The update reduces the buckets that fill last where they are: the
+  // first two, which launch last (element-wise optimizers).
+  if (fusable_) {
+    hold_ = std::min<std::size_t>(2, buckets_.size());
+    held_src_.assign(std::size_t(nranks_) * hold_, nullptr);
+    start_blocks();
   }
+  // Where every rank maps the segment, for the transport to find their
+  // buckets here.
+  const auto base =
+      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(shared_pool_->data()));
+  std::vector<std::int64_t> bases(std::size_t(nranks_), 0);
+  ctl_.allgather(&base, bases.data(), 1, DType::i64);
+  backend_of(comm_).map_shared(shared_pool_->data(), shared_pool_->size(),
+                               std::vector<std::uintptr_t>(bases.begin(), bases.end()));
+  SHARDOPT_LOG(info, "ZeRO stage 2: the streamed gradients' two bucket buffers in "
+                         << (2 * pool_bytes) / (1024 * 1024)
+                         << " MiB of shared memory per rank, reduced where they are");
+}
+
+void GradReducer::share_owned_grads(std::size_t bytes) {
+  shared_ =
+      node_segment(bytes, "the fused update is off, the gradients stay in each rank's own memory");
+  if (shared_ == nullptr) return;
   for (int q = 0; q < nranks_; ++q) peers_.push_back(shared_->data() + std::size_t(q) * bytes);
   // The pages of this rank's gradients are touched by this rank first.
   std::memset(shared_->data() + std::size_t(rank_) * bytes, 0, bytes);
@@ -173,15 +229,19 @@ void GradReducer::share_owned_grads(std::size_t bytes) {
 }
 
 void GradReducer::start_fused() {
+  start_blocks();
+  fused_ = true;
+}
+
+void GradReducer::start_blocks() {
   block_threads_ = std::max(1, omp_get_max_threads());
-  blocks_ =
-      space_.allocate(fused_block_bytes(block_threads_), "the fused update's blocks of gradients");
+  blocks_ = space_.allocate(fused_block_bytes(layout_, block_threads_),
+                            "the fused update's blocks of gradients");
   block_srcs_.assign(std::size_t(block_threads_) * std::size_t(nranks_), nullptr);
   iov_.resize(std::size_t(block_threads_));
   if (peer_read_)
     slices_ = space_.allocate(fused_slice_bytes(block_threads_, nranks_, dtype_),
                               "the fused update's slices of every rank's gradients");
-  fused_ = true;
 }
 
 // Every rank's process and gradient addresses, then one element read from
@@ -278,20 +338,30 @@ void GradReducer::node_barrier(const char* what) {
 
 void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* out, int t) const {
   const void** srcs = block_srcs_.data() + std::size_t(t) * std::size_t(nranks_);
-  std::byte* scratch =
-      blocks_.as<std::byte>() + (std::size_t(block_threads_) + std::size_t(t)) * kBlock * 4;
+  std::byte* scratch = blocks_.as<std::byte>() + (std::size_t(block_threads_) + std::size_t(t)) *
+                                                     fused_block_elements(layout_) * 4;
   const float* shard = grad_shard_.as<float>();
   // The bucket holding `storage`: the last starting at or before it.
   auto it = std::upper_bound(buckets_.begin(), buckets_.end(), storage,
                              [](std::size_t v, const Bucket& b) { return v < b.shard_offset; });
   for (std::size_t done = 0; done < count; ++it) {
     const Bucket& b = *(it - 1);
+    const std::size_t bi = static_cast<std::size_t>(it - 1 - buckets_.begin());
     const std::size_t pc = piece(b), lo = storage + done - b.shard_offset;
     const std::size_t n = std::min(count - done, pc - lo);
     const std::size_t f0 = b.begin + std::size_t(rank_) * pc + lo;
-    for (int q = 0; q < nranks_; ++q)
-      srcs[q] = peer_read_ ? slice_of(q, f0, n, t) : peers_[std::size_t(q)] + f0 * elem_;
     float* dst = out + done;
+    if (holding_ && bi >= hold_) {  // reduced into the shard already
+      const float* reduced = shard + storage + done;
+      if (reduced != dst) std::memcpy(dst, reduced, n * 4);
+      done += n;
+      continue;
+    }
+    const std::size_t rsize = dtype_size(reduce_type_);
+    for (int q = 0; q < nranks_; ++q)
+      srcs[q] = holding_     ? held_of(q, bi) + (f0 - b.begin) * rsize
+                : peer_read_ ? slice_of(q, f0, n, t)
+                             : peers_[std::size_t(q)] + f0 * elem_;
     // As complete(): the piece reduced in rank order (reduce_arrays, as the
     // shm reduce-scatter), then converted into the shard or added to what
     // the earlier micro-batches left there.
@@ -315,9 +385,11 @@ void GradReducer::materialize() {
   if (!pending_) return;
   watch_("reducing the shared gradients into the gradient shard", SIZE_MAX, false);
   std::vector<std::pair<std::size_t, std::size_t>> blocks;  // storage, count
-  for (const Bucket& b : buckets_)
+  for (std::size_t bi = 0; bi < (holding_ ? hold_ : buckets_.size()); ++bi) {
+    const Bucket& b = buckets_[bi];
     for (std::size_t off = 0; off < piece(b); off += kBlock)
       blocks.emplace_back(b.shard_offset + off, std::min(kBlock, piece(b) - off));
+  }
   float* shard = grad_shard_.as<float>();
   const long nb = static_cast<long>(blocks.size());
   std::string error;
@@ -342,6 +414,7 @@ void GradReducer::release_fused(const std::string& error) {
 void GradReducer::end_fused(const char* what, const std::string& error) {
   watch_(what, SIZE_MAX, false);
   pending_ = false;
+  release_held();  // every rank is past the agreement below before any refills them
   agree_or_throw(ctl_, error, ErrorCode::mpi,
                  "a rank of this node ended, unmapped or protected its gradient buffers during "
                  "the step: end the job (SHARDOPT_FUSED_UPDATE=0 reduces through the "
@@ -364,8 +437,18 @@ const void* GradReducer::reduced_grad(const Segment& s, DType& type) const {
   return grad_ptr_[s.param] + s.offset * elem_;
 }
 
+void GradReducer::release_held() noexcept {
+  if (!holding_) return;
+  holding_ = false;
+  for (std::size_t b = 0; b < hold_; ++b) {
+    if (buckets_[b].staging >= 0) pool_busy_[std::size_t(buckets_[b].staging)] = false;
+    buckets_[b].staging = -1;
+  }
+}
+
 void GradReducer::end_step() {
   pending_ = false;
+  release_held();
   stats_ = CommStats{};
   micro_batches_ = 0;
   reduced_once_ = false;
@@ -376,7 +459,8 @@ void GradReducer::add_memory(MemoryReport& m) const {
   m.grad_shard = grad_shard_.size();
   m.reduced_grads = reduced_.size();
   m.owned_grads = shared_ != nullptr ? shared_bytes_ : owned_grads_.size();
-  m.node_shared = shared_ != nullptr ? shared_bytes_ : 0;
+  m.node_shared =
+      (shared_ != nullptr ? shared_bytes_ : 0) + (shared_pool_ != nullptr ? 2 * pool_bytes_ : 0);
   m.buckets += blocks_.size() + slices_.size();
   for (const SpaceBuffer& b : pool_) m.buckets += b.size();
 }
@@ -425,7 +509,7 @@ void GradReducer::discard() {
   micro_batches_ = 0;
   reduced_once_ = false;
   open_ = true;
-  pending_ = false;
+  pending_ = holding_ = false;
 }
 
 void GradReducer::zero_grad_buffers() {
@@ -504,14 +588,15 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
     if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
     const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);
     buckets_[b].ready += e - s;
-    launch_ready_buckets();
+    launch_ready_buckets(hold_);
   }
   progress();
 }
 
-void GradReducer::launch_ready_buckets() {
+void GradReducer::launch_ready_buckets(std::size_t floor) {
   if (fused_) return;  // the update reads the gradients where they are
-  while (next_launch_ > 0 && buckets_[next_launch_ - 1].ready == buckets_[next_launch_ - 1].len) {
+  while (next_launch_ > floor &&
+         buckets_[next_launch_ - 1].ready == buckets_[next_launch_ - 1].len) {
     --next_launch_;
     launch(next_launch_);
   }
@@ -556,8 +641,47 @@ void GradReducer::stream_grad(std::size_t bi, std::size_t p, const std::byte* gr
   }
   std::byte* buf = pool_[std::size_t(b.staging)].as<std::byte>();
   const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
+  if (!space_.on_device() && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0) {
+    // Large copies go past the caches: the bucket is read by every rank,
+    // from memory, once it is full.
+    const std::size_t bytes = (e - s) * elem_;
+    copy_bytes(buf + (s - b.begin) * rsize, grad + (s - layout_.flat[p]) * elem_, bytes,
+               bytes >= kStreamCopyBytes);
+    return;
+  }
   space_.convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize,
                  reduce_type_, e - s, static_cast<float>(1.0 / opt_.predivide_factor));
+}
+
+bool GradReducer::prepare_held() {
+  const std::size_t rsize = dtype_size(reduce_type_);
+  std::byte* header = shared_pool_->data() + std::size_t(rank_) * (kPage + 2 * pool_stride_);
+  bool shared = true;
+  for (std::size_t b = 0; b < hold_; ++b) {
+    Bucket& k = buckets_[b];
+    if (k.staging < 0) {  // nothing streamed into it
+      k.staging = acquire_pool();
+      std::byte* buf = pool_[std::size_t(k.staging)].as<std::byte>();
+      space_.zero(buf + k.len * rsize, (k.padded - k.len) * rsize);
+    }
+    pack_grads(b, pool_[std::size_t(k.staging)].as<std::byte>());
+    shared = shared && k.staging < 2;
+    const std::int32_t slot = k.staging;
+    std::memcpy(header + b * sizeof slot, &slot, sizeof slot);
+  }
+  return shared;
+}
+
+void GradReducer::find_held() {
+  const std::size_t part = kPage + 2 * pool_stride_;
+  for (int q = 0; q < nranks_; ++q) {
+    const std::byte* base = shared_pool_->data() + std::size_t(q) * part;
+    for (std::size_t b = 0; b < hold_; ++b) {
+      std::int32_t slot = 0;
+      std::memcpy(&slot, base + b * sizeof slot, sizeof slot);
+      held_src_[std::size_t(q) * hold_ + b] = base + kPage + std::size_t(slot) * pool_stride_;
+    }
+  }
 }
 
 void GradReducer::pack_grads(std::size_t bi, void* dst) const {
@@ -672,9 +796,13 @@ void GradReducer::finish() {
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (ready_[i] == 0 && params_[i].numel > 0 && (marked_any_ || streamed_[i] != 0))
       missing.push_back(params_[i].name);
-  std::int64_t agreed[2] = {missing.empty() ? 0 : 1,
-                            static_cast<std::int64_t>(buckets_.size() - next_launch_)};
-  ctl_.allreduce(agreed, agreed, 2, DType::i64, ReduceOp::max);
+  // Held buckets (hold_) stay where they are only if every rank has all of
+  // them in shared buffers.
+  const bool held = hold_ > 0 && missing.empty() && prepare_held();
+  std::int64_t agreed[3] = {missing.empty() ? 0 : 1,
+                            static_cast<std::int64_t>(buckets_.size() - next_launch_),
+                            hold_ > 0 && !held ? 1 : 0};
+  ctl_.allreduce(agreed, agreed, 3, DType::i64, ReduceOp::max);
   if (agreed[0] != 0) {
     const std::size_t launched = static_cast<std::size_t>(agreed[1]);
     while (buckets_.size() - next_launch_ < launched) launch(--next_launch_);
@@ -702,8 +830,17 @@ void GradReducer::finish() {
     node_barrier("the fused reduction: every rank's gradients written");
     pending_ = true;
     pending_accumulate_ = micro_batches_ > 0;
+  } else if (hold_ > 0 && agreed[2] == 0) {
+    launch_ready_buckets(hold_);
+    drain();
+    for (std::size_t b = 0; b < hold_; ++b)
+      stats_.reduce_bytes += piece(buckets_[b]) * std::size_t(nranks_) * dtype_size(reduce_type_);
+    node_barrier("the held buckets: every rank's gradients written");
+    find_held();
+    holding_ = pending_ = true;
+    pending_accumulate_ = micro_batches_ > 0;
   } else {
-    launch_ready_buckets();
+    launch_ready_buckets(0);
     drain();
   }
   if (opt_.stage < 2) allgather_grads();

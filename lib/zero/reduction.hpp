@@ -137,7 +137,17 @@ class GradReducer {
   // collective; throws only if another rank's buffers cannot be read (the
   // user's gradients, read with process_vm_readv).
   void reduce_block(std::size_t storage, std::size_t count, float* out, int t) const;
-  float* block(int t) const noexcept { return blocks_.as<float>() + std::size_t(t) * kBlock; }
+  // Where shard elements [storage, ...) are reduced already while the
+  // reduction is pending (the buckets that were not held), else null: the
+  // update reads them there rather than through reduce_block.
+  const float* reduced_block(std::size_t storage) const noexcept {
+    return holding_ && hold_ < buckets_.size() && storage >= buckets_[hold_].shard_offset
+               ? grad_shard_.as<float>() + storage
+               : nullptr;
+  }
+  float* block(int t) const noexcept {
+    return blocks_.as<float>() + std::size_t(t) * fused_block_elements(layout_);
+  }
   static constexpr std::size_t block_elements() noexcept { return kBlock; }
   int block_threads() const noexcept { return block_threads_; }
   // Collective, after the update read the pending reduction: no rank
@@ -165,8 +175,29 @@ class GradReducer {
   // The fused step's setup: on shared owned gradients, on the user's
   // (read_peer_grads, which may leave it off), and their common part.
   void share_owned_grads(std::size_t bytes);
+  // Stage 2 with stream_grads on one node: the two bucket buffers of every
+  // rank in one segment of shared memory, mapped into the communicator, so
+  // that the reduce-scatter reads the other ranks' buckets in place; with
+  // an element-wise optimizer, the last two buckets (0 and 1, which fill
+  // last) are held there and reduced by the update as it goes (hold_).
+  void share_pool(std::size_t pool_bytes);
+  // finish(), holding: gives every held bucket a buffer and packs its
+  // gradients that were not streamed; whether all are in shared buffers.
+  bool prepare_held();
+  // After every rank's held buckets are written: where each rank's are.
+  void find_held();
+  // The held buckets' buffers free again (after every rank has read them).
+  void release_held() noexcept;
+  // Rank q's held bucket b (its shared buffer, mapped here).
+  const std::byte* held_of(int q, std::size_t b) const noexcept {
+    return held_src_[std::size_t(q) * hold_ + b];
+  }
+  // Memory every rank of this node maps, `bytes` per rank (null, after a
+  // warning naming `what` from rank 0, where it cannot be had).
+  std::unique_ptr<NodeSegment> node_segment(std::size_t bytes, const char* what);
   void read_peer_grads();
-  void start_fused();
+  void start_fused();   // fused_, with the blocks below
+  void start_blocks();  // the update's blocks of reduced gradients
   const std::byte* slice_of(int q, std::size_t f0, std::size_t n, int t) const;
   std::size_t piece(const Bucket& b) const noexcept { return b.padded / nranks_; }
   // Flat elements [s, e) of parameter p inside [lo, hi) (s >= e if none).
@@ -174,7 +205,8 @@ class GradReducer {
                                               std::size_t hi) const noexcept {
     return {std::max(lo, layout_.flat[p]), std::min(hi, layout_.flat[p] + params_[p].numel)};
   }
-  void launch_ready_buckets();
+  // Launches the complete buckets from the next one down, above `floor`.
+  void launch_ready_buckets(std::size_t floor);
   void launch(std::size_t b);
   void complete(Flight& f);
   void progress();
@@ -237,6 +269,14 @@ class GradReducer {
   std::vector<SpaceBuffer> pool_;  // bucket-sized scratch for packing
   std::vector<bool> pool_busy_;
   std::size_t pool_bytes_ = 0;
+  std::unique_ptr<NodeSegment> shared_pool_;  // share_pool: the first two of pool_
+  std::size_t pool_stride_ = 0;               // of the buffers in it (rank q: at q * (page + 2 x))
+  // Buckets [0, hold_) stay in their shared buffers until the update
+  // reduces them (0: none held); holding_: the pending reduction holds
+  // them, rank q's bucket b at held_src_[q * hold_ + b].
+  std::size_t hold_ = 0;
+  bool holding_ = false;
+  std::vector<const std::byte*> held_src_;
   // The fused step: the segment holding every rank's owned gradients,
   // rank q's at peers_[q]; per thread, a block of reduced gradients and
   // the scratch of its reduction (kBlock elements each).

@@ -250,8 +250,11 @@ void ShardState::update_elementwise(double mul) {
       for (long k = 0; k < blocks; ++k) {
         try {
           const std::size_t off = std::size_t(k) * B, n = std::min(B, r.count - off);
-          float* g = grads_->block(t);
-          grads_->reduce_block(r.storage + off, n, g, t);
+          const float* g = grads_->reduced_block(r.storage + off);
+          if (g == nullptr) {
+            grads_->reduce_block(r.storage + off, n, grads_->block(t), t);
+            g = grads_->block(t);
+          }
           step_range(r, off, n, g, DType::f32, mul, mine);
         } catch (...) {
 #pragma omp critical(shardopt_fused_update)

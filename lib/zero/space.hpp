@@ -31,6 +31,13 @@ class SpaceBuffer {
   // A host buffer becomes a host space's buffer.
   explicit SpaceBuffer(HostBuffer&& h) noexcept
       : host_(std::move(h)), data_(host_.data()), bytes_(host_.size()) {}
+  // Host memory owned elsewhere (node shared memory), never freed here.
+  static SpaceBuffer borrow(void* data, std::size_t bytes) noexcept {
+    SpaceBuffer b;
+    b.data_ = data;
+    b.bytes_ = bytes;
+    return b;
+  }
   SpaceBuffer(SpaceBuffer&& o) noexcept { *this = std::move(o); }
   SpaceBuffer& operator=(SpaceBuffer&& o) noexcept;
   SpaceBuffer(const SpaceBuffer&) = delete;

@@ -132,6 +132,15 @@ class ShmBackend final : public Backend {
     mpi_->free();
   }
   bool freed() const noexcept override { return mpi_->freed(); }
+  void map_shared(const std::byte* local, std::size_t bytes,
+                  std::vector<std::uintptr_t> bases) override {
+    // The node's ranks, in the channel's order: this node's places.
+    std::vector<std::uintptr_t> mine(static_cast<std::size_t>(local_));
+    for (int l = 0; l < local_; ++l)
+      mine[std::size_t(l)] = bases[std::size_t(rank_at_[std::size_t(node_index_ * local_ + l)])];
+    node_->map_shared(local, bytes, std::move(mine));
+  }
+  void forget_shared(const std::byte* local) noexcept override { node_->forget_shared(local); }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                        ReduceOp op, bool blocking, StreamHandle) override {

@@ -335,11 +335,17 @@ void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* ow
   // reduce_arrays' output may not be one of its sources: this rank's own
   // data (NCCL's in-place form) goes through its tile too.
   const bool alias = own < out + n * es && out < own + n * es;
+  // Other ranks' buffers in node shared memory are read where they are.
+  direct_.assign(static_cast<std::size_t>(ranks_), nullptr);
+  for (int q = 0; q < ranks_; ++q)
+    if (q != rank_) direct_[std::size_t(q)] = mapped(q, base(q) + at, n * es);
   for (std::size_t off = 0; off < n; off += tile) {
     const std::size_t len = std::min(tile, n - off);
     for (int q = 0; q < ranks_; ++q) {
       std::byte* into = tiles_.data() + static_cast<std::size_t>(q) * kTile;
-      if (q != rank_) {
+      if (q != rank_ && direct_[std::size_t(q)] != nullptr) {
+        srcs_[q] = direct_[std::size_t(q)] + off * es;
+      } else if (q != rank_) {
         read_peer(q, into, base(q) + at + off * es, len * es);
         srcs_[q] = into;
       } else if (alias) {
@@ -350,17 +356,41 @@ void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* ow
       }
     }
     if (read_failed_) return;  // its progress stays past the end (read_peer)
-    publish(control_->line[rank_].progress, ++tiles_read_);
+    // Progress is published once the tile is reduced: a source read in
+    // place is read by the reduction itself.
     if (reader < 0) {
       reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
+      publish(control_->line[rank_].progress, ++tiles_read_);
       continue;
     }
     // out is what `reader` reads of this rank's `in`: written once it has
     // read this tile (it reads its block a tile at a time, as this rank).
     reduce_arrays(t, op, srcs_.data(), ranks_, held, len);
+    publish(control_->line[rank_].progress, ++tiles_read_);
     wait_word(reader, control_->line[reader].progress, static_cast<std::uint32_t>(off / tile + 1));
     copy_bytes(out + off * es, held, len * es, stream);
   }
+}
+
+void NodeChannel::map_shared(const std::byte* local, std::size_t bytes,
+                             std::vector<std::uintptr_t> bases) {
+  const std::lock_guard lock(windows_mutex_);
+  windows_.push_back(Window{local, bytes, std::move(bases)});
+}
+
+void NodeChannel::forget_shared(const std::byte* local) noexcept {
+  const std::lock_guard lock(windows_mutex_);
+  std::erase_if(windows_, [&](const Window& w) { return w.local == local; });
+}
+
+const std::byte* NodeChannel::mapped(int q, const std::byte* from, std::size_t bytes) const {
+  const std::lock_guard lock(windows_mutex_);
+  const auto at = reinterpret_cast<std::uintptr_t>(from);
+  for (const Window& w : windows_) {
+    const std::uintptr_t b = w.bases[std::size_t(q)];
+    if (at >= b && at - b <= w.bytes && bytes <= w.bytes - (at - b)) return w.local + (at - b);
+  }
+  return nullptr;
 }
 
 void NodeChannel::reduce_scatter(const void* in, void* out, std::size_t n, DType t, ReduceOp op,
@@ -425,10 +455,13 @@ void NodeChannel::allgather(const void* in, void* out, std::size_t n, DType t, i
       for (int q = 0; q < ranks_; ++q) {
         for (int g = 0; g < groups; ++g) {
           std::byte* to = dst + blocks[static_cast<std::size_t>(q) * groups + g] * n * es;
-          if (q != rank_)
+          if (q == rank_) {
+            if (to != src + g * n * es) copy_bytes(to, src + g * n * es, n * es, false);
+          } else if (const std::byte* at = mapped(q, base(q) + g * n * es, n * es)) {
+            copy_bytes(to, at, n * es, false);
+          } else {
             read_peer(q, to, base(q) + g * n * es, n * es);
-          else if (to != src + g * n * es)
-            copy_bytes(to, src + g * n * es, n * es, false);
+          }
         }
       }
     });

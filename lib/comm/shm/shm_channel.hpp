@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -83,6 +84,13 @@ class NodeChannel {
   void broadcast(void* buf, std::size_t bytes, int root);
   void barrier();
 
+  // Node shared memory a single-copy operation reads in place instead of
+  // through process_vm_readv: local rank q's range [bases[q], bases[q] +
+  // bytes) of its address space is mapped at `local` here. Until
+  // forget_shared(local). Either may be called while operations run.
+  void map_shared(const std::byte* local, std::size_t bytes, std::vector<std::uintptr_t> bases);
+  void forget_shared(const std::byte* local) noexcept;
+
   // What the channel is doing, for the message when a rank of the node
   // ends while the others wait for it (a string literal).
   void set_operation(const char* what) noexcept { what_ = what; }
@@ -122,6 +130,9 @@ class NodeChannel {
   // `bytes` of rank q's memory at `from` into `to`; a failure is noted for
   // direct_step's end (and the step's later reads skipped).
   void read_peer(int q, void* to, const std::byte* from, std::size_t bytes);
+  // Where rank q's `bytes` at `from` (its address) are mapped in this
+  // process (map_shared), or null.
+  const std::byte* mapped(int q, const std::byte* from, std::size_t bytes) const;
   // out[0, n) = the reduction of every rank's n elements at byte `at` of
   // its announced buffer (this rank's own at `own`), through tiles; each
   // tile of out written once rank `reader` (-1: none) has read as many
@@ -144,8 +155,16 @@ class NodeChannel {
   const char* what_ = "a collective";
   std::atomic<bool> stop_{false};
   const Waiter* waiter_ = nullptr;
-  std::vector<const void*> srcs_;  // per rank, reused
-  std::vector<std::byte> tiles_;   // single copy: what the reductions read, kTile per rank
+  std::vector<const void*> srcs_;         // per rank, reused
+  std::vector<const std::byte*> direct_;  // per rank: its buffer mapped here (reduce_direct)
+  std::vector<std::byte> tiles_;          // single copy: what the reductions read, kTile per rank
+  struct Window {
+    const std::byte* local;
+    std::size_t bytes;
+    std::vector<std::uintptr_t> bases;  // per local rank
+  };
+  mutable std::mutex windows_mutex_;
+  std::vector<Window> windows_;  // map_shared
 };
 
 }  // namespace shardopt::detail
