@@ -108,6 +108,14 @@ enum {
 
 typedef int shardopt_op_t;
 enum { SHARDOPT_SUM = 0, SHARDOPT_AVG = 1, SHARDOPT_MAX = 2, SHARDOPT_MIN = 3 };
+/* shardopt_zero_options_t.non_finite (shardopt::NonFinite): automatic skips
+ * with a loss scaler and ignores without one. */
+enum {
+  SHARDOPT_NON_FINITE_AUTO = 0,
+  SHARDOPT_NON_FINITE_SKIP = 1,
+  SHARDOPT_NON_FINITE_ERROR = 2,
+  SHARDOPT_NON_FINITE_IGNORE = 3
+};
 
 /* ------------------------------------------------------------------------
  * Devices (local). */
@@ -254,7 +262,7 @@ typedef struct shardopt_zero_options_t {
   int param_remainders;    /* bf16: 16-bit remainders as the fp32 master (default 0) */
   int stream_grads;        /* stage 2: no gradient buffers (default 0) */
   int check_sync_every;    /* 0: SHARDOPT_CHECK_SYNC; -1 never; N: every N-th step */
-  /* Non-finite gradients: 0 automatic, 1 skip, 2 error, 3 ignore. */
+  /* Non-finite gradients: SHARDOPT_NON_FINITE_* (default automatic). */
   int non_finite;
   void* stream; /* device parameters: the cudaStream_t of the engine (NULL: default) */
   /* Dynamic loss scaling (torch.amp.GradScaler's defaults): on when

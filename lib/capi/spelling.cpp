@@ -34,13 +34,16 @@ struct Spelling {
 // clang-format off
 constexpr std::array kSpellings = std::to_array<Spelling>({
   // Phrases first: an option with its value.
-  {"ZeroOptions::non_finite = NonFinite::skip", "shardopt_zero_options_t.non_finite = 1 (skip)",
+  {"ZeroOptions::non_finite = NonFinite::skip",
+   "shardopt_zero_options_t.non_finite = SHARDOPT_NON_FINITE_SKIP",
    "non_finite=SHARDOPT_NON_FINITE_SKIP of shardopt_optimizer_create"},
   {"ZeroOptions::reduction = GradReduction::sum", "shardopt_zero_options_t.reduce_sum = 1",
    "reduce_sum=.true. of shardopt_optimizer_create"},
   {"ZeroOptions::reduction = GradReduction::avg", "shardopt_zero_options_t.reduce_sum = 0",
    "reduce_sum=.false. of shardopt_optimizer_create"},
-  {"NonFinite::automatic, skip, error or ignore", "0 (automatic), 1 (skip), 2 (error) or 3 (ignore)",
+  {"NonFinite::automatic, skip, error or ignore",
+   "SHARDOPT_NON_FINITE_AUTO, SHARDOPT_NON_FINITE_SKIP, SHARDOPT_NON_FINITE_ERROR or "
+   "SHARDOPT_NON_FINITE_IGNORE",
    "SHARDOPT_NON_FINITE_AUTO, SHARDOPT_NON_FINITE_SKIP, SHARDOPT_NON_FINITE_ERROR or "
    "SHARDOPT_NON_FINITE_IGNORE"},
   {"LoadOptions::strict = false", "strict = 0 of shardopt_load", "strict=.false. of shardopt_load"},
@@ -88,10 +91,10 @@ constexpr std::array kSpellings = std::to_array<Spelling>({
    "shardopt_zero_options_t%hysteresis"},
   {"LossScaler::min_scale", "shardopt_zero_options_t.min_scale",
    "shardopt_zero_options_t%min_scale"},
-  {"NonFinite::automatic", "0 (automatic)", "SHARDOPT_NON_FINITE_AUTO"},
-  {"NonFinite::skip", "1 (skip)", "SHARDOPT_NON_FINITE_SKIP"},
-  {"NonFinite::error", "2 (error)", "SHARDOPT_NON_FINITE_ERROR"},
-  {"NonFinite::ignore", "3 (ignore)", "SHARDOPT_NON_FINITE_IGNORE"},
+  {"NonFinite::automatic", "SHARDOPT_NON_FINITE_AUTO", "SHARDOPT_NON_FINITE_AUTO"},
+  {"NonFinite::skip", "SHARDOPT_NON_FINITE_SKIP", "SHARDOPT_NON_FINITE_SKIP"},
+  {"NonFinite::error", "SHARDOPT_NON_FINITE_ERROR", "SHARDOPT_NON_FINITE_ERROR"},
+  {"NonFinite::ignore", "SHARDOPT_NON_FINITE_IGNORE", "SHARDOPT_NON_FINITE_IGNORE"},
   {"GradReduction::sum", "reduce_sum = 1", "reduce_sum=.true."},
   {"GradReduction::avg", "reduce_sum = 0", "reduce_sum=.false."},
   {"LoadOptions::strict", "strict of shardopt_load", "strict= of shardopt_load"},

@@ -110,8 +110,8 @@ SyncReport ZeroEngine::check_sync() {
                                        static_cast<unsigned long long>(v));
                          return std::string(buf);
                        }) +
-              "; its first element that differs is [" + std::to_string(r.element) +
-              "]: " + by_value(values, value_text);
+              "; its first element that differs is [" +
+              index_text(static_cast<long long>(r.element)) + "]: " + by_value(values, value_text);
   return r;
 }
 

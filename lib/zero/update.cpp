@@ -396,7 +396,7 @@ void ZeroEngine::throw_non_finite(double mul) {
   const std::size_t p = static_cast<std::size_t>(first[0]);
   std::ostringstream msg;
   msg << "step " << steps_ + 1 << ": the gradient of parameter '" << params_[p].name << "' (index "
-      << index_text(p) << ") is " << value << " at element " << first[1]
+      << index_text(p) << ") is " << value << " at element " << index_text(first[1])
       << " after the reduction over ranks (a rank's gradient held it, or the sum overflowed)";
   if (mul != 1.0) msg << " and the scaling by " << mul;
   msg << "; nothing was updated";

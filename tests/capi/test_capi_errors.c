@@ -728,10 +728,10 @@ static shardopt_optimizer_t test_optimizer_create(shardopt_comm_t comm) {
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "init_scale");
   SPEAKS_C("shardopt_zero_options_t.init_scale");
   o.init_scale = 65536.0;
-  o.non_finite = 3; /* ignore: no check, which the loss scaler needs */
+  o.non_finite = SHARDOPT_NON_FINITE_IGNORE; /* no check, which the loss scaler needs */
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "non_finite");
-  SPEAKS_C("shardopt_zero_options_t.non_finite is 3 (ignore)");
-  o.non_finite = 0;
+  SPEAKS_C("shardopt_zero_options_t.non_finite is SHARDOPT_NON_FINITE_IGNORE");
+  o.non_finite = SHARDOPT_NON_FINITE_AUTO;
   o.loss_scaler = 0;
   o.predivide_factor = 0.0;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "predivide_factor");

@@ -11,6 +11,7 @@
 ! 16-bit (bf16) parameters; and the functional step.
 program test_fortran_zero
   use, intrinsic :: iso_c_binding
+  use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_quiet_nan
   use mpi_f08
   use shardopt
   use ftest
@@ -48,6 +49,7 @@ program test_fortran_zero
   call test_bad_input()
   call test_half()
   call test_functional()
+  call test_non_finite()
 
   call shardopt_comm_destroy(comm)
   call shardopt_barrier_world()
@@ -692,6 +694,30 @@ contains
     call shardopt_functional_step('adam', p, g(1:n - 1), st, 4, ierr=ierr)
     call check_status(ierr, SHARDOPT_ERR_INVALID_ARGUMENT, shardopt_error_message(), &
                       'grads has 49 elements but params has 50', 'functional step with short grads')
+  end subroutine
+
+  ! A NaN in element 4 of parameter 1 with non_finite = error: the
+  ! message counts both from 1, as the module does.
+  subroutine test_non_finite()
+    real(c_float), target :: p(10), g(10)
+    type(shardopt_params) :: params
+    type(shardopt_optimizer) :: opt
+    integer :: ierr
+    p = 1
+    g = 0.5
+    g(4) = ieee_value(g(4), ieee_quiet_nan)
+    call shardopt_params_add(params, 'w', p, ierr=ierr)
+    call check(ierr == 0, 'params_add: '//shardopt_error_message())
+    call shardopt_optimizer_create(comm, params, 'sgd lr=0.1', opt, stage=2, &
+                                   non_finite=SHARDOPT_NON_FINITE_ERROR, ierr=ierr)
+    call check(ierr == 0, 'optimizer with non_finite = error: '//shardopt_error_message())
+    call shardopt_grad_ready(opt, 1, g, ierr)
+    call check(ierr == 0, 'grad_ready of the NaN gradient: '//shardopt_error_message())
+    call shardopt_step(opt, ierr=ierr)
+    call check_status(ierr, SHARDOPT_ERR_NON_FINITE, shardopt_error_message(), &
+                      '''w'' (index 1) is nan at element 4 ', 'a NaN named from 1')
+    call check(maxval(abs(p - 1)) <= 0, 'nothing updated after the NaN')
+    call shardopt_optimizer_destroy(opt)
   end subroutine
 
 end program test_fortran_zero
