@@ -186,12 +186,12 @@ void GradReducer::share_pool(std::size_t pool_bytes) {
   // Each rank's part: a page saying where its held buckets are, then its
   // two buffers, each starting on a page.
   pool_stride_ = (pool_bytes + kPage - 1) / kPage * kPage;
-  const std::size_t part = kPage + 2 * pool_stride_;
-  shared_pool_ = node_segment(
-      part, "the bucket buffers stay in each rank's own memory (copied to be reduced)");
+  shared_pool_ =
+      node_segment(kPage + 2 * pool_stride_,
+                   "the bucket buffers stay in each rank's own memory (copied to be reduced)");
   if (shared_pool_ == nullptr) return;
-  std::byte* mine = shared_pool_->data() + std::size_t(rank_) * part;
-  std::memset(mine, 0, part);  // its pages touched by this rank first
+  std::byte* mine = pool_part(rank_);
+  std::memset(mine, 0, kPage + 2 * pool_stride_);  // its pages touched by this rank first
   for (std::size_t k = 0; k < 2; ++k)
     pool_.push_back(SpaceBuffer::borrow(mine + kPage + k * pool_stride_, pool_bytes));
   // The update reduces the buckets that fill last where they are: the
@@ -653,9 +653,13 @@ void GradReducer::stream_grad(std::size_t bi, std::size_t p, const std::byte* gr
                  reduce_type_, e - s, static_cast<float>(1.0 / opt_.predivide_factor));
 }
 
+std::byte* GradReducer::pool_part(int q) const noexcept {
+  return shared_pool_->data() + std::size_t(q) * (kPage + 2 * pool_stride_);
+}
+
 bool GradReducer::prepare_held() {
   const std::size_t rsize = dtype_size(reduce_type_);
-  std::byte* header = shared_pool_->data() + std::size_t(rank_) * (kPage + 2 * pool_stride_);
+  std::byte* header = pool_part(rank_);
   bool shared = true;
   for (std::size_t b = 0; b < hold_; ++b) {
     Bucket& k = buckets_[b];
@@ -673,9 +677,8 @@ bool GradReducer::prepare_held() {
 }
 
 void GradReducer::find_held() {
-  const std::size_t part = kPage + 2 * pool_stride_;
   for (int q = 0; q < nranks_; ++q) {
-    const std::byte* base = shared_pool_->data() + std::size_t(q) * part;
+    const std::byte* base = pool_part(q);
     for (std::size_t b = 0; b < hold_; ++b) {
       std::int32_t slot = 0;
       std::memcpy(&slot, base + b * sizeof slot, sizeof slot);

@@ -184,6 +184,9 @@ class GradReducer {
   // finish(), holding: gives every held bucket a buffer and packs its
   // gradients that were not streamed; whether all are in shared buffers.
   bool prepare_held();
+  // Rank q's part of the shared segment: a page naming the buffers of its
+  // held buckets, then its two buffers.
+  std::byte* pool_part(int q) const noexcept;
   // After every rank's held buckets are written: where each rank's are.
   void find_held();
   // The held buckets' buffers free again (after every rank has read them).

@@ -18,8 +18,8 @@ for i in $(seq 1 "$n"); do
   timeout 60 mpirun -n 3 --oversubscribe "$dir/repro" "$mode" "$i" >"$dir/out" 2>&1 &
   pid=$!
   if [ "$mode" = hang ]; then
-    sleep "$(printf '0.%03d' $((500 + RANDOM % 1000 - 500)))"
-    sleep 0.5
+    ms=$((500 + RANDOM % 1000))
+    sleep "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
     pkill -TERM -P "$pid" -x mpirun 2>/dev/null
   fi
   wait "$pid"
