@@ -32,6 +32,14 @@
 //                        last step, makes the pages of its gradients that
 //                        rank 0 reads inaccessible (mprotect): rank 0's read
 //                        fails in the middle of the step.
+//   fault_job stream     the same job (the same gradients) with stream_grads:
+//                        four parameters of 75000 elements without
+//                        gradient buffers, their gradients passed to
+//                        grad_ready(i, grad) from the last to the first, in
+//                        256 KiB buckets (five); rank 0 prints node_shared
+//                        (the two bucket buffers of every rank in shared
+//                        memory, 0 without them) and params (the four in
+//                        order).
 #include <mpi.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -48,8 +56,14 @@
 
 namespace {
 
-// The "owned" and "user" jobs (above).
-void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect) {
+// The gradient of element i at step s on `rank` in the "owned", "user" and
+// "stream" jobs.
+float job_grad(int rank, int s, std::size_t i) {
+  return 0.01f * static_cast<float>((rank + 1) * (s + 1)) - 1e-7f * static_cast<float>(i % 1000);
+}
+
+// The "owned", "user" and "stream" jobs (above).
+void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect, bool stream) {
   // 300000 elements: 1.2 MB of gradients per rank, the user's in pages of
   // their own.
   std::vector<float> w(300000, 0.5f);
@@ -57,14 +71,28 @@ void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect) 
   void* mine = user
                    ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
                    : nullptr;
+  std::vector<shardopt::Param> params{
+      {.name = "w", .data = w.data(), .numel = w.size(), .grad = mine}};
+  constexpr std::size_t kPart = 75000;
+  if (stream) {
+    params.clear();
+    for (const char* name : {"w0", "w1", "w2", "w3"})
+      params.push_back({.name = name, .data = w.data() + params.size() * kPart, .numel = kPart});
+  }
   shardopt::ZeroRedundancyOptimizer opt(
-      comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = mine}},
-      shardopt::Adam{.lr = 1e-3}, {.stage = 2});
+      comm, params, shardopt::Adam{.lr = 1e-3},
+      {.stage = 2, .bucket_mb = stream ? 0.25 : 0.0, .stream_grads = stream});
+  std::vector<float> scratch(stream ? kPart : 0);
   for (int s = 0; s < 5; ++s) {
-    auto* g = static_cast<float*>(opt.grad(0));
-    for (std::size_t i = 0; i < w.size(); ++i)
-      g[i] =
-          0.01f * static_cast<float>((rank + 1) * (s + 1)) - 1e-7f * static_cast<float>(i % 1000);
+    if (stream) {
+      for (std::size_t k = 4; k-- > 0;) {
+        for (std::size_t i = 0; i < kPart; ++i) scratch[i] = job_grad(rank, s, k * kPart + i);
+        opt.grad_ready(k, scratch.data());
+      }
+    } else {
+      auto* g = static_cast<float*>(opt.grad(0));
+      for (std::size_t i = 0; i < w.size(); ++i) g[i] = job_grad(rank, s, i);
+    }
     // Rank 0's slice of rank 1's gradients: the first third, whole pages.
     if (protect && rank == 1 && s == 4) mprotect(mine, size / 3 / 4096 * 4096, PROT_NONE);
     opt.step();
@@ -112,6 +140,7 @@ int main(int argc, char** argv) {
   const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
   const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
   const bool user = argc > 1 && std::strcmp(argv[1], "user") == 0;
+  const bool stream = argc > 1 && std::strcmp(argv[1], "stream") == 0;
   if (user && argc > 2 && std::strcmp(argv[2], "nodump") == 0) prctl(PR_SET_DUMPABLE, 0);
   const bool protect = user && argc > 2 && std::strcmp(argv[2], "protect") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
@@ -119,8 +148,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     shardopt::Communicator comm(MPI_COMM_WORLD);
-    if (owned || user) {
-      run_owned(comm, rank, user, protect);
+    if (owned || user || stream) {
+      run_owned(comm, rank, user, protect, stream);
     } else {
       run_fault(comm, rank, odd, desync, apart, die);
     }

@@ -17,7 +17,11 @@
 #   with a /dev/shm too small for them; on the user's gradients read from
 #   the other ranks' memory, and where the kernel refuses that read: every
 #   run bitwise the same parameters; a read that fails mid-step: the same
-#   error on every rank.
+#   error on every rank;
+# - stage 2's streamed gradients (stream_grads): their two bucket buffers in
+#   shared memory, not there with SHARDOPT_FUSED_UPDATE=0, and with a /dev/shm
+#   too small for them (a warning, buffers of each rank's own): bitwise the
+#   owned-gradient step.
 # Usage: test_shm.sh MPIEXEC TRAIN FAULT_JOB
 set -u
 mpiexec=$1
@@ -104,6 +108,29 @@ elif [ -z "$fused_params" ] || [ "$off_params" != "$fused_params" ] || [ "$param
   fail "fault_job owned: parameters fused $fused_params, unfused $off_params, /dev/shm too small $params: not all equal" "$tmp/small.out"
 else
   ok "stage 2's fused update: shared gradients counted in node_shared, bitwise the unfused step and the fallback when /dev/shm is too small (with a warning)"
+fi
+
+# 1b'. The same gradients streamed (stream_grads, 256 KiB buckets): the two
+# bucket buffers of every rank in shared memory (node_shared > 0), off with
+# SHARDOPT_FUSED_UPDATE=0, and in each rank's own memory, with a warning, when
+# the 1 MiB /dev/shm cannot hold 3 x (2 x 256 KiB); bitwise the owned step.
+owned_run stream timeout 120 "$mpiexec" -n 3 --oversubscribe "$fault_job" stream
+stream_shared=$shared stream_params=$params
+owned_run stream-off timeout 120 env SHARDOPT_FUSED_UPDATE=0 "$mpiexec" -n 3 --oversubscribe \
+  -x SHARDOPT_FUSED_UPDATE "$fault_job" stream
+off_shared=$shared off_params=$params
+owned_run stream-small unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"' sh \
+  env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 timeout 120 "$mpiexec" -n 3 --oversubscribe \
+  "$fault_job" stream
+if [ "${stream_shared:-0}" -lt 524288 ] || [ "$off_shared" != 0 ] || [ "$shared" != 0 ]; then
+  fail "streamed node_shared: $stream_shared shared (expected its 2 bucket buffers of 256 KiB or more), $off_shared with SHARDOPT_FUSED_UPDATE=0, $shared with a 1 MiB /dev/shm (expected 0)" "$tmp/stream.out"
+elif [ "$(grep -c 'the bucket buffers stay in each rank.s own memory (copied to be reduced): cannot reserve' "$tmp/stream-small.out")" != 1 ]; then
+  fail "a /dev/shm too small for the streamed bucket buffers: no warning (once)" "$tmp/stream-small.out"
+elif [ -z "$stream_params" ] || [ "$stream_params" != "$fused_params" ] ||
+     [ "$off_params" != "$fused_params" ] || [ "$params" != "$fused_params" ]; then
+  fail "fault_job stream: parameters shared $stream_params, off $off_params, /dev/shm too small $params, owned $fused_params: not all equal" "$tmp/stream-small.out"
+else
+  ok "stage 2's streamed gradients: bucket buffers shared, off, and in each rank's memory when /dev/shm is too small (with a warning), all bitwise the owned step"
 fi
 
 # 1c. Stage 2 on the user's gradient buffers: the fused update reads the
