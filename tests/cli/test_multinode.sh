@@ -244,7 +244,10 @@ status 1) naming rank 2 on ${cluster}2; nothing left"
 # The pids of the trainer's processes with MARKER in their command line.
 rank_pids() {  # MARKER
   pgrep -f -- "$1" | while read -r pid; do
-    if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$train")" ]; then
+    # The same file, not the same path: a node's processes see their program
+    # through mounts of their own (under a chroot, /proc names it by the
+    # machine's path).
+    if [ "/proc/$pid/exe" -ef "$train" ]; then
       echo "$pid"
     fi
   done
@@ -602,8 +605,15 @@ else
   refused "--delay without netem" "--delay needs tc's netem qdisc" "$script" up "${cluster}d" \
     --delay 1ms
 fi
+# The user runs a copy it can read: the checkout may be in root's home,
+# which no other user may enter.
+pub=$(mktemp -d)
+chmod 755 "$pub"
+install -m 755 "$script" "$pub/netns-cluster"
 refused "a user who is not root" "must run as root" \
-  setpriv --reuid=65534 --regid=65534 --clear-groups "$script" up "${cluster}n"
+  setpriv --reuid=65534 --regid=65534 --clear-groups \
+  sh -c 'cd / && exec "$0" up "$1"' "$pub/netns-cluster" "${cluster}n"
+rm -rf "$pub"
 out=$("$script" down "zq$RANDOM" 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && [ -z "$out" ] && ip netns list | grep -q "^${cluster}2\b"; then
