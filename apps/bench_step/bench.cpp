@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <utility>
 
 #include "../bench_mpi.hpp"
@@ -102,6 +103,18 @@ Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
   const std::size_t np = params.size();
   if (owned)
     for (std::size_t i = 0; i < np; ++i) std::memcpy(opt.grad(i), grad_of[i], params[i].numel * es);
+  // A streamed row also times the owned-gradient step, on a second
+  // optimizer over the same parameters, in the same iterations: goal 3
+  // compares the two, and rows timed one after the other differ by more
+  // than its margin on a shared machine.
+  std::optional<shardopt::ZeroRedundancyOptimizer> twin;
+  if (stream) {
+    shardopt::ZeroOptions owned_options = zo;
+    owned_options.stream_grads = false;
+    twin.emplace(comm_, params, engine_config(*o_.optimizer), owned_options);
+    for (std::size_t i = 0; i < np; ++i)
+      std::memcpy(twin->grad(i), grad_of[i], params[i].numel * es);
+  }
 
   // The limit's arrays: stage 0 updates the whole model, 1 and 2 this
   // rank's block; the gradients are the raw collectives' input (random,
@@ -152,6 +165,7 @@ Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
     kBUpdate,
     kBGather,
     kPass,
+    kOwned,
     kParts
   };
   double sample[kParts] = {};
@@ -229,17 +243,27 @@ Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
     if (stage == 2)
       sample[kPass] = timed([&] { std::memcpy(b_.lim_out.data(), b_.grads.data(), b_.psi * es); });
   };
-  // The step, the two limits and the pass in an order drawn at random per
-  // iteration (the same on every rank), so that none always follows the
-  // same one.
+  auto run_twin = [&] {
+    sample[kOwned] = 0;
+    if (twin) {
+      sample[kOwned] = timed([&] {
+        for (std::size_t i = np; i-- > 0;) twin->grad_ready(i);
+        twin->step();
+      });
+    }
+  };
+  // The step, the two limits, the pass and the owned step in an order drawn
+  // at random per iteration (the same on every rank), so that none always
+  // follows the same one.
   auto iteration = [&] {
-    int order[] = {0, 1, 2, 3};
+    int order[] = {0, 1, 2, 3, 4};
     std::shuffle(std::begin(order), std::end(order), order_);
     for (int what : order) {
       if (what == 0) run_engine();
       if (what == 1) run_limit();
       if (what == 2) run_bucketed_limit();
       if (what == 3) run_pass();
+      if (what == 4) run_twin();
     }
   };
 
@@ -309,6 +333,7 @@ Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
   r.limit_b_us = r.b_reduce.median_us + r.b_update.median_us + r.b_gather.median_us;
   r.grads = stage == 2 ? grads : Options::Grads::user;
   r.pass = part(kPass);
+  r.owned = part(kOwned);
   r.other_load = other;
 
   // Memory after the steps, so that anything allocated at the first step

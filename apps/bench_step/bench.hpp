@@ -53,6 +53,7 @@ struct Row {
   double limit_b_us = 0;
   Options::Grads grads = Options::Grads::user;  // stage 2's (-g); stages 0 and 1: the user's
   Stats pass;              // stage 2: a copy of the model's gradients (one pass over them)
+  Stats owned;             // stream rows: the owned-gradient step, timed in the same iterations
   double other_load = -1;  // other processes' share of the CPUs while timed; -1 unknown
   bool busy() const { return other_load > kBusyFraction; }
   shardopt::MemoryReport report;
@@ -132,11 +133,16 @@ class Bench {
     const double mine =
         8.0 * static_cast<double>(psi) + 8.0 * n * block + (4.0 + state_bytes()) * kernel_n;
     double engine = 0;
+    const bool streams =
+        std::find(o_.stages.begin(), o_.stages.end(), 2) != o_.stages.end() &&
+        std::find(o_.grads.begin(), o_.grads.end(), Options::Grads::stream) != o_.grads.end();
     for (int stage : o_.stages) {
       for (DType t : o_.dtypes) {
-        engine = std::max(engine, shardopt::zero_memory_formula(stage, static_cast<double>(psi),
-                                                                nranks_, t, state_bytes()) +
-                                      bucket_bytes(psi, t, stage) - 2.0 * dsize(t) * psi);
+        const double one = shardopt::zero_memory_formula(stage, static_cast<double>(psi), nranks_,
+                                                         t, state_bytes()) +
+                           bucket_bytes(psi, t, stage) - 2.0 * dsize(t) * psi;
+        // A stream row's second optimizer: its states and owned gradients.
+        engine = std::max(engine, stage == 2 && streams ? 2 * one + 2.0 * dsize(t) * psi : one);
       }
     }
     return mine + engine;

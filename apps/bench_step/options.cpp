@@ -46,8 +46,9 @@ std::string usage() {
          "                         backward pass would write them and marked by\n"
          "                         grad_ready(i): the fused reduce-scatter + update where\n"
          "                         SHARDOPT_FUSED_UPDATE and the shm transport allow; the\n"
-         "                         formula then counts the full gradient buffer too.\n"
-         "                         stream,owned: goal 3 compares the two\n"
+         "                         formula then counts the full gradient buffer too. A\n"
+         "                         stream row also times the owned step in its iterations\n"
+         "                         (a second optimizer on the same parameters; goal 3)\n"
          "      --json             one JSON object per row on stdout; the rest on stderr\n"
          "  -h, --help             this text\n"
          "\n"
@@ -104,12 +105,14 @@ std::string usage() {
          "  grads    stage 2's gradients (-g); stages 0 and 1: user\n"
          "  pass     stage 2: one pass over the gradients, a copy of the model's gradient\n"
          "           bytes (memcpy), timed in the same iterations\n"
+         "  owned    stream rows: the same step on owned gradients, timed in the same\n"
+         "           iterations (goal 3's reference)\n"
          "\n"
          "Goals, printed after the table: mem within 5% of the formula plus the buckets, that\n"
          "is 0.95 * formula alone <= mem <= 1.05 * (formula + buckets), since the buckets\n"
          "counted are an upper bound; stage-2 total within 1.3x of the limit at 25M params on\n"
-         "2 ranks; with -g stream,owned, the streamed step at most the owned one plus one pass\n"
-         "over the gradients (the streamed row's pass): stream / (owned + pass) <= 1.\n"
+         "2 ranks; the streamed step at most the owned one plus one pass over the gradients,\n"
+         "all three timed in the stream row's iterations: stream / (owned + pass) <= 1.\n"
          "Timings are not pass/fail.\n"
          "\n"
          "Exit status: 0 every step ran and left every rank's parameters identical; 1 an error\n"
@@ -124,7 +127,7 @@ std::string usage() {
          "ratio_bucketed, bucket_bytes_counted, mem_ratio, mem_goal_met, the memory report's\n"
          "categories (mem_master, mem_state, mem_grad_shard, mem_reduced_grads,\n"
          "mem_owned_grads, mem_buckets, mem_user_params, mem_user_grads), other_load\n"
-         "(null: unknown) and pass_us (0 below stage 2).\n";
+         "(null: unknown), pass_us (0 below stage 2) and owned_us (stream rows; else 0).\n";
 }
 
 Options parse_options(int argc, char** argv) {

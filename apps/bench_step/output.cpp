@@ -150,6 +150,7 @@ void print_row(const Options& o, const Row& r, double bucket_mb) {
     j.count("mem_user_grads", m.user_grads);
     j.raw("other_load", r.other_load >= 0 ? num(r.other_load, 4) : "null");
     j.real("pass_us", r.pass.median_us, 2);
+    j.real("owned_us", r.owned.median_us, 2);
     std::printf("%s\n", j.text().c_str());
   } else {
     char other[16] = "?";
@@ -218,29 +219,23 @@ void print_goals(const Options& o, const std::vector<Row>& rows) {
                  "mpirun -n %d)\n",
                  kTimeGoalStage, kTimeGoalRanks, kTimeGoalRanks);
   }
-  // Goal 3: where a stage-2 row streamed its gradients and another, of the
-  // same size and dtype, used owned ones.
+  // Goal 3: each streamed stage-2 row against the owned step and the pass
+  // timed in its own iterations.
   bool compared = false;
   for (const Row& s : rows) {
     if (s.stage != 2 || s.grads != Options::Grads::stream) continue;
-    for (const Row& w : rows) {
-      if (w.stage != 2 || w.grads != Options::Grads::owned || w.params != s.params ||
-          w.dtype != s.dtype)
-        continue;
-      if (!compared)
-        std::fprintf(f,
-                     "# goal 3: the streamed stage-2 step at most the owned one plus one pass "
-                     "over the gradients: stream / (owned + pass) <= 1\n");
-      compared = true;
-      const double allowed = w.total.median_us + s.pass.median_us;
-      const double ratio = s.total.median_us / allowed;
+    if (!compared)
       std::fprintf(f,
-                   "#   %s params, %s: stream %.1f us, owned %.1f us + pass %.1f us: ratio "
-                   "%.3f: %s%s\n",
-                   human_count(s.params).c_str(), shardopt::dtype_name(s.dtype), s.total.median_us,
-                   w.total.median_us, s.pass.median_us, ratio, ratio <= 1.0 ? "met" : "not met",
-                   s.busy() || w.busy() ? "; busy machine, rerun it" : "");
-    }
+                   "# goal 3: the streamed stage-2 step at most the owned one plus one pass over "
+                   "the gradients, timed in the same iterations: stream / (owned + pass) <= 1\n");
+    compared = true;
+    const double ratio = s.total.median_us / (s.owned.median_us + s.pass.median_us);
+    std::fprintf(f,
+                 "#   %s params, %s: stream %.1f us, owned %.1f us + pass %.1f us: ratio %.3f: "
+                 "%s%s\n",
+                 human_count(s.params).c_str(), shardopt::dtype_name(s.dtype), s.total.median_us,
+                 s.owned.median_us, s.pass.median_us, ratio, ratio <= 1.0 ? "met" : "not met",
+                 s.busy() ? "; busy machine, rerun it" : "");
   }
   const auto busy = std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.busy(); });
   machine::print_busy_rows(f, static_cast<std::size_t>(busy), rows.size(), kBusyFraction,
