@@ -71,13 +71,13 @@ void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect, 
   void* mine = user
                    ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
                    : nullptr;
-  std::vector<shardopt::Param> params{
-      {.name = "w", .data = w.data(), .numel = w.size(), .grad = mine}};
   constexpr std::size_t kPart = 75000;
+  std::vector<shardopt::Param> params;
   if (stream) {
-    params.clear();
     for (const char* name : {"w0", "w1", "w2", "w3"})
       params.push_back({.name = name, .data = w.data() + params.size() * kPart, .numel = kPart});
+  } else {
+    params.push_back({.name = "w", .data = w.data(), .numel = w.size(), .grad = mine});
   }
   shardopt::ZeroRedundancyOptimizer opt(
       comm, params, shardopt::Adam{.lr = 1e-3},

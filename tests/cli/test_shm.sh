@@ -40,15 +40,20 @@ args=(--steps 40 --log-every 1000000 --progress off --schedule constant)
 # Open MPI's own shared memory stays out of the small /dev/shm.
 export OMPI_MCA_btl_vader_backing_directory=/tmp
 
-# In a mount namespace with a 64 KiB /dev/shm: RANKS, then variables for
-# the job (NAME=VALUE...) and "--" and the trainer's extra arguments.
+# COMMAND in a mount namespace of its own whose /dev/shm is a tmpfs of SIZE.
+with_shm() {  # SIZE COMMAND...
+  unshare -m sh -c 'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"' "$@"
+}
+
+# With a 64 KiB /dev/shm: RANKS, then variables for the job (NAME=VALUE...)
+# and "--" and the trainer's extra arguments.
 small_shm_run() {
   local n=$1; shift
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh \
-    env "${envs[@]}" timeout 120 "$mpiexec" -n "$n" --oversubscribe "$train" "${args[@]}" "$@"
+  with_shm 64k env "${envs[@]}" timeout 120 "$mpiexec" -n "$n" --oversubscribe "$train" \
+    "${args[@]}" "$@"
 }
 
 # 1. A /dev/shm too small.
@@ -97,8 +102,8 @@ fused_shared=$shared fused_params=$params
 owned_run off timeout 120 env SHARDOPT_FUSED_UPDATE=0 "$mpiexec" -n 3 --oversubscribe \
   -x SHARDOPT_FUSED_UPDATE "$fault_job" owned
 off_shared=$shared off_params=$params
-owned_run small unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"' sh \
-  env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 timeout 120 "$mpiexec" -n 3 --oversubscribe \
+owned_run small with_shm 1m env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 \
+  timeout 120 "$mpiexec" -n 3 --oversubscribe \
   "$fault_job" owned
 if [ "${fused_shared:-0}" -lt 1200000 ] || [ "$off_shared" != 0 ] || [ "$shared" != 0 ]; then
   fail "node_shared: $fused_shared fused (expected the 1.2 MB of gradients), $off_shared with SHARDOPT_FUSED_UPDATE=0, $shared with a 1 MiB /dev/shm (expected 0)" "$tmp/fused.out"
@@ -119,8 +124,8 @@ stream_shared=$shared stream_params=$params
 owned_run stream-off timeout 120 env SHARDOPT_FUSED_UPDATE=0 "$mpiexec" -n 3 --oversubscribe \
   -x SHARDOPT_FUSED_UPDATE "$fault_job" stream
 off_shared=$shared off_params=$params
-owned_run stream-small unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"' sh \
-  env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 timeout 120 "$mpiexec" -n 3 --oversubscribe \
+owned_run stream-small with_shm 1m env SHARDOPT_HOST_COMM=shm SHARDOPT_SHM_CHUNK_KB=4 \
+  timeout 120 "$mpiexec" -n 3 --oversubscribe \
   "$fault_job" stream
 if [ "${stream_shared:-0}" -lt 524288 ] || [ "$off_shared" != 0 ] || [ "$shared" != 0 ]; then
   fail "streamed node_shared: $stream_shared shared (expected its 2 bucket buffers of 256 KiB or more), $off_shared with SHARDOPT_FUSED_UPDATE=0, $shared with a 1 MiB /dev/shm (expected 0)" "$tmp/stream.out"
