@@ -695,6 +695,19 @@ class HostMemory final : public bench::Memory {
   OtherLoad load_;
 };
 
+namespace {
+// "sgd 20, adam 28, ...": every optimizer's fp32 bytes per parameter.
+std::string fp32_bytes() {
+  std::string list;
+  for (const auto& e : bench::optimizers()) {
+    if (!list.empty()) list.append(", ");
+    list.append(e.name).append(" ").append(
+        std::to_string(bench::bytes_per_param(e, bench::kPrecisions[0])));
+  }
+  return cli::wrap(list, 11);
+}
+}  // namespace
+
 std::string HostMemory::usage() const {
   return std::string(
              "usage: shardopt-bench-optim [options]\n"
@@ -728,10 +741,13 @@ std::string HostMemory::usage() const {
          "  B_pp     bytes per parameter, every read and write counted once; the formula\n"
          "           is printed per row: r = read, w = written, p = fp32 params, g = grads,\n"
          "           the optimizer's state arrays by name (exp_avg, ...), c = the 16-bit\n"
-         "           param copy, update = LAMB's direction (two passes). fp32: Adam, AdamW,\n"
-         "           NAdam, RAdam 28, SGD (momentum 0.9) 20, Adagrad 20, RMSprop 20, Lion 20,\n"
-         "           LAMB 40; bf16 or f16 mixed: the same (2 B less grad, 2 B copy); fp32\n"
-         "           grads with a bf16 copy: 2 B more.\n"
+         "           param copy, update = LAMB's direction (two passes). fp32, per\n"
+         "           optimizer (sgd with momentum 0.9):\n"
+         "           " +
+         fp32_bytes() +
+         ";\n"
+         "           bf16 or f16 mixed: the same (2 B less grad, 2 B copy); fp32 grads with\n"
+         "           a bf16 copy: 2 B more.\n"
          "  time_us  median time of one step\n"
          "  GB/s     numel * B_pp / time_us\n"
          "  min-max  GB/s of the slowest and of the fastest step of the row: the spread\n"

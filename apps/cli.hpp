@@ -111,6 +111,30 @@ T parse_choice(const std::string& label, std::string_view s,
   bad_value(label, s, accepted);
 }
 
+// `text`'s words in lines of at most `width` characters (a longer word
+// alone on its line), each line after the first indented by `indent`
+// spaces, for usage texts; the first line's indent is the caller's.
+inline std::string wrap(std::string_view text, std::size_t indent, std::size_t width = 80) {
+  std::string out;
+  std::size_t column = indent;
+  while (!text.empty()) {
+    const std::size_t end = text.find(' ');
+    const std::string_view word = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    if (word.empty()) continue;
+    if (column > indent && column + 1 + word.size() > width) {
+      out.append("\n").append(indent, ' ');
+      column = indent;
+    } else if (column > indent) {
+      out.push_back(' ');
+      ++column;
+    }
+    out.append(word);
+    column += word.size();
+  }
+  return out;
+}
+
 // "a,b,c" -> {"a", "b", "c"}.
 inline std::vector<std::string_view> split(std::string_view s) {
   std::vector<std::string_view> items;

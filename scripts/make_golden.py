@@ -3,8 +3,10 @@
 
 Writes tests/data/golden/<optimizer>.bin (format: tests/data/golden/README.md):
 for every case, the parameters after each of `steps` optimizer steps, computed
-by torch.optim (SGD, Adam, AdamW, Adagrad, RMSprop) or, for the optimizers
-that torch 1.13 lacks (Lion, LAMB), by the float64 implementations below.
+by torch.optim (SGD, Adam, AdamW, Adagrad, RMSprop), by torch's float32
+operations as torch 2 orders them (NAdam, RAdam: torch 1.13's classes differ,
+see below), or, for the optimizers that torch lacks (Lion, LAMB), by the
+float64 implementations below.
 The inputs are not stored: initial parameters and gradients come from a
 counter-based generator (splitmix64) that tests/golden.hpp reproduces bit for
 bit, so a C++ test regenerates them and compares shardopt's parameters with
@@ -18,7 +20,7 @@ CPU), from the repository root:
 
 torch runs on one thread, so the files do not depend on the machine's core
 count. They were made with torch's AVX2 CPU kernels, and the tests compare
-shardopt with the torch files (SGD, Adam, AdamW, Adagrad, RMSprop) bitwise,
+shardopt with the torch files (SGD, Adam, AdamW, Adagrad, RMSprop, NAdam, RAdam) bitwise,
 at every step: no tolerance absorbs a difference. Only Lion and LAMB, made
 here in float64, which no vector unit changes, are compared within 2e-6.
 torch picks its CPU kernels at run time: its default kernels (CPUs without

@@ -10,6 +10,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim_helpers.hpp"
@@ -184,6 +185,20 @@ std::vector<Case> cases() {
   add_generic("NAdam", NAdam{.lr = 0.01, .weight_decay = 0.01});
   add_generic("RAdam decoupled",
               RAdam{.lr = 0.01, .weight_decay = 0.01, .decoupled_weight_decay = true});
+  // And through their named steps (two states each).
+  const auto add_named = [&](std::string name, auto o, auto named) {
+    all.push_back({name, 2, 0.0f,
+                   [o, named](ParamView p, GradView g, auto& s, std::int64_t t,
+                              const StepOptions& e) { return named(p, g, s[0], s[1], t, o, e); },
+                   [o, named](auto ps, auto gs, Lists& l, std::int64_t t, const StepOptions& e,
+                              std::span<void* const> outs) {
+                     return named(ps, gs, l[0], l[1], t, o, e, outs);
+                   }});
+  };
+  add_named("NAdam named", NAdam{.lr = 0.01},
+            [](auto&&... a) { return functional::nadam(std::forward<decltype(a)>(a)...); });
+  add_named("RAdam named", RAdam{.lr = 0.01},
+            [](auto&&... a) { return functional::radam(std::forward<decltype(a)>(a)...); });
   return all;
 }
 
@@ -255,6 +270,24 @@ void compare(const Case& c, const std::vector<Spec>& specs, DType copy_type, boo
 
 TEST_CASE("List steps: the case table covers every optimizer", "[optim][multi]") {
   check_every_optimizer<Optimizers>(cases());
+}
+
+TEST_CASE("The named NAdam and RAdam steps are the generic step, bitwise", "[optim][multi]") {
+  const auto check = [](auto o, auto named) {
+    const std::size_t n = 1031;
+    Tensor a(n, Storage::fp32, DType::f32, 7, 0.0f), b(n, Storage::fp32, DType::f32, 7, 0.0f);
+    for (std::int64_t t = 1; t <= 5; ++t) {
+      const std::span<float> states[] = {b.states[0], b.states[1]};
+      named(a.params(), a.grads(), a.states[0], a.states[1], t, o);
+      functional::step(b.params(), b.grads(), states, t, o);
+    }
+    CHECK(a.same(b));
+    CHECK(a.p != uniform(n, 7, -1, 1));  // the steps moved the parameters
+  };
+  check(NAdam{.lr = 0.01, .weight_decay = 0.01},
+        [](auto&&... a) { return functional::nadam(a...); });
+  check(RAdam{.lr = 0.01, .decoupled_weight_decay = true},
+        [](auto&&... a) { return functional::radam(a...); });
 }
 
 TEST_CASE("List steps equal single steps tensor by tensor, bitwise", "[optim][multi]") {

@@ -8,7 +8,10 @@
 #include <cstring>
 #include <iterator>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "../bench_mpi.hpp"
 #include "../machine.hpp"
@@ -339,6 +342,14 @@ Row Bench::run(int stage, DType t, Options::Grads grads, bool& differ) {
   // Memory after the steps, so that anything allocated at the first step
   // counts; the largest rank's.
   r.report = opt.memory_report();
+  r.optimizer = std::visit(
+      []<class O>(const O& c) {
+        if constexpr (std::is_same_v<O, shardopt::CustomOptimizer>)
+          return c.name;
+        else
+          return std::string(O::key);
+      },
+      opt.param_group(0));
   double mem =
       static_cast<double>(r.report.allocated() + r.report.user_params + r.report.user_grads);
   MPI_Allreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, timing_);

@@ -56,6 +56,7 @@ struct Row {
   Stats owned;             // stream rows: the owned-gradient step, timed in the same iterations
   double other_load = -1;  // other processes' share of the CPUs while timed; -1 unknown
   bool busy() const { return other_load > kBusyFraction; }
+  std::string optimizer;  // the engine's, as it reports it (param_group(0))
   shardopt::MemoryReport report;
   double mem_bytes = 0;
   double formula_bytes = 0;  // zero_memory_formula alone

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "../cli.hpp"
@@ -216,18 +219,14 @@ Options parse_options(int argc, char** argv) {
 }
 
 shardopt::OptimizerConfig engine_config(const OptimizerEntry& e) {
-  const std::string_view n = e.name;
-  if (n == "adamw") return shardopt::AdamW{};
-  if (n == "sgd") {
-    shardopt::SGD o;
-    o.momentum = 0.9;  // as bench::optimizers(): with a momentum buffer
-    return o;
-  }
-  if (n == "adagrad") return shardopt::Adagrad{};
-  if (n == "rmsprop") return shardopt::RMSprop{};
-  if (n == "lion") return shardopt::Lion{};
-  if (n == "lamb") return shardopt::Lamb{};
-  return shardopt::Adam{};
+  // From the descriptors, as bench::optimizers() makes its entries: every
+  // optimizer the table offers has its engine options here.
+  std::optional<shardopt::OptimizerConfig> config;
+  shardopt::Optimizers::each([&]<class O>() {
+    if (std::string_view(O::key) == e.name) config = bench::bench_options<O>();
+  });
+  if (!config) throw std::logic_error(std::string("no optimizer descriptor has the key ") + e.name);
+  return *config;
 }
 
 }  // namespace bench_step

@@ -118,7 +118,7 @@ void print_row(const Options& o, const Row& r, double bucket_mb) {
     j.real("limit_us", r.limit_us, 2);
     j.real("mem_bytes", r.mem_bytes, 0);
     j.real("mem_formula_bytes", r.mem_formula_bytes(), 0);
-    j.str("optimizer", o.optimizer->name);
+    j.str("optimizer", r.optimizer.c_str());
     j.real("bucket_mb", bucket_mb, 4);
     j.count("tensors", r.tensors);
     j.str("numels", r.numels.c_str());

@@ -34,6 +34,13 @@ std::optional<shardopt::OptimizerConfig> optimizer_of(const std::string& key) {
   return out;
 }
 
+std::string optimizer_keys() {
+  std::string keys;
+  shardopt::Optimizers::each(
+      [&]<class O>() { keys += std::string(keys.empty() ? "" : " ") + O::key; });
+  return keys;
+}
+
 namespace {
 
 // "4096x11008*32" -> 32 tensors of 4096 * 11008 elements.

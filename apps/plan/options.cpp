@@ -29,8 +29,11 @@ std::string usage() {
          "      --remainders         bf16 parameters with 16-bit remainders instead of an\n"
          "                           fp32 master (ZeroOptions::param_remainders)\n"
          "      --reduce-fp32        reduce 16-bit gradients in fp32 (reduce_in_fp32)\n"
-         "  -o, --optimizer NAME     sgd (momentum 0.9), adam, adamw, adagrad, rmsprop, lion,\n"
-         "                           lamb, nadam, radam (default: the checkpoint's, else adam)\n"
+         "  -o, --optimizer NAME     the optimizer's key (default: the checkpoint's, else\n"
+         "                           adam; sgd with momentum 0.9), one of:\n"
+         "                           " +
+         optimizer_keys() +
+         "\n"
          "  -s, --stages LIST        ZeRO stages, comma-separated (default 0,1,2)\n"
          "  -b, --bucket-mb X        gradient bucket size in MiB (default SHARDOPT_BUCKET_MB,\n"
          "                           25)\n"
@@ -159,8 +162,7 @@ Options parse_options(int argc, char** argv) {
         } else if (name == "reduce-fp32") {
           o.reduce_fp32 = true;
         } else if (name == "optimizer") {
-          if (!optimizer_of(std::string(v)))
-            cli::bad_value(label, v, "sgd adam adamw adagrad rmsprop lion lamb nadam radam");
+          if (!optimizer_of(std::string(v))) cli::bad_value(label, v, optimizer_keys());
           o.optimizer = std::string(v);
         } else if (name == "stages") {
           o.stages.clear();

@@ -80,6 +80,8 @@ std::optional<shardopt::DType> dtype_of(const std::string& name);
 // The optimizer named by key with shardopt-bench-optim's options (SGD with
 // momentum 0.9, the others torch's defaults); nullopt for an unknown key.
 std::optional<shardopt::OptimizerConfig> optimizer_of(const std::string& key);
+// Every optimizer's key, space-separated, in the descriptors' order.
+std::string optimizer_keys();
 
 // rates.cpp: one collective across the job, t(B) for a buffer of B bytes
 // (nccl-tests' size: the whole gathered or reduced buffer), as two hops:

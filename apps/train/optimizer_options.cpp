@@ -16,8 +16,8 @@ namespace {
 // optimizer without one starts from torch's default.
 const std::map<std::string, double>& tuned_lr() {
   static const std::map<std::string, double> lr = {
-      {"sgd", 0.2},      {"adam", 5e-3}, {"adamw", 5e-3}, {"adagrad", 1e-2},
-      {"rmsprop", 1e-3}, {"lion", 3e-4}, {"lamb", 2e-2},
+      {"sgd", 0.2},   {"adam", 5e-3}, {"adamw", 5e-3}, {"adagrad", 1e-2}, {"rmsprop", 1e-3},
+      {"lion", 3e-4}, {"lamb", 2e-2}, {"nadam", 5e-3}, {"radam", 1e-2},
   };
   return lr;
 }
@@ -197,12 +197,17 @@ std::vector<std::string> apply_given_fields(const OptimizerOptions& o,
 
 std::string optimizer_usage() {
   std::string u =
-      "Optimizers (-o) and their hyper-parameters (torch's names and defaults; --betas\n"
-      "takes A,B, flags like --amsgrad take no value; docs/optimizers.md):\n";
+      "Optimizers (-o) and their hyper-parameters (torch's names and defaults, but the\n"
+      "default --lr, in parentheses, tuned on the default problem; --betas takes A,B, flags\n"
+      "like --amsgrad take no value; docs/optimizers.md):\n";
   shardopt::Optimizers::each([&]<class O>() {
     std::string line = "  " + std::string(O::key) + ":";
     line.resize(12, ' ');
-    u += line + flags_of<O>() + "\n";
+    OptimizerOptions o;
+    o.key = O::key;
+    std::string flags = flags_of<O>();
+    flags.insert(flags.find("--lr") + 4, " (" + number_text(o.learning_rate()) + ")");
+    u += line + flags + "\n";
   });
   return u;
 }

@@ -264,6 +264,19 @@ SHARDOPT_API StepResult rmsprop(ParamView params, GradView grads, std::span<floa
 SHARDOPT_API StepResult lion(ParamView params, GradView grads, std::span<float> exp_avg,
                              const Lion& options, const StepOptions& extra = {});
 
+// One NAdam step (torch.optim.NAdam): buffers as adam() without amsgrad;
+// the momentum product of torch's state["mu_product"] is computed from
+// `step`. Local; not collective. Errors as adam().
+SHARDOPT_API StepResult nadam(ParamView params, GradView grads, std::span<float> exp_avg,
+                              std::span<float> exp_avg_sq, std::int64_t step, const NAdam& options,
+                              const StepOptions& extra = {});
+
+// One RAdam step (torch.optim.RAdam): buffers as adam() without amsgrad.
+// Local; not collective. Errors as adam().
+SHARDOPT_API StepResult radam(ParamView params, GradView grads, std::span<float> exp_avg,
+                              std::span<float> exp_avg_sq, std::int64_t step, const RAdam& options,
+                              const StepOptions& extra = {});
+
 // One LAMB step on one tensor: the moments (exp_avg, exp_avg_sq, read and
 // written, zero before the first step), the direction
 // r = m_hat / (sqrt(v_hat) + eps) + weight_decay * p written to `update`
@@ -354,6 +367,21 @@ SHARDOPT_API StepResult rmsprop(std::span<const ParamView> params, std::span<con
 SHARDOPT_API StepResult lion(std::span<const ParamView> params, std::span<const GradView> grads,
                              std::span<const std::span<float>> exp_avgs, const Lion& options,
                              const StepOptions& extra = {}, std::span<void* const> params_out = {});
+
+// NAdam on a list of tensors: reads grads; reads and writes params,
+// exp_avgs and exp_avg_sqs.
+SHARDOPT_API StepResult nadam(std::span<const ParamView> params, std::span<const GradView> grads,
+                              std::span<const std::span<float>> exp_avgs,
+                              std::span<const std::span<float>> exp_avg_sqs, std::int64_t step,
+                              const NAdam& options, const StepOptions& extra = {},
+                              std::span<void* const> params_out = {});
+
+// RAdam on a list of tensors; buffers as the list nadam().
+SHARDOPT_API StepResult radam(std::span<const ParamView> params, std::span<const GradView> grads,
+                              std::span<const std::span<float>> exp_avgs,
+                              std::span<const std::span<float>> exp_avg_sqs, std::int64_t step,
+                              const RAdam& options, const StepOptions& extra = {},
+                              std::span<void* const> params_out = {});
 
 // LAMB on a list of tensors: each tensor's trust ratio from its own norms,
 // as the single-tensor lamb(). Reads grads; reads and writes params,

@@ -33,6 +33,20 @@ StepResult adamw(ParamView params, GradView grads, std::span<float> exp_avg,
   return adam_family(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, step, options, extra);
 }
 
+StepResult nadam(ParamView params, GradView grads, std::span<float> exp_avg,
+                 std::span<float> exp_avg_sq, std::int64_t step, const NAdam& options,
+                 const StepOptions& extra) {
+  const std::span<float> states[] = {exp_avg, exp_avg_sq};
+  return functional::step(params, grads, states, step, options, extra);
+}
+
+StepResult radam(ParamView params, GradView grads, std::span<float> exp_avg,
+                 std::span<float> exp_avg_sq, std::int64_t step, const RAdam& options,
+                 const StepOptions& extra) {
+  const std::span<float> states[] = {exp_avg, exp_avg_sq};
+  return functional::step(params, grads, states, step, options, extra);
+}
+
 StepResult sgd(ParamView params, GradView grads, std::span<float> momentum_buffer,
                std::int64_t step, const SGD& options, const StepOptions& extra) {
   const std::span<float> states[] = {momentum_buffer};
@@ -101,6 +115,20 @@ StepResult lion(std::span<const ParamView> params, std::span<const GradView> gra
                 std::span<void* const> params_out) {
   const StateList states[] = {exp_avgs};
   return functional::step(params, grads, states, 0, options, extra, params_out);
+}
+
+StepResult nadam(std::span<const ParamView> params, std::span<const GradView> grads,
+                 StateList exp_avgs, StateList exp_avg_sqs, std::int64_t step, const NAdam& options,
+                 const StepOptions& extra, std::span<void* const> params_out) {
+  const StateList states[] = {exp_avgs, exp_avg_sqs};
+  return functional::step(params, grads, states, step, options, extra, params_out);
+}
+
+StepResult radam(std::span<const ParamView> params, std::span<const GradView> grads,
+                 StateList exp_avgs, StateList exp_avg_sqs, std::int64_t step, const RAdam& options,
+                 const StepOptions& extra, std::span<void* const> params_out) {
+  const StateList states[] = {exp_avgs, exp_avg_sqs};
+  return functional::step(params, grads, states, step, options, extra, params_out);
 }
 
 }  // namespace shardopt::functional
