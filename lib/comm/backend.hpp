@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/node_access.hpp"
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
 #include "common/watchdog.hpp"
@@ -87,14 +88,9 @@ class Backend {
   // when it is armed (watch_poll on the calling thread): the front end then
   // issues them blocking rather than as polled non-blocking ones.
   virtual bool watches_blocking_waits() const noexcept { return false; }
-  // Node shared memory that collectives may read in place rather than
-  // through copies: rank q's range [bases[q], bases[q] + bytes) of its own
-  // address space is mapped at `local` in this process (every rank of the
-  // communicator on this node). Local; backends that never read other
-  // ranks' memory ignore it. Until forget_shared(local).
-  virtual void map_shared(const std::byte* /*local*/, std::size_t /*bytes*/,
-                          std::vector<std::uintptr_t> /*bases*/) {}
-  virtual void forget_shared(const std::byte* /*local*/) noexcept {}
+  // Its node access (comm/node_access.hpp), or null: a transport with
+  // every rank on one node sharing memory has one.
+  virtual NodeAccess* node_access() noexcept { return nullptr; }
   // Collective: releases the backend's communicator. Idempotent.
   virtual void free() = 0;
   virtual bool freed() const noexcept = 0;
@@ -140,11 +136,8 @@ class DeviceBackend : public Backend {
   MPI_Comm mpi_comm() const noexcept override { return host_->mpi_comm(); }
   std::size_t max_chunk() const noexcept override { return host_->max_chunk(); }
   bool freed() const noexcept override { return host_->freed(); }
-  void map_shared(const std::byte* local, std::size_t bytes,
-                  std::vector<std::uintptr_t> bases) override {
-    host_->map_shared(local, bytes, std::move(bases));
-  }
-  void forget_shared(const std::byte* local) noexcept override { host_->forget_shared(local); }
+  // For host buffers, which the host backend moves.
+  NodeAccess* node_access() noexcept override { return host_->node_access(); }
   std::unique_ptr<PendingOp> barrier(bool blocking, StreamHandle stream) override {
     return host_->barrier(blocking, stream);
   }

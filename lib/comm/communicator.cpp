@@ -102,6 +102,8 @@ Backend& backend_of(Communicator& comm) {
   return *comm.backend_;
 }
 
+NodeAccess* node_access(Communicator& comm) { return backend_of(comm).node_access(); }
+
 }  // namespace detail
 
 using detail::Backend;

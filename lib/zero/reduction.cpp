@@ -5,7 +5,6 @@
 #include <mpi.h>
 #include <omp.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,16 +12,14 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <string_view>
 
 #include "comm/agree.hpp"
-#include "comm/backend.hpp"
-#include "comm/shm/shm_peer.hpp"
-#include "comm/shm/shm_reduce.hpp"
+#include "comm/node_access.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
 #include "common/language.hpp"
 #include "common/log.hpp"
+#include "kernels/reduce.hpp"
 #include "shardopt/config.hpp"
 
 namespace shardopt::detail {
@@ -64,12 +61,6 @@ GradReducer::~GradReducer() {
     } catch (...) {  // a destructor never throws; the Request logs
     }
   }
-  if (shared_pool_ != nullptr) {
-    try {
-      backend_of(comm_).forget_shared(shared_pool_->data());
-    } catch (...) {  // a freed communicator reads nothing any more
-    }
-  }
   if (produced_ != nullptr) space_.runtime()->destroy_event(produced_);
 }
 
@@ -98,7 +89,7 @@ void GradReducer::allocate() {
   // gradients' bucket buffers.
   std::int64_t fuse[3] = {0, 0, 0};  // all owned, all the user's, streamed buckets shared
   if (opt_.stage == 2 && settings().fused_update && !space_.on_device() && nranks_ > 1 &&
-      std::string_view(comm_.backend_name()) == "shm") {
+      node_access(comm_) != nullptr) {
     bool all_owned = true, all_user = true;
     for (const Param& p : params_) {
       all_owned = all_owned && (p.grad == nullptr || p.numel == 0);
@@ -162,16 +153,10 @@ void GradReducer::allocate() {
   }
 }
 
-std::unique_ptr<NodeSegment> GradReducer::node_segment(std::size_t bytes, const char* what) {
-  MPI_Comm node = MPI_COMM_NULL;
-  SHARDOPT_CHECK_MPI(
-      MPI_Comm_split_type(ctl_.mpi_comm(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-      "finding the ranks of this node for their shared gradients");
+std::unique_ptr<SharedParts> GradReducer::node_segment(std::size_t bytes, bool in_place,
+                                                       const char* what) {
   std::string error;
-  // The shm transport runs only with every rank on one node: the node's
-  // ranks are the communicator's, in its order (key: the rank).
-  auto segment = NodeSegment::create(node, bytes * std::size_t(nranks_), error);
-  SHARDOPT_CHECK_MPI(MPI_Comm_free(&node), "freeing the communicator of this node");
+  auto segment = node_access(comm_)->share(bytes, in_place, error);
   if (segment == nullptr && rank_ == 0)  // the same outcome on every rank
     SHARDOPT_LOG(warn, "ZeRO stage 2: " << what << ": " << error
                                         << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
@@ -186,12 +171,12 @@ void GradReducer::share_pool(std::size_t pool_bytes) {
   // Each rank's part: a page saying where its held buckets are, then its
   // two buffers, each starting on a page.
   pool_stride_ = (pool_bytes + kPage - 1) / kPage * kPage;
+  // The transport reduces the buckets where every rank's are.
   shared_pool_ =
-      node_segment(kPage + 2 * pool_stride_,
+      node_segment(kPage + 2 * pool_stride_, true,
                    "the bucket buffers stay in each rank's own memory (copied to be reduced)");
   if (shared_pool_ == nullptr) return;
   std::byte* mine = pool_part(rank_);
-  std::memset(mine, 0, kPage + 2 * pool_stride_);  // its pages touched by this rank first
   for (std::size_t k = 0; k < 2; ++k)
     pool_.push_back(SpaceBuffer::borrow(mine + kPage + k * pool_stride_, pool_bytes));
   // The update reduces the buckets that fill last where they are: the
@@ -201,26 +186,16 @@ void GradReducer::share_pool(std::size_t pool_bytes) {
     held_src_.assign(std::size_t(nranks_) * hold_, nullptr);
     start_blocks();
   }
-  // Where every rank maps the segment, for the transport to find their
-  // buckets here.
-  const auto base =
-      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(shared_pool_->data()));
-  std::vector<std::int64_t> bases(std::size_t(nranks_), 0);
-  ctl_.allgather(&base, bases.data(), 1, DType::i64);
-  backend_of(comm_).map_shared(shared_pool_->data(), shared_pool_->size(),
-                               std::vector<std::uintptr_t>(bases.begin(), bases.end()));
   SHARDOPT_LOG(info, "ZeRO stage 2: the streamed gradients' two bucket buffers in "
                          << (2 * pool_bytes) / (1024 * 1024)
                          << " MiB of shared memory per rank, reduced where they are");
 }
 
 void GradReducer::share_owned_grads(std::size_t bytes) {
-  shared_ =
-      node_segment(bytes, "the fused update is off, the gradients stay in each rank's own memory");
+  shared_ = node_segment(bytes, false,
+                         "the fused update is off, the gradients stay in each rank's own memory");
   if (shared_ == nullptr) return;
-  for (int q = 0; q < nranks_; ++q) peers_.push_back(shared_->data() + std::size_t(q) * bytes);
-  // The pages of this rank's gradients are touched by this rank first.
-  std::memset(shared_->data() + std::size_t(rank_) * bytes, 0, bytes);
+  for (int q = 0; q < nranks_; ++q) peers_.push_back(shared_->part(q));
   shared_bytes_ = bytes;
   start_fused();
   SHARDOPT_LOG(info, "ZeRO stage 2: fused reduce-scatter + update, the owned gradients in "
@@ -244,44 +219,26 @@ void GradReducer::start_blocks() {
                               "the fused update's slices of every rank's gradients");
 }
 
-// Every rank's process and gradient addresses, then one element read from
-// each other rank's gradients: where the kernel refuses (a container's
-// seccomp filter, Yama's ptrace_scope, a process that is not dumpable),
-// the fused step is off on every rank, with a warning.
+// Every rank's gradient addresses, then one element read from each other
+// rank's gradients: where the kernel refuses (a container's seccomp filter,
+// Yama's ptrace_scope, a process that is not dumpable), the fused step is
+// off on every rank, with a warning.
 void GradReducer::read_peer_grads() {
   const std::size_t np = params_.size();
-  std::vector<std::int64_t> mine(np + 1), all((np + 1) * std::size_t(nranks_));
-  mine[0] = static_cast<std::int64_t>(getpid());
+  std::vector<std::int64_t> mine(np), all(np * std::size_t(nranks_));
   for (std::size_t i = 0; i < np; ++i)
-    mine[i + 1] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(grad_ptr_[i]));
-  ctl_.allgather(mine.data(), all.data(), np + 1, DType::i64);
-  pids_.resize(std::size_t(nranks_));
-  peer_grads_.resize(np * std::size_t(nranks_));
-  for (std::size_t q = 0; q < std::size_t(nranks_); ++q) {
-    pids_[q] = static_cast<pid_t>(all[q * (np + 1)]);
-    for (std::size_t i = 0; i < np; ++i)
-      peer_grads_[q * np + i] = static_cast<std::uintptr_t>(all[q * (np + 1) + i + 1]);
-  }
+    mine[i] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(grad_ptr_[i]));
+  ctl_.allgather(mine.data(), all.data(), np, DType::i64);
+  peer_grads_.assign(all.begin(), all.end());
   std::size_t first = 0;
   while (first < np && params_[first].numel == 0) ++first;
   std::string error;
-  for (int q = 0; q < nranks_ && first < np && error.empty(); ++q) {
-    if (q == rank_) continue;
-    std::byte probe[8];
-    std::vector<iovec> local{{probe, elem_}};
-    std::vector<iovec> remote{
-        {reinterpret_cast<void*>(peer_grads_[std::size_t(q) * np + first]), elem_}};
-    if (!read_process(pids_[std::size_t(q)], local, remote))
-      error = "reading rank " + std::to_string(q) +
-              "'s memory (process_vm_readv): " + std::strerror(errno);
-  }
-  int failed = error.empty() ? nranks_ : rank_;
-  ctl_.allreduce(&failed, &failed, 1, DType::i32, ReduceOp::min);
-  if (failed < nranks_) {
-    if (rank_ == failed)
-      SHARDOPT_LOG(warn, "ZeRO stage 2: the fused update is off on every rank: rank "
-                             << rank_ << ": " << error
-                             << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
+  peer_reader_ = node_access(comm_)->peer_reader(first < np ? grad_ptr_[first] : nullptr,
+                                                 first < np ? elem_ : 0, error);
+  if (peer_reader_ == nullptr) {
+    if (rank_ == 0)
+      SHARDOPT_LOG(warn, "ZeRO stage 2: the fused update is off on every rank: "
+                             << error << " (SHARDOPT_FUSED_UPDATE=0 turns it off quietly)");
     return;
   }
   peer_read_ = true;
@@ -325,7 +282,7 @@ const std::byte* GradReducer::slice_of(int q, std::size_t f0, std::size_t n, int
   }
   // Past the last parameter: the bucket's padding.
   if (covered < f0 + n) std::memset(out + (covered - f0) * elem_, 0, (f0 + n - covered) * elem_);
-  if (!local.empty() && !read_process(pids_[std::size_t(q)], local, remote))
+  if (!local.empty() && !peer_reader_->read(q, local, remote))
     throw PeerReadError("ZeRO stage 2, fused update: reading rank " + std::to_string(q) +
                         "'s gradients (process_vm_readv) failed: " + std::strerror(errno));
   return out;
@@ -366,9 +323,9 @@ void GradReducer::reduce_block(std::size_t storage, std::size_t count, float* ou
     // shm reduce-scatter), then converted into the shard or added to what
     // the earlier micro-batches left there.
     if (!pending_accumulate_ && reduce_type_ == DType::f32) {
-      reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, dst, n);
+      kernels::cpu::reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, dst, n);
     } else {
-      reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, scratch, n);
+      kernels::cpu::reduce_arrays(reduce_type_, ReduceOp::sum, srcs, nranks_, scratch, n);
       if (!pending_accumulate_) {
         space_.convert(scratch, reduce_type_, dst, DType::f32, n, 1.0f);
       } else {
@@ -645,17 +602,15 @@ void GradReducer::stream_grad(std::size_t bi, std::size_t p, const std::byte* gr
     // Large copies go past the caches: the bucket is read by every rank,
     // from memory, once it is full.
     const std::size_t bytes = (e - s) * elem_;
-    copy_bytes(buf + (s - b.begin) * rsize, grad + (s - layout_.flat[p]) * elem_, bytes,
-               bytes >= kStreamCopyBytes);
+    kernels::cpu::copy_bytes(buf + (s - b.begin) * rsize, grad + (s - layout_.flat[p]) * elem_,
+                             bytes, bytes >= kStreamCopyBytes);
     return;
   }
   space_.convert(grad + (s - layout_.flat[p]) * elem_, dtype_, buf + (s - b.begin) * rsize,
                  reduce_type_, e - s, static_cast<float>(1.0 / opt_.predivide_factor));
 }
 
-std::byte* GradReducer::pool_part(int q) const noexcept {
-  return shared_pool_->data() + std::size_t(q) * (kPage + 2 * pool_stride_);
-}
+std::byte* GradReducer::pool_part(int q) const noexcept { return shared_pool_->part(q); }
 
 bool GradReducer::prepare_held() {
   const std::size_t rsize = dtype_size(reduce_type_);

@@ -13,7 +13,6 @@
 // on the control communicator, so they never interleave with the data.
 #pragma once
 
-#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -28,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/shm/shm_segment.hpp"
+#include "comm/node_access.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
@@ -56,7 +55,7 @@ struct CommStats {
 };
 
 // The fused step could not read another rank's gradients (the user's
-// buffers, process_vm_readv): what() names the rank and the reason. Caught
+// buffers, through the node access): what() names the rank and the reason. Caught
 // where the fused reduction ends, and agreed there, so that every rank
 // throws (release_fused, materialize).
 struct PeerReadError : std::runtime_error {
@@ -116,17 +115,15 @@ class GradReducer {
   // while a fused reduction is pending (materialize() first).
   const void* reduced_grad(const Segment& s, DType& type) const;
 
-  // The fused stage-2 step (SHARDOPT_FUSED_UPDATE): every rank of the
-  // communicator on one node (the shm transport), host buffers, and either
-  // gradients the optimizer owns, kept in one segment of shared memory
-  // (rank q's buffers at q's place in it), or the user's gradient buffers,
-  // which the update reads from the other ranks' memory with
-  // process_vm_readv (a single copy by the kernel, into a slice in
-  // cache). finish() then reduces nothing: it waits until every rank's
-  // gradients are written and leaves the reduction pending, for the update
-  // to read every rank's slices of its shard (reduce_block) as it goes, or
-  // for materialize() to write them into the shard when something needs
-  // the reduced gradients first.
+  // The fused stage-2 step (SHARDOPT_FUSED_UPDATE): a communicator with
+  // node access (comm/node_access.hpp: every rank on one node sharing
+  // memory), host buffers, and either gradients the optimizer owns, kept in
+  // memory every rank maps (rank q's buffers in its part), or the user's
+  // gradient buffers, which the update reads from the other ranks' memory
+  // (a single copy by the kernel, into a slice in cache). finish() then reduces nothing: it waits
+  // until every rank's gradients are written and leaves the reduction pending, for the update to
+  // read every rank's slices of its shard (reduce_block) as it goes, or for materialize() to write
+  // them into the shard when something needs the reduced gradients first.
   bool fused_pending() const noexcept { return pending_; }
   // Collective: the pending reduction into the gradient shard (nothing if
   // none), bitwise what the reduce-scatters would have made.
@@ -135,7 +132,7 @@ class GradReducer {
   // into out (fp32), as materialize() would make them; count <=
   // block_elements(); thread t < block_threads() uses its own scratch. No
   // collective; throws only if another rank's buffers cannot be read (the
-  // user's gradients, read with process_vm_readv).
+  // user's gradients, read through the node access).
   void reduce_block(std::size_t storage, std::size_t count, float* out, int t) const;
   // Where shard elements [storage, ...) are reduced already while the
   // reduction is pending (the buckets that were not held), else null: the
@@ -195,9 +192,9 @@ class GradReducer {
   const std::byte* held_of(int q, std::size_t b) const noexcept {
     return held_src_[std::size_t(q) * hold_ + b];
   }
-  // Memory every rank of this node maps, `bytes` per rank (null, after a
-  // warning naming `what` from rank 0, where it cannot be had).
-  std::unique_ptr<NodeSegment> node_segment(std::size_t bytes, const char* what);
+  // Memory every rank maps, `bytes` per rank (null, after a warning naming
+  // `what` from rank 0, where it cannot be had).
+  std::unique_ptr<SharedParts> node_segment(std::size_t bytes, bool in_place, const char* what);
   void read_peer_grads();
   void start_fused();   // fused_, with the blocks below
   void start_blocks();  // the update's blocks of reduced gradients
@@ -272,8 +269,8 @@ class GradReducer {
   std::vector<SpaceBuffer> pool_;  // bucket-sized scratch for packing
   std::vector<bool> pool_busy_;
   std::size_t pool_bytes_ = 0;
-  std::unique_ptr<NodeSegment> shared_pool_;  // share_pool: the first two of pool_
-  std::size_t pool_stride_ = 0;               // of the buffers in it (rank q: at q * (page + 2 x))
+  std::unique_ptr<SharedParts> shared_pool_;  // share_pool: the first two of pool_
+  std::size_t pool_stride_ = 0;               // of the buffers in a rank's part
   // Buckets [0, hold_) stay in their shared buffers until the update
   // reduces them (0: none held); holding_: the pending reduction holds
   // them, rank q's bucket b at held_src_[q * hold_ + b].
@@ -285,15 +282,15 @@ class GradReducer {
   // the scratch of its reduction (kBlock elements each).
   static constexpr std::size_t kBlock = kFusedBlock;
   bool fusable_ = false, fused_ = false;
-  // The user's gradients, read from the other ranks' processes: their pids
-  // and every parameter's gradient address there (rank-major); per thread,
-  // a slice of kBlock elements per rank and its lists of pieces.
+  // The user's gradients, read from the other ranks' processes: the
+  // reader, and every parameter's gradient address there (rank-major); per
+  // thread, a slice of kBlock elements per rank and its lists of pieces.
   bool peer_read_ = false;
-  std::vector<pid_t> pids_;
+  std::unique_ptr<PeerReader> peer_reader_;
   std::vector<std::uintptr_t> peer_grads_;
   SpaceBuffer slices_;
   mutable std::vector<std::pair<std::vector<iovec>, std::vector<iovec>>> iov_;
-  std::unique_ptr<NodeSegment> shared_;
+  std::unique_ptr<SharedParts> shared_;
   std::vector<const std::byte*> peers_;
   std::size_t shared_bytes_ = 0;  // per rank
   SpaceBuffer blocks_;

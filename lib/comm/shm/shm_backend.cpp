@@ -27,11 +27,12 @@
 
 #include "comm/backend.hpp"
 #include "comm/mpi/mpi_types.hpp"
+#include "comm/shm/shm_access.hpp"
 #include "comm/shm/shm_channel.hpp"
-#include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
 #include "common/watchdog.hpp"
+#include "kernels/reduce.hpp"
 
 namespace shardopt::detail {
 
@@ -85,7 +86,7 @@ class ShmBackend final : public Backend {
   // node: the node's channel; inter: the ranks of the other nodes with this
   // rank's place in its node (MPI_COMM_NULL on one node), ordered by node;
   // rank_at[m * L + l]: the communicator's rank on node m at place l.
-  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<NodeChannel> node, MPI_Comm inter,
+  ShmBackend(std::unique_ptr<Backend> mpi, std::shared_ptr<NodeChannel> node, MPI_Comm inter,
              std::vector<int> rank_at, int nodes)
       : mpi_(std::move(mpi)),
         node_(std::move(node)),
@@ -132,15 +133,13 @@ class ShmBackend final : public Backend {
     mpi_->free();
   }
   bool freed() const noexcept override { return mpi_->freed(); }
-  void map_shared(const std::byte* local, std::size_t bytes,
-                  std::vector<std::uintptr_t> bases) override {
-    // The node's ranks, in the channel's order: this node's places.
-    std::vector<std::uintptr_t> mine(static_cast<std::size_t>(local_));
-    for (int l = 0; l < local_; ++l)
-      mine[std::size_t(l)] = bases[std::size_t(rank_at_[std::size_t(node_index_ * local_ + l)])];
-    node_->map_shared(local, bytes, std::move(mine));
+  // One node: every rank's memory is this node's (hier's ranks on other
+  // nodes are not).
+  NodeAccess* node_access() noexcept override {
+    if (nodes_ > 1 || mpi_->freed()) return nullptr;
+    if (access_ == nullptr) access_ = make_shm_access(mpi_->mpi_comm(), node_);
+    return access_.get();
   }
-  void forget_shared(const std::byte* local) noexcept override { node_->forget_shared(local); }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                        ReduceOp op, bool blocking, StreamHandle) override {
@@ -217,7 +216,7 @@ class ShmBackend final : public Backend {
     std::vector<const void*> srcs(static_cast<std::size_t>(nodes_));
     for (int m = 0; m < nodes_; ++m)
       srcs[m] = m == node_index_ ? partial + node_index_ * n * es : received + m * n * es;
-    reduce_arrays(t, node_op, srcs.data(), nodes_, out, n);
+    kernels::cpu::reduce_arrays(t, node_op, srcs.data(), nodes_, out, n);
     if (op == ReduceOp::avg) divide_elements(out, n, t, size());
   }
 
@@ -442,7 +441,8 @@ class ShmBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> mpi_;
-  std::unique_ptr<NodeChannel> node_;
+  std::shared_ptr<NodeChannel> node_;  // shared with the node access's parts
+  std::unique_ptr<NodeAccess> access_;
   MPI_Comm inter_;
   std::vector<int> rank_at_;
   std::vector<int> blocks_;

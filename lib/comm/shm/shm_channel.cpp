@@ -18,9 +18,9 @@
 #endif
 
 #include "comm/shm/shm_peer.hpp"
-#include "comm/shm/shm_reduce.hpp"
 #include "common/check.hpp"
 #include "common/log.hpp"
+#include "kernels/reduce.hpp"
 
 namespace shardopt::detail {
 
@@ -359,16 +359,17 @@ void NodeChannel::reduce_direct(Base&& base, std::size_t at, const std::byte* ow
     // Progress is published once the tile is reduced: a source read in
     // place is read by the reduction itself.
     if (reader < 0) {
-      reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len, stream && !alias);
+      kernels::cpu::reduce_arrays(t, op, srcs_.data(), ranks_, out + off * es, len,
+                                  stream && !alias);
       publish(control_->line[rank_].progress, ++tiles_read_);
       continue;
     }
     // out is what `reader` reads of this rank's `in`: written once it has
     // read this tile (it reads its block a tile at a time, as this rank).
-    reduce_arrays(t, op, srcs_.data(), ranks_, held, len);
+    kernels::cpu::reduce_arrays(t, op, srcs_.data(), ranks_, held, len);
     publish(control_->line[rank_].progress, ++tiles_read_);
     wait_word(reader, control_->line[reader].progress, static_cast<std::uint32_t>(off / tile + 1));
-    copy_bytes(out + off * es, held, len * es, stream);
+    kernels::cpu::copy_bytes(out + off * es, held, len * es, stream);
   }
 }
 
@@ -438,7 +439,8 @@ void NodeChannel::reduce_scatter(const void* in, void* out, std::size_t n, DType
           for (int g = 0; g < groups; ++g) {
             const std::size_t p = static_cast<std::size_t>(rank_) * groups + g;
             for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q) + p * len * es;
-            reduce_arrays(t, op, srcs_.data(), ranks_, dst + (g * n + off) * es, len, stream);
+            kernels::cpu::reduce_arrays(t, op, srcs_.data(), ranks_, dst + (g * n + off) * es, len,
+                                        stream);
           }
         });
   }
@@ -456,9 +458,10 @@ void NodeChannel::allgather(const void* in, void* out, std::size_t n, DType t, i
         for (int g = 0; g < groups; ++g) {
           std::byte* to = dst + blocks[static_cast<std::size_t>(q) * groups + g] * n * es;
           if (q == rank_) {
-            if (to != src + g * n * es) copy_bytes(to, src + g * n * es, n * es, false);
+            if (to != src + g * n * es)
+              kernels::cpu::copy_bytes(to, src + g * n * es, n * es, false);
           } else if (const std::byte* at = mapped(q, base(q) + g * n * es, n * es)) {
-            copy_bytes(to, at, n * es, false);
+            kernels::cpu::copy_bytes(to, at, n * es, false);
           } else {
             read_peer(q, to, base(q) + g * n * es, n * es);
           }
@@ -481,7 +484,8 @@ void NodeChannel::allgather(const void* in, void* out, std::size_t n, DType t, i
               std::byte* to =
                   dst + (blocks[static_cast<std::size_t>(q) * groups + g] * n + off) * es;
               const std::byte* from = slot_of(q) + g * len * es;
-              if (to != src + (g * n + off) * es) copy_bytes(to, from, len * es, stream);
+              if (to != src + (g * n + off) * es)
+                kernels::cpu::copy_bytes(to, from, len * es, stream);
             }
           }
         });
@@ -500,7 +504,7 @@ void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, R
       step([&](std::byte* mine) { std::memcpy(mine, src + off * es, len * es); },
            [&](auto&& slot_of) {
              for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q);
-             reduce_arrays(t, op, srcs_.data(), ranks_, dst + off * es, len);
+             kernels::cpu::reduce_arrays(t, op, srcs_.data(), ranks_, dst + off * es, len);
            });
     }
     return;
@@ -537,7 +541,7 @@ void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, R
     step([&](std::byte* mine) { std::memcpy(mine, src + off * es, len * es); },
          [&](auto&& slot_of) {
            for (int q = 0; q < ranks_; ++q) srcs_[q] = slot_of(q) + lo * es;
-           reduce_arrays(t, op, srcs_.data(), ranks_, dst + (off + lo) * es, hi - lo);
+           kernels::cpu::reduce_arrays(t, op, srcs_.data(), ranks_, dst + (off + lo) * es, hi - lo);
          });
     step(
         [&](std::byte* mine) {
@@ -547,7 +551,8 @@ void NodeChannel::allreduce(const void* in, void* out, std::size_t n, DType t, R
           for (int q = 0; q < ranks_; ++q) {
             if (q == rank_) continue;
             const std::size_t a = part(q), b = part(q + 1);
-            copy_bytes(dst + (off + a) * es, slot_of(q) + a * es, (b - a) * es, stream);
+            kernels::cpu::copy_bytes(dst + (off + a) * es, slot_of(q) + a * es, (b - a) * es,
+                                     stream);
           }
         });
   }
@@ -569,7 +574,7 @@ void NodeChannel::broadcast(void* buf, std::size_t bytes, int root) {
           if (rank_ == root) std::memcpy(mine, b + off, len);
         },
         [&](auto&& slot_of) {
-          if (rank_ != root) copy_bytes(b + off, slot_of(root), len, stream);
+          if (rank_ != root) kernels::cpu::copy_bytes(b + off, slot_of(root), len, stream);
         });
   }
 }

@@ -1,14 +1,15 @@
-// shardopt internal: the element-wise reductions of the shared-memory
-// collectives. Unlike MPI's reduction ops, which combine two buffers at a
-// time, these combine every rank's buffer in one pass, in rank order, so the
-// result of a sum depends on nothing but the inputs and their order.
+// shardopt kernels: the element-wise reductions of the shared-memory
+// collectives (lib/comm/shm/) and of the ZeRO engine's fused reduce-scatter
+// + update, which must give bitwise what the collective gives. Unlike MPI's reduction ops, which
+// combine two buffers at a time, these combine every rank's buffer in one pass, in rank order, so
+// the result of a sum depends on nothing but the inputs and their order.
 #pragma once
 
 #include <cstddef>
 
 #include "shardopt/types.hpp"
 
-namespace shardopt::detail {
+namespace shardopt::kernels::cpu {
 
 // dst[i] = src[0][i] op src[1][i] op ... op src[n - 1][i], combined left to
 // right: in the type's own arithmetic for f32, f64, i32 and i64; in f32 for
@@ -25,4 +26,4 @@ void reduce_arrays(DType t, ReduceOp op, const void* const* src, int n, void* ds
 // complete, and ordered before later stores, on return.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream) noexcept;
 
-}  // namespace shardopt::detail
+}  // namespace shardopt::kernels::cpu

@@ -1,4 +1,6 @@
-#include "comm/shm/shm_reduce.hpp"
+// The CPU reductions (kernels/reduce.hpp): AVX2 where the CPU has it, the
+// x86-64 baseline elsewhere, chosen at run time.
+#include "kernels/reduce.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +14,7 @@
 #include "common/cpu_features.hpp"
 #include "shardopt/half.hpp"
 
-namespace shardopt::detail {
+namespace shardopt::kernels::cpu {
 
 namespace {
 
@@ -297,7 +299,7 @@ void reduce_baseline(DType t, ReduceOp op, const void* const* src, int n, void* 
 bool have_avx2() {
 #if defined(__x86_64__)
   // SHARDOPT_CPU_ISA caps the optimizer kernels only, as for MPI's ops.
-  static const bool yes = detect_cpu_isa() >= CpuIsa::avx2;
+  static const bool yes = ::shardopt::detail::detect_cpu_isa() >= CpuIsa::avx2;
   return yes;
 #else
   return false;
@@ -326,4 +328,4 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream) noex
   std::memcpy(dst, src, bytes);
 }
 
-}  // namespace shardopt::detail
+}  // namespace shardopt::kernels::cpu

@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "comm/shm/shm_reduce.hpp"
+#include "kernels/reduce.hpp"
 #include "shardopt/half.hpp"
 
 using namespace shardopt;
@@ -92,7 +92,7 @@ void check_type(DType t) {
                              << " elements" << (stream ? ", streamed" : ""));
           // One element in: the destination off its alignment.
           std::vector<T> out(count + 1);
-          detail::reduce_arrays(t, op, src.data(), n, out.data() + 1, count, stream);
+          kernels::cpu::reduce_arrays(t, op, src.data(), n, out.data() + 1, count, stream);
           std::size_t wrong = 0;
           for (std::size_t i = 0; i < count; ++i) {
             T want;
