@@ -12,6 +12,7 @@
 #include "kernels/optimizer_kernels.hpp"
 #include "shardopt/optim.hpp"
 #include "step_checks.hpp"
+#include "trusted_step.hpp"
 
 namespace shardopt::functional {
 
@@ -48,6 +49,26 @@ void check_state_count(const O& o, std::size_t got) {
                      "options do not use");
 }
 
+// A kernel's buffers from a step's arguments (null for a slot the options
+// do not use), unchecked.
+template <class O>
+Buffers<O> kernel_buffers(const O& o, const ParamView& params, const GradView& grads,
+                          std::span<const std::span<float>> states, const StepOptions& extra) {
+  std::array<float*, 8> ptrs{};
+  int k = 0;
+  o.slots([&](const Slot& s) {
+    ptrs[std::size_t(k)] = s.used ? states[std::size_t(k)].data() : nullptr;
+    ++k;
+  });
+  Buffers<O> b;
+  b.grad = grads.data;
+  b.grad_type = grads.dtype;
+  kernels::Kernel<O>::set_states(b, ptrs.data());
+  detail::set_params(b, params, extra);
+  b.n = params.size;
+  return b;
+}
+
 // Checks tensor `name`'s states against its n parameters and fills a
 // kernel's buffers from them (null for a slot the options do not use), with
 // the named buffers of the tensor for the memory checks.
@@ -55,27 +76,17 @@ template <class O>
 Buffers<O> buffers_of(const char* name, const O& o, const ParamView& params, const GradView& grads,
                       std::span<const std::span<float>> states, const StepOptions& extra,
                       std::vector<detail::NamedBuffer>& named) {
-  const std::size_t n = params.size;
-  std::array<float*, 8> ptrs{};
   int k = 0;
   named = {{"params", params.data}, {"grads", grads.data}};
   o.slots([&](const Slot& s) {
-    const std::span<float> st = states[std::size_t(k)];
-    detail::check_optional(name, s.label, st, n, s.used, s.unused_because);
-    ptrs[std::size_t(k)] = s.used ? st.data() : nullptr;
-    named.emplace_back(s.name, ptrs[std::size_t(k)]);
-    ++k;
+    const std::span<float> st = states[std::size_t(k++)];
+    detail::check_optional(name, s.label, st, params.size, s.used, s.unused_because);
+    named.emplace_back(s.name, s.used ? st.data() : nullptr);
   });
   named.emplace_back("remainders", params.remainders);
   named.emplace_back("param_out", extra.param_out);
   named.emplace_back("noop_flag", extra.noop_flag);
-  Buffers<O> b;
-  b.grad = grads.data;
-  b.grad_type = grads.dtype;
-  kernels::Kernel<O>::set_states(b, ptrs.data());
-  detail::set_params(b, params, extra);
-  b.n = n;
-  return b;
+  return kernel_buffers(o, params, grads, states, extra);
 }
 
 // Enqueues the step of `tensors` (device buffers, checked) on extra.stream,
@@ -188,6 +199,42 @@ step(std::span<const ParamView> params, std::span<const GradView> grads,
       },
       [&] { enqueue_flagged<O>(std::span<const Buffers<O>>(buffers), s, extra); });
 }
+
+}  // namespace shardopt::functional
+
+namespace shardopt::detail {
+
+template <class O>
+requires is_elementwise<O>
+bool trusted_host_step(const functional::ParamView& params, const functional::GradView& grads,
+                       std::span<const std::span<float>> states, std::int64_t step,
+                       const O& options, const functional::StepOptions& extra) {
+  return kernels::cpu::step<kernels::family_of<O>>(
+      functional::kernel_buffers(options, params, grads, states, extra),
+      kernels::Kernel<O>::scalars(options, step, extra.grad_mul));
+}
+
+// Instantiated for the element-wise optimizers through a pointer to each
+// (the list holds LAMB too, which has no such step).
+template <class O, bool = is_elementwise<O>>
+struct Trusted {};
+template <class O>
+struct Trusted<O, true> {
+  static bool (*const run)(const functional::ParamView&, const functional::GradView&,
+                           std::span<const std::span<float>>, std::int64_t, const O&,
+                           const functional::StepOptions&);
+};
+template <class O>
+bool (*const Trusted<O, true>::run)(const functional::ParamView&, const functional::GradView&,
+                                    std::span<const std::span<float>>, std::int64_t, const O&,
+                                    const functional::StepOptions&) = &trusted_host_step<O>;
+#define SHARDOPT_INSTANTIATE_TRUSTED(O) template struct Trusted<O>;
+SHARDOPT_OPTIMIZERS(SHARDOPT_INSTANTIATE_TRUSTED)
+#undef SHARDOPT_INSTANTIATE_TRUSTED
+
+}  // namespace shardopt::detail
+
+namespace shardopt::functional {
 
 // Every optimizer's steps, compiled here for the library's users.
 #define SHARDOPT_INSTANTIATE_CHECK(O) template SHARDOPT_API void check_options<O>(const O&);

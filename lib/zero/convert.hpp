@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/cast.hpp"
 #include "kernels/element.hpp"
-#include "shardopt/cast.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 
@@ -24,15 +24,17 @@ void with_types(const std::byte* src, DType st, std::byte* dst, DType dt, F&& f)
   });
 }
 
-// dst[k] = src[k] * mul, converting between f32, bf16 and f16: a copy, the
-// library's vectorized cast, or one typed loop.
+// dst[k] = src[k] * mul, converting between f32, bf16 and f16 in host
+// memory: a copy, the vectorized cast kernel (its arguments are the
+// engine's own buffers, so shardopt::cast's checks are skipped), or one
+// typed loop.
 inline void convert(const std::byte* src, DType st, std::byte* dst, DType dt, std::size_t n,
                     float mul) {
   if (n == 0) return;
   if (st == dt && mul == 1.0f) {
     std::memcpy(dst, src, n * dtype_size(st));
   } else if (mul == 1.0f) {
-    cast(src, st, dst, dt, n);
+    kernels::cpu::cast(src, st, dst, dt, n);
   } else {
     with_types(src, st, dst, dt, [&](const auto* s, auto* d) {
       for (std::size_t k = 0; k < n; ++k) d[k] = from_float_as(to_float(s[k]) * mul, d);

@@ -10,8 +10,9 @@
 #include <exception>
 #include <vector>
 
+#include "kernels/cast.hpp"
 #include "kernels/lamb.hpp"
-#include "shardopt/cast.hpp"
+#include "optim/trusted_step.hpp"
 #include "shardopt/optim.hpp"
 #include "zero/buffers.hpp"
 #include "zero/convert.hpp"
@@ -220,7 +221,9 @@ void ShardState::step_range(const Run& r, std::size_t off, std::size_t n, const 
               if (slots_[k] == slot.name) span = {states_[k].as<float>() + r.storage + off, n};
             states.push_back(span);
           });
-          functional::step(pv, gv, states, step_, o, so);
+          // Checked once: the options at construction and set_lr, the
+          // buffers are the engine's own, sized by its layout.
+          trusted_host_step(pv, gv, states, step_, o, so);
         }
       },
       groups_[std::size_t(r.group)]);
@@ -421,7 +424,7 @@ void ShardState::update_custom(double mul) {
       cs.step = step_;
       cs.group = r.group;
       o.update(cs, o.lr);
-      if (r.out != nullptr) cast(params, DType::f32, r.out + k * elem_, dtype_, m);
+      if (r.out != nullptr) kernels::cpu::cast(params, DType::f32, r.out + k * elem_, dtype_, m);
     }
   });
 }
