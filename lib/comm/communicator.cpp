@@ -1,5 +1,9 @@
 // The Communicator front end: checks every argument once, resolves the
-// in-place conventions, then hands the operation to the backend.
+// in-place conventions, then hands the operation to the backend. Its
+// construction takes the host transport (make_host_backend) and the
+// transport of device buffers (device_choice.cpp); with argument agreement
+// on, each operation first compares the ranks' arguments
+// (argument_agreement.cpp).
 #include "shardopt/communicator.hpp"
 
 #include <algorithm>
@@ -13,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/argument_agreement.hpp"
 #include "comm/backend.hpp"
 #include "comm/shm/shm_backend.hpp"
 #include "comm/survey.hpp"
@@ -54,46 +59,7 @@ inline std::size_t checked_mul(std::size_t a, std::size_t b, const char* op, con
   return r;
 }
 
-// Collective over comm: "ranks a and b use the same device (identity)"
-// for two ranks whose device identities (DeviceRuntime::device_identity,
-// "" for none) are equal, the same pair on every rank, or "" when no two
-// are.
-std::string shared_device(MPI_Comm comm, const std::string& identity) {
-  constexpr std::size_t kLen = 128;
-  int size = 0;
-  SHARDOPT_CHECK_MPI(MPI_Comm_size(comm, &size), "Communicator: querying the size");
-  char mine[kLen] = {};
-  std::snprintf(mine, kLen, "%s", identity.c_str());
-  std::vector<char> all(kLen * static_cast<std::size_t>(size));
-  SHARDOPT_CHECK_MPI(MPI_Allgather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm),
-                     "Communicator: comparing the ranks' devices");
-  std::vector<std::pair<std::string, int>> named;  // (identity, rank), sorted
-  for (int r = 0; r < size; ++r) {
-    std::string id(all.data() + std::size_t(r) * kLen);
-    if (!id.empty()) named.emplace_back(std::move(id), r);
-  }
-  std::sort(named.begin(), named.end());
-  for (std::size_t k = 1; k < named.size(); ++k)
-    if (named[k].first == named[k - 1].first)
-      return "ranks " + std::to_string(named[k - 1].second) + " and " +
-             std::to_string(named[k].second) + " use the same device (" + named[k].first + ")";
-  return "";
-}
-
-std::atomic<int> g_live_transports[2];
-
 }  // namespace
-
-int live_device_transports(DeviceTransport t) noexcept {
-  return g_live_transports[static_cast<int>(t)].load();
-}
-TransportClaim::TransportClaim(DeviceTransport t) noexcept : t_(t) {
-  g_live_transports[static_cast<int>(t_)].fetch_add(1);
-}
-void TransportClaim::release() noexcept {
-  if (held_) g_live_transports[static_cast<int>(t_)].fetch_sub(1);
-  held_ = false;
-}
 
 Backend& backend_of(Communicator& comm) {
   if (!comm.backend_ || comm.backend_->freed())
@@ -212,106 +178,6 @@ Communicator::Communicator(MPI_Comm comm, CommOptions options) {
   stream_ = options.stream;
   // From here on, the finalize check on every call is one atomic load.
   detail::at_mpi_finalize(nullptr);
-}
-
-// Device buffers: the ranks agree on what each can use, then take the same
-// transport, each making the duplicates it needs on every rank alike (a
-// rank without a device takes part in them).
-void Communicator::choose_device_backend(MPI_Comm comm, DeviceComm choice) {
-  using detail::DeviceTransport;
-  detail::DeviceRuntime* rt = detail::device_runtime();
-  // Each fact true on some rank (the maximum over the ranks).
-  enum { kSomeDevice, kNoDevice, kNoNative, kMpiNotAware, kLiveNccl, kLiveMpi, kFacts };
-  int facts[kFacts] = {};
-  facts[kSomeDevice] = rt != nullptr;
-  facts[kNoDevice] = rt == nullptr;
-  facts[kNoNative] = rt == nullptr || !rt->has_collectives();
-  facts[kMpiNotAware] = !detail::mpi_takes_device_buffers();
-  facts[kLiveNccl] = detail::live_device_transports(DeviceTransport::nccl) > 0;
-  facts[kLiveMpi] = detail::live_device_transports(DeviceTransport::mpi) > 0;
-  const int mine[kFacts] = {facts[0], facts[1], facts[2], facts[3], facts[4], facts[5]};
-  SHARDOPT_CHECK_MPI(
-      MPI_Allreduce(MPI_IN_PLACE, facts, kFacts, MPI_INT, MPI_MAX, backend_->mpi_comm()),
-      "Communicator: agreeing on the transport of device buffers");
-  // Collectives of one device per rank (NCCL) refuse ranks that share one:
-  // two ranks that do, if any (the same two on every rank).
-  std::string shared;
-  if (!facts[kNoNative])
-    shared = detail::shared_device(backend_->mpi_comm(), rt->device_identity());
-  const bool native_ok = !facts[kNoNative] && shared.empty() && !facts[kLiveMpi];
-  const bool mpi_ok = !facts[kNoDevice] && !facts[kMpiNotAware] && !facts[kLiveNccl];
-  constexpr const char* kDeadlock =
-      ", and NCCL and a CUDA-aware MPI must not run collectives on one device side by side "
-      "(NCCL documents a deadlock)";
-  auto refuse = [&](const char* asked, const std::string& why, const char* fix) {
-    backend_->free();
-    SHARDOPT_THROW(unsupported,
-                   std::string("Communicator: device_comm = ") + asked +
-                       " (CommOptions::device_comm or SHARDOPT_DEVICE_COMM) cannot be used: " + why,
-                   fix);
-  };
-  if (choice == DeviceComm::nccl && !native_ok) {
-    const std::string why =
-        !shared.empty()       ? shared + ", and NCCL takes one device per rank"
-        : !facts[kSomeDevice] ? "no rank has a device"
-        : rt == nullptr       ? "this rank has no device"
-        : !rt->has_collectives()
-            ? std::string("this shardopt build has no NCCL collectives for the ") + rt->name()
-        : facts[kNoNative] ? "some rank has no device or no NCCL"
-        : mine[kLiveMpi]   ? std::string(
-                                 "another Communicator of this process moves device "
-                                   "buffers over a CUDA-aware MPI") +
-                               kDeadlock
-                         : std::string(
-                               "another Communicator of some rank moves device buffers "
-                               "over a CUDA-aware MPI") +
-                               kDeadlock;
-    refuse("nccl", why,
-           "give every rank a device and a shardopt built with NCCL, use one device_comm for "
-           "every Communicator of the job, or choose staged (any MPI) or auto");
-  }
-  if (choice == DeviceComm::mpi && !mpi_ok) {
-    const std::string why =
-        !facts[kSomeDevice] ? "no rank has a device"
-        : mine[kNoDevice]   ? "this rank has no device"
-        : facts[kNoDevice]  ? "some rank has no device"
-        : mine[kMpiNotAware]
-            ? "this rank's MPI is not known to take device buffers (it says it is not "
-              "CUDA-aware, cannot say, or SHARDOPT_CUDA_AWARE_MPI=no)"
-        : facts[kMpiNotAware] ? "some rank's MPI is not known to take device buffers"
-        : mine[kLiveNccl]     ? std::string(
-                                    "another Communicator of this process moves device "
-                                        "buffers over NCCL") +
-                                kDeadlock
-                          : std::string(
-                                "another Communicator of some rank moves device buffers "
-                                "over NCCL") +
-                                kDeadlock;
-    refuse("mpi", why,
-           "run with a CUDA-aware MPI on every rank (SHARDOPT_CUDA_AWARE_MPI=yes for one that "
-           "cannot say so), use one device_comm for every Communicator of the job, or choose "
-           "staged (any MPI) or auto");
-  }
-  if (!facts[kSomeDevice]) return;
-  const bool nccl = choice == DeviceComm::nccl || (choice == DeviceComm::automatic && native_ok);
-  const bool mpi =
-      !nccl && (choice == DeviceComm::mpi || (choice == DeviceComm::automatic && mpi_ok));
-  if (nccl) {
-    backend_ = detail::make_native_backend(std::move(backend_), rt);
-  } else {
-    backend_ = detail::make_staged_backend(std::move(backend_), comm, rt, mpi);
-  }
-  if (backend_->rank() == 0) {
-    const char* why = choice != DeviceComm::automatic ? "asked for"
-                      : nccl            ? "auto: every rank has a device with its own collectives"
-                      : mpi             ? "auto: every rank's MPI takes device buffers"
-                      : !shared.empty() ? "auto: two ranks share a device, and MPI is not "
-                                          "known to take device buffers"
-                                        : "auto: no NCCL on every rank, and MPI is not known "
-                                          "to take device buffers";
-    SHARDOPT_LOG(info, "Communicator of " << backend_->size() << " ranks: device buffers over "
-                                          << backend_->device_name() << " (" << why << ")");
-  }
 }
 
 Communicator::Communicator(Communicator&&) noexcept = default;
@@ -519,64 +385,14 @@ inline void trace(const char* op, std::size_t count, DType dtype) {
     trace_call(op, count, dtype);
 }
 
-// ------------------------------------------------ argument agreement
-//
-// With argument checking on (CommOptions::check_arguments or
-// SHARDOPT_CHECK_ARGS=1), every operation first exchanges what each rank
-// passed and whether its local checks failed. A bad argument on one rank
-// then becomes an error on every rank instead of a hang in the collective,
-// and ranks that pass different counts, types, ops or roots (or call
-// different operations) are told so before any data moves.
-
-enum class OpKind : std::int32_t { allreduce = 1, reduce_scatter, allgather, broadcast, barrier };
-
-const char* op_kind_name(std::int32_t k) {
-  switch (static_cast<OpKind>(k)) {
-    case OpKind::allreduce:
-      return "allreduce";
-    case OpKind::reduce_scatter:
-      return "reduce_scatter";
-    case OpKind::allgather:
-      return "allgather";
-    case OpKind::broadcast:
-      return "broadcast";
-    case OpKind::barrier:
-      return "barrier";
-  }
-  return "unknown operation";
-}
-
-// What one rank passed; exchanged as raw bytes, so every field is fixed-size.
-struct Signature {
-  std::int32_t kind = 0;
-  std::int32_t error = 0;  // the ErrorCode of the rank's local checks, 0 if they passed
-  std::int64_t count = 0;
-  std::int32_t dtype = -1;
-  std::int32_t op = -1;
-  std::int32_t root = -1;
-  std::int32_t pad = 0;
-  std::int64_t seq = 0;  // this operation's number on the communicator
-};
-
-std::string describe(const Signature& s) {
-  std::string d = op_kind_name(s.kind);
-  if (static_cast<OpKind>(s.kind) == OpKind::barrier) return d;
-  d += "(count=" + std::to_string(s.count) + ", dtype=" + dtype_name(static_cast<DType>(s.dtype));
-  if (s.op >= 0) d += std::string(", op=") + reduce_op_name(static_cast<ReduceOp>(s.op));
-  if (s.root >= 0) d += ", root=" + std::to_string(s.root);
-  return d + ")";
-}
-
-// Runs `checks` (the local argument checks). With agreement on, also
-// exchanges signatures, and throws on every rank if any rank's checks failed
-// or the signatures differ.
+// With argument agreement on, the local checks run first, then every
+// rank's arguments and verdict are compared (argument_agreement.cpp).
 template <class Checks>
-void check_arguments(Backend& b, bool agree, Signature sig, Checks checks) {
+void check_arguments(Backend& b, bool agree, detail::Signature sig, Checks checks) {
   if (!agree) {
     checks();
     return;
   }
-  sig.seq = ++b.agreed_calls;
   std::exception_ptr local;
   try {
     checks();
@@ -584,85 +400,12 @@ void check_arguments(Backend& b, bool agree, Signature sig, Checks checks) {
     local = std::current_exception();
     sig.error = static_cast<std::int32_t>(e.code());
   }
-  std::vector<Signature> all(static_cast<std::size_t>(b.size()));
-  const auto exchange_failed = [&] {
-    return std::string(op_kind_name(sig.kind)) + ": exchanging arguments";
-  };
-  detail::WatchScope watch("argument exchange (SHARDOPT_DESYNC_CHECK)", 0, DType::f32, b.size());
-  if (watch.armed()) {
-    MPI_Request req;
-    SHARDOPT_CHECK_MPI(MPI_Iallgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE,
-                                      b.mpi_comm(), &req),
-                       exchange_failed());
-    detail::watch_poll(
-        [&] {
-          int done = 0;
-          SHARDOPT_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE), exchange_failed());
-          return done != 0;
-        },
-        b.watch.get());
-  } else {
-    SHARDOPT_CHECK_MPI(
-        MPI_Allgather(&sig, sizeof sig, MPI_BYTE, all.data(), sizeof sig, MPI_BYTE, b.mpi_comm()),
-        exchange_failed());
-  }
-  std::string failed;
-  ErrorCode first_code = ErrorCode::invalid_argument;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].error == 0) continue;
-    if (failed.empty()) first_code = static_cast<ErrorCode>(all[r].error);
-    failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (local) std::rethrow_exception(local);
-  const std::string op = op_kind_name(sig.kind);
-  if (!failed.empty()) {
-    detail::throw_error(first_code,
-                        op + ": rank(s) " + failed + " rejected their arguments (" +
-                            error_code_name(first_code) + "); no rank ran the operation",
-                        "read the error printed by rank(s) " + failed + ", and fix the call there",
-                        __FILE__, __LINE__);
-  }
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (std::memcmp(&all[0], &all[r], sizeof(Signature)) == 0) continue;
-    // Each distinct call with the ranks that made it, in rank order.
-    std::vector<std::pair<Signature, std::vector<int>>> calls;
-    for (std::size_t q = 0; q < all.size(); ++q) {
-      auto it = std::find_if(calls.begin(), calls.end(), [&](const auto& c) {
-        return std::memcmp(&c.first, &all[q], sizeof(Signature)) == 0;
-      });
-      if (it == calls.end())
-        calls.push_back({all[q], {static_cast<int>(q)}});
-      else
-        it->second.push_back(static_cast<int>(q));
-    }
-    bool other_op = false;
-    std::string list;
-    for (const auto& [s, ranks] : calls) {
-      other_op = other_op || s.kind != calls[0].first.kind || s.seq != calls[0].first.seq;
-      list += list.empty() ? "" : " but ";
-      list += "collective #" + std::to_string(s.seq) + " " + describe(s) + " on " +
-              detail::ranks_list(ranks);
-    }
-    detail::throw_error(
-        other_op ? ErrorCode::desync : ErrorCode::invalid_argument,
-        op + ": ranks disagree: " + list + "; no rank ran the operation",
-        other_op ? "every rank must call the same collectives in the same order: look for a "
-                   "branch that only some ranks take (a rank-dependent condition, an early "
-                   "return, an exception caught on one rank) before this call"
-                 : "every rank must pass the same count, dtype, op and root",
-        __FILE__, __LINE__);
-  }
+  detail::agree_on_arguments(b, sig, local);
 }
 
-Signature signature(OpKind kind, std::size_t count, DType dtype, int op = -1, int root = -1) {
-  Signature s;
-  s.kind = static_cast<std::int32_t>(kind);
-  s.count = static_cast<std::int64_t>(count);
-  s.dtype = static_cast<std::int32_t>(dtype);
-  s.op = op;
-  s.root = root;
-  return s;
-}
+using detail::OpKind;
+using detail::Signature;
+using detail::signature;
 
 Request wrap(const Backend& b, std::unique_ptr<PendingOp> op, const char* what, std::size_t count,
              DType dtype) {
