@@ -39,6 +39,7 @@
 
 #include "bench_optim_harness.hpp"
 #include "cli.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "machine.hpp"
 #include "optim_steps.hpp"
 #include "shardopt/config.hpp"
@@ -68,54 +69,16 @@ constexpr int kMaxReps = 2000;
 // 32768 elements) and run a loop compiled for the vector unit the optimizer
 // kernels use (the widest present, capped by SHARDOPT_CPU_ISA).
 
-#if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics start their unmasked forms from a
-// self-initialized "undefined" vector, which -Wmaybe-uninitialized reports
-// wherever they are inlined: a false positive, silenced for this header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+using shardopt::kernels::cpu::detail::Isa;
+using shardopt::kernels::cpu::detail::isa_name;
 
-enum class Isa { baseline, avx2, avx512 };
-// The widest vector unit present, capped as the optimizer kernels cap it
-// (SHARDOPT_CPU_ISA, shardopt::settings().cpu_isa): the limit kernels run
-// on the same unit as the steps they bound.
-Isa detect_isa() {
-  __builtin_cpu_init();
-  Isa present = Isa::baseline;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    present = Isa::avx512;
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    present = Isa::avx2;
-  const Isa cap = shardopt::settings().cpu_isa == shardopt::CpuIsa::avx2       ? Isa::avx2
-                  : shardopt::settings().cpu_isa == shardopt::CpuIsa::baseline ? Isa::baseline
-                                                                               : Isa::avx512;
-  return std::min(present, cap);
-}
-const char* isa_name(Isa i) {
-  return i == Isa::avx512 ? "AVX-512" : i == Isa::avx2 ? "AVX2" : "x86-64 baseline";
-}
-#define SHARDOPT_BENCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-#define SHARDOPT_BENCH_AVX2 __attribute__((target("avx2,fma")))
-#else
-enum class Isa { baseline };
-Isa detect_isa() { return Isa::baseline; }
-const char* isa_name(Isa) { return "baseline"; }
-#define SHARDOPT_BENCH_AVX512
-#define SHARDOPT_BENCH_AVX2
-#endif
-
-// Decided at the first use (settings() may throw a ConfigError, which
-// main_of reports).
+// The widest vector unit present (the kernels' own detection), capped as
+// the optimizer kernels cap it (SHARDOPT_CPU_ISA): the limit kernels run on
+// the same unit as the steps they bound. Decided at the first use
+// (settings() may throw a ConfigError, which main_of reports).
 Isa used_isa() {
-  static const Isa isa = detect_isa();
+  static const Isa isa = std::min(shardopt::kernels::cpu::detail::detect_isa(),
+                                  static_cast<Isa>(static_cast<int>(shardopt::settings().cpu_isa)));
   return isa;
 }
 
@@ -154,24 +117,24 @@ struct Unit512 {
   struct V {
     __m512 v;
   };
-  SHARDOPT_BENCH_AVX512 static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  SHARDOPT_BENCH_AVX512 static void store(float* p, V x) { _mm512_storeu_ps(p, x.v); }
-  SHARDOPT_BENCH_AVX512 static __m512i halves(const void* p) {
+  SHARDOPT_CPU_TARGET_AVX512 static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  SHARDOPT_CPU_TARGET_AVX512 static void store(float* p, V x) { _mm512_storeu_ps(p, x.v); }
+  SHARDOPT_CPU_TARGET_AVX512 static __m512i halves(const void* p) {
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
   }
   // Gradients as grad_value converts them.
-  SHARDOPT_BENCH_AVX512 static V grad(const float* g) { return load(g); }
-  SHARDOPT_BENCH_AVX512 static V grad(const shardopt::bfloat16* g) {
+  SHARDOPT_CPU_TARGET_AVX512 static V grad(const float* g) { return load(g); }
+  SHARDOPT_CPU_TARGET_AVX512 static V grad(const shardopt::bfloat16* g) {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(halves(g), 16))};
   }
-  SHARDOPT_BENCH_AVX512 static V grad(const shardopt::float16* g) {
+  SHARDOPT_CPU_TARGET_AVX512 static V grad(const shardopt::float16* g) {
     return {_mm512_cvtepi32_ps(halves(g))};
   }
-  SHARDOPT_BENCH_AVX512 static V times(V x, float z) {
+  SHARDOPT_CPU_TARGET_AVX512 static V times(V x, float z) {
     return {_mm512_mul_ps(x.v, _mm512_set1_ps(z))};
   }
-  SHARDOPT_BENCH_AVX512 static V plus(V x, V t) { return {_mm512_add_ps(x.v, t.v)}; }
-  SHARDOPT_BENCH_AVX512 static void store_copy(std::uint16_t* c, V x) {
+  SHARDOPT_CPU_TARGET_AVX512 static V plus(V x, V t) { return {_mm512_add_ps(x.v, t.v)}; }
+  SHARDOPT_CPU_TARGET_AVX512 static void store_copy(std::uint16_t* c, V x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x.v), 16)));
   }
@@ -181,39 +144,39 @@ struct Unit256x2 {
   struct V {
     __m256 lo, hi;
   };
-  SHARDOPT_BENCH_AVX2 static V load(const float* p) {
+  SHARDOPT_CPU_TARGET_AVX2 static V load(const float* p) {
     return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
   }
-  SHARDOPT_BENCH_AVX2 static void store(float* p, V x) {
+  SHARDOPT_CPU_TARGET_AVX2 static void store(float* p, V x) {
     _mm256_storeu_ps(p, x.lo);
     _mm256_storeu_ps(p + 8, x.hi);
   }
-  SHARDOPT_BENCH_AVX2 static __m256i low8(__m256i h) {
+  SHARDOPT_CPU_TARGET_AVX2 static __m256i low8(__m256i h) {
     return _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
   }
-  SHARDOPT_BENCH_AVX2 static __m256i high8(__m256i h) {
+  SHARDOPT_CPU_TARGET_AVX2 static __m256i high8(__m256i h) {
     return _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
   }
-  SHARDOPT_BENCH_AVX2 static V grad(const float* g) { return load(g); }
-  SHARDOPT_BENCH_AVX2 static V grad(const shardopt::bfloat16* g) {
+  SHARDOPT_CPU_TARGET_AVX2 static V grad(const float* g) { return load(g); }
+  SHARDOPT_CPU_TARGET_AVX2 static V grad(const shardopt::bfloat16* g) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(low8(h), 16)),
             _mm256_castsi256_ps(_mm256_slli_epi32(high8(h), 16))};
   }
-  SHARDOPT_BENCH_AVX2 static V grad(const shardopt::float16* g) {
+  SHARDOPT_CPU_TARGET_AVX2 static V grad(const shardopt::float16* g) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
     return {_mm256_cvtepi32_ps(low8(h)), _mm256_cvtepi32_ps(high8(h))};
   }
-  SHARDOPT_BENCH_AVX2 static V times(V x, float z) {
+  SHARDOPT_CPU_TARGET_AVX2 static V times(V x, float z) {
     const __m256 zz = _mm256_set1_ps(z);
     return {_mm256_mul_ps(x.lo, zz), _mm256_mul_ps(x.hi, zz)};
   }
-  SHARDOPT_BENCH_AVX2 static V plus(V x, V t) {
+  SHARDOPT_CPU_TARGET_AVX2 static V plus(V x, V t) {
     return {_mm256_add_ps(x.lo, t.lo), _mm256_add_ps(x.hi, t.hi)};
   }
   // One pack for the 16 lanes (within 128-bit halves; the permutation puts
   // the halves in order).
-  SHARDOPT_BENCH_AVX2 static void store_copy(std::uint16_t* c, V x) {
+  SHARDOPT_CPU_TARGET_AVX2 static void store_copy(std::uint16_t* c, V x) {
     const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(x.lo), 16);
     const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(x.hi), 16);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
@@ -328,13 +291,14 @@ using Avx2Lanes = void;
 #endif
 
 template <class G, int K>
-SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void direction_avx512(const Streams& s, float z,
-                                                                   std::size_t b, std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX512 SHARDOPT_BENCH_FLATTEN void direction_avx512(const Streams& s, float z,
+                                                                        std::size_t b,
+                                                                        std::size_t e) {
   direction_lanes<Avx512Lanes, G, K>(s, z, b, e);
 }
 template <class G, int K>
-SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void direction_avx2(const Streams& s, float z,
-                                                               std::size_t b, std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX2 SHARDOPT_BENCH_FLATTEN void direction_avx2(const Streams& s, float z,
+                                                                    std::size_t b, std::size_t e) {
   direction_lanes<Avx2Lanes, G, K>(s, z, b, e);
 }
 template <class G, int K>
@@ -342,13 +306,13 @@ void direction_baseline(const Streams& s, float z, std::size_t b, std::size_t e)
   direction_lanes<void, G, K>(s, z, b, e);
 }
 template <bool Copy>
-SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void apply_avx512(const Streams& s, float z,
-                                                               std::size_t b, std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX512 SHARDOPT_BENCH_FLATTEN void apply_avx512(const Streams& s, float z,
+                                                                    std::size_t b, std::size_t e) {
   apply_lanes<Avx512Lanes, Copy>(s, z, b, e);
 }
 template <bool Copy>
-SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void apply_avx2(const Streams& s, float z, std::size_t b,
-                                                           std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX2 SHARDOPT_BENCH_FLATTEN void apply_avx2(const Streams& s, float z,
+                                                                std::size_t b, std::size_t e) {
   apply_lanes<Avx2Lanes, Copy>(s, z, b, e);
 }
 template <bool Copy>
@@ -356,13 +320,13 @@ void apply_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
   apply_lanes<void, Copy>(s, z, b, e);
 }
 template <class G, int K, bool Copy>
-SHARDOPT_BENCH_AVX512 SHARDOPT_BENCH_FLATTEN void touch_avx512(const Streams& s, float z,
-                                                               std::size_t b, std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX512 SHARDOPT_BENCH_FLATTEN void touch_avx512(const Streams& s, float z,
+                                                                    std::size_t b, std::size_t e) {
   touch_lanes<Avx512Lanes, G, K, Copy>(s, z, b, e);
 }
 template <class G, int K, bool Copy>
-SHARDOPT_BENCH_AVX2 SHARDOPT_BENCH_FLATTEN void touch_avx2(const Streams& s, float z, std::size_t b,
-                                                           std::size_t e) {
+SHARDOPT_CPU_TARGET_AVX2 SHARDOPT_BENCH_FLATTEN void touch_avx2(const Streams& s, float z,
+                                                                std::size_t b, std::size_t e) {
   touch_lanes<Avx2Lanes, G, K, Copy>(s, z, b, e);
 }
 template <class G, int K, bool Copy>
@@ -376,12 +340,12 @@ void touch_baseline(const Streams& s, float z, std::size_t b, std::size_t e) {
                                               std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) a[i] = b[i] + scalar * c[i];
 }
-SHARDOPT_BENCH_AVX512 void triad_avx512(float* a, const float* b, const float* c, float x,
-                                        std::size_t begin, std::size_t end) {
+SHARDOPT_CPU_TARGET_AVX512 void triad_avx512(float* a, const float* b, const float* c, float x,
+                                             std::size_t begin, std::size_t end) {
   triad_body(a, b, c, x, begin, end);
 }
-SHARDOPT_BENCH_AVX2 void triad_avx2(float* a, const float* b, const float* c, float x,
-                                    std::size_t begin, std::size_t end) {
+SHARDOPT_CPU_TARGET_AVX2 void triad_avx2(float* a, const float* b, const float* c, float x,
+                                         std::size_t begin, std::size_t end) {
   triad_body(a, b, c, x, begin, end);
 }
 void triad_baseline(float* a, const float* b, const float* c, float x, std::size_t begin,

@@ -18,7 +18,7 @@
 #include "shardopt/half.hpp"
 
 #if defined(__x86_64__)
-// The intrinsics: common/cpu_features.hpp (through kernels/cpu/isa.hpp).
+// The intrinsics: through kernels/cpu/isa.hpp.
 
 namespace shardopt::kernels::cpu::detail {
 

@@ -3,15 +3,13 @@
 #include "kernels/reduce.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
-#include "common/cpu_features.hpp"
+#include "kernels/cpu/float_vectors.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "shardopt/half.hpp"
 
 namespace shardopt::kernels::cpu {
@@ -62,54 +60,23 @@ void narrow_scalar(const float* s, float16* d, std::size_t n) {
 }
 
 #if defined(__x86_64__)
-#define SHARDOPT_SHM_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-SHARDOPT_SHM_AVX2 void widen_avx2(const bfloat16* s, float* d, std::size_t n) {
+// 8 at a time through the kernels' conversions (float_vectors.hpp), the
+// same bits as the scalar ones.
+template <class H>
+SHARDOPT_CPU_TARGET_AVX2 void widen_avx2(const H* s, float* d, std::size_t n) {
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, detail::Avx2::load(s + i));
   widen_scalar(s + i, d + i, n - i);
 }
-SHARDOPT_SHM_AVX2 void widen_avx2(const float16* s, float* d, std::size_t n) {
+template <class H>
+SHARDOPT_CPU_TARGET_AVX2 void narrow_avx2(const float* s, H* d, std::size_t n) {
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-  widen_scalar(s + i, d + i, n - i);
-}
-// bf16_from_float on 8 lanes: round to nearest even; a NaN keeps its high
-// half and is made quiet.
-SHARDOPT_SHM_AVX2 void narrow_avx2(const float* s, bfloat16* d, std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(s + i));
-    const __m256i high = _mm256_srli_epi32(u, 16);
-    const __m256i bias =
-        _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-    const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-    // The low 16 bits of each lane, in order.
-    const __m128i packed =
-        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), packed);
-  }
-  narrow_scalar(s + i, d + i, n - i);
-}
-SHARDOPT_SHM_AVX2 void narrow_avx2(const float* s, float16* d, std::size_t n) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-  }
+  for (; i + 8 <= n; i += 8) detail::Avx2::store(d + i, _mm256_loadu_ps(s + i));
   narrow_scalar(s + i, d + i, n - i);
 }
 // Non-temporal stores of whole 32-byte lines of dst, memcpy around them.
-SHARDOPT_SHM_AVX2 void stream_avx2(void* dst, const void* src, std::size_t bytes) {
+SHARDOPT_CPU_TARGET_AVX2 void stream_avx2(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   const std::size_t head = std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(d) % 32) % 32);
@@ -285,8 +252,8 @@ template <bool Avx2>
 }
 
 #if defined(__x86_64__)
-SHARDOPT_SHM_AVX2 void reduce_avx2(DType t, ReduceOp op, const void* const* src, int n, void* dst,
-                                   std::size_t count, bool stream) {
+SHARDOPT_CPU_TARGET_AVX2 void reduce_avx2(DType t, ReduceOp op, const void* const* src, int n,
+                                          void* dst, std::size_t count, bool stream) {
   reduce_any<true>(t, op, src, n, dst, count, stream);
   if (stream) _mm_sfence();
 }
@@ -299,11 +266,238 @@ void reduce_baseline(DType t, ReduceOp op, const void* const* src, int n, void* 
 bool have_avx2() {
 #if defined(__x86_64__)
   // SHARDOPT_CPU_ISA caps the optimizer kernels only, as for MPI's ops.
-  static const bool yes = ::shardopt::detail::detect_cpu_isa() >= CpuIsa::avx2;
+  static const bool yes = detail::detect_isa() >= detail::Isa::avx2;
   return yes;
 #else
   return false;
 #endif
+}
+
+// ---------------------------------------------------------------------------
+// Two buffers at a time (combine_pair): MPI's user-defined ops for bf16 and
+// f16.
+
+// inout = f(in, inout), each result rounded once, to nearest even, back to
+// the 16-bit type.
+template <class Half, Half (*FromFloat)(float), class F>
+void combine_scalar(const Half* a, Half* b, int len, F f) {
+  for (int i = 0; i < len; ++i) b[i] = FromFloat(f(to_float(a[i]), to_float(b[i])));
+}
+
+#if defined(__x86_64__)
+// The same combinations, 8 elements at a time with AVX2 (and F16C for f16's
+// conversions, which round to nearest even like f16_from_float). Chosen at
+// run time, so one binary runs on every x86-64 node; the scalar loop finishes
+// the tail and runs everywhere else. Results are bitwise those of
+// combine_scalar().
+
+// bf16 -> f32 is a 16-bit shift: interleaving the words with zeros does it,
+// 16 elements at a time (lo: elements 0-3 and 8-11, hi: 4-7 and 12-15).
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 bf16_lo(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), w));
+}
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 bf16_hi(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), w));
+}
+// f32 -> bf16 bits in the low half of each 32-bit lane, as bf16_from_float.
+SHARDOPT_CPU_TARGET_AVX2 inline __m256i bf16_round(__m256 x) { return detail::Avx2::bf16_bits(x); }
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 load8(const float16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+SHARDOPT_CPU_TARGET_AVX2 inline void store8(float16* p, __m256 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 apply8(Sum, __m256 x, __m256 y) {
+  return _mm256_add_ps(x, y);
+}
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 apply8(Max, __m256 x, __m256 y) {
+  const __m256 take_x =
+      _mm256_or_ps(_mm256_cmp_ps(x, y, _CMP_GT_OQ), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(y, x, take_x);
+}
+SHARDOPT_CPU_TARGET_AVX2 inline __m256 apply8(Min, __m256 x, __m256 y) {
+  const __m256 take_x =
+      _mm256_or_ps(_mm256_cmp_ps(x, y, _CMP_LT_OQ), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(y, x, take_x);
+}
+
+template <class F>
+SHARDOPT_CPU_TARGET_AVX2 int combine_avx2(const float16* a, float16* b, int len, F f) {
+  int i = 0;
+  for (; i + 8 <= len; i += 8) store8(b + i, apply8(f, load8(a + i), load8(b + i)));
+  return i;
+}
+
+// bf16_round for lanes that hold no NaN: round to nearest even alone.
+SHARDOPT_CPU_TARGET_AVX2 inline __m256i bf16_round_numbers(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)),
+                           16);
+}
+
+template <class F>
+SHARDOPT_CPU_TARGET_AVX2 int combine_avx2(const bfloat16* a, bfloat16* b, int len, F f) {
+  int i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i));
+    const __m256 lo = apply8(f, bf16_lo(x), bf16_lo(y));
+    const __m256 hi = apply8(f, bf16_hi(x), bf16_hi(y));
+    // One test for NaNs in the 16 results (rare), whose quieting the
+    // rounding of numbers skips: about a third fewer instructions, and the
+    // op is bound by them wherever its data is in cache.
+    const __m256 nan =
+        _mm256_or_ps(_mm256_cmp_ps(lo, lo, _CMP_UNORD_Q), _mm256_cmp_ps(hi, hi, _CMP_UNORD_Q));
+    __m256i packed;
+    if (_mm256_movemask_ps(nan) == 0) [[likely]]
+      packed = _mm256_packus_epi32(bf16_round_numbers(lo), bf16_round_numbers(hi));
+    else
+      packed = _mm256_packus_epi32(bf16_round(lo), bf16_round(hi));
+    // packus undoes the unpack's interleaving within each 128-bit lane.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + i), packed);
+  }
+  return i;
+}
+
+// The same with AVX-512, 16 f16 or 32 bf16 elements per step: MPI calls the
+// op on every chunk it reduces, and an integer sum of the same bytes (what
+// MPI would do for a 16-bit type of its own) is the speed to match.
+#define SHARDOPT_CPU_TARGET_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")))
+
+SHARDOPT_CPU_TARGET_AVX512 inline __m512 bf16_lo(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), w));
+}
+SHARDOPT_CPU_TARGET_AVX512 inline __m512 bf16_hi(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), w));
+}
+SHARDOPT_CPU_TARGET_AVX512 inline __m512i bf16_round(__m512 x) {
+  return detail::Avx512::bf16_bits(x);
+}
+SHARDOPT_CPU_TARGET_AVX512 inline __m512 apply16(Sum, __m512 x, __m512 y) {
+  return _mm512_add_ps(x, y);
+}
+SHARDOPT_CPU_TARGET_AVX512 inline __m512 apply16(Max, __m512 x, __m512 y) {
+  const __mmask16 take_x =
+      _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(take_x, y, x);
+}
+SHARDOPT_CPU_TARGET_AVX512 inline __m512 apply16(Min, __m512 x, __m512 y) {
+  const __mmask16 take_x =
+      _mm512_cmp_ps_mask(x, y, _CMP_LT_OQ) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(take_x, y, x);
+}
+
+template <class F>
+SHARDOPT_CPU_TARGET_AVX512 int combine_avx512(const float16* a, float16* b, int len, F f) {
+  int i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)));
+    const __m512 y = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(b + i),
+        _mm512_cvtps_ph(apply16(f, x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+
+template <class F>
+SHARDOPT_CPU_TARGET_AVX512 int combine_avx512(const bfloat16* a, bfloat16* b, int len, F f) {
+  int i = 0;
+  for (; i + 32 <= len; i += 32) {
+    const __m512i x = _mm512_loadu_si512(a + i);
+    const __m512i y = _mm512_loadu_si512(b + i);
+    const __m512i lo = bf16_round(apply16(f, bf16_lo(x), bf16_lo(y)));
+    const __m512i hi = bf16_round(apply16(f, bf16_hi(x), bf16_hi(y)));
+    _mm512_storeu_si512(b + i, _mm512_packus_epi32(lo, hi));
+  }
+  return i;
+}
+
+// bf16 with AVX512_BF16's conversion, one instruction for the rounding of
+// 32 results: the same round to nearest even and NaN made quiet as
+// bf16_from_float, except that it takes a subnormal f32 for zero; a step
+// whose results hold one (a sum that cancels almost to nothing) rounds in
+// integer arithmetic instead.
+template <class F>
+SHARDOPT_CPU_TARGET_AVX512BF16 int combine_avx512bf16(const bfloat16* a, bfloat16* b, int len,
+                                                      F f) {
+  // The unpacks hold elements 0-3, 8-11, ... in lo and 4-7, 12-15, ... in
+  // hi; the conversion writes lo's results then hi's, in 4-element groups
+  // this permutation puts back in order.
+  const __m512i order = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
+  constexpr int kSubnormal = 0x20;  // vfpclassps: denormal, either sign
+  int i = 0;
+  for (; i + 32 <= len; i += 32) {
+    const __m512i x = _mm512_loadu_si512(a + i);
+    const __m512i y = _mm512_loadu_si512(b + i);
+    const __m512 lo = apply16(f, bf16_lo(x), bf16_lo(y));
+    const __m512 hi = apply16(f, bf16_hi(x), bf16_hi(y));
+    __m512i out;
+    if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(lo, kSubnormal),
+                            _mm512_fpclass_ps_mask(hi, kSubnormal))) {
+      out = _mm512_permutexvar_epi64(order, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    } else {
+      out = _mm512_packus_epi32(bf16_round(lo), bf16_round(hi));
+    }
+    _mm512_storeu_si512(b + i, out);
+  }
+  return i;
+}
+
+#endif
+
+// Detected once: AVX2 with F16C (with FMA, as the optimizer kernels ask: no
+// CPU has AVX2 and F16C without it), AVX-512, and AVX512_BF16 (CPUID leaf
+// 7, sub-leaf 1, EAX bit 5). SHARDOPT_CPU_ISA does not apply: it caps the
+// optimizer kernels only.
+PairPath detect_pair_path() noexcept {
+#if defined(__x86_64__)
+  const detail::Isa isa = detail::detect_isa();
+  if (isa >= detail::Isa::avx512) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 5)) != 0;
+    return bf16 ? PairPath::avx512bf16 : PairPath::avx512;
+  }
+  if (isa >= detail::Isa::avx2) return PairPath::avx2;
+#endif
+  return PairPath::scalar;
+}
+
+std::atomic<PairPath> g_pair_path{detect_pair_path()};
+
+template <class Half, Half (*FromFloat)(float), class F>
+void combine_half(const void* in, void* inout, int len) {
+  const auto* a = static_cast<const Half*>(in);
+  auto* b = static_cast<Half*>(inout);
+  int done = 0;
+#if defined(__x86_64__)
+  const PairPath path = g_pair_path.load(std::memory_order_relaxed);
+  if constexpr (std::is_same_v<Half, bfloat16>) {
+    if (path == PairPath::avx512bf16)
+      done = combine_avx512bf16(a, b, len, F{});
+    else if (path == PairPath::avx512)
+      done = combine_avx512(a, b, len, F{});
+  } else if (path >= PairPath::avx512) {
+    done = combine_avx512(a, b, len, F{});
+  }
+  if (path >= PairPath::avx2) done += combine_avx2(a + done, b + done, len - done, F{});
+#endif
+  combine_scalar<Half, FromFloat>(a + done, b + done, len - done, F{});
+}
+
+template <class Half, Half (*FromFloat)(float)>
+void combine_type(ReduceOp op, const void* in, void* inout, int len) {
+  switch (op) {
+    case ReduceOp::max:
+      return combine_half<Half, FromFloat, Max>(in, inout, len);
+    case ReduceOp::min:
+      return combine_half<Half, FromFloat, Min>(in, inout, len);
+    default:
+      return combine_half<Half, FromFloat, Sum>(in, inout, len);
+  }
 }
 
 }  // namespace
@@ -326,6 +520,21 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream) noex
   }
 #endif
   std::memcpy(dst, src, bytes);
+}
+
+PairPath pair_path_widest() noexcept {
+  static const PairPath widest = detect_pair_path();
+  return widest;
+}
+void limit_pair_path(PairPath widest) noexcept {
+  g_pair_path.store(std::min(widest, pair_path_widest()), std::memory_order_relaxed);
+}
+
+void combine_pair(DType t, ReduceOp op, const void* in, void* inout, int len) noexcept {
+  if (t == DType::f16)
+    combine_type<float16, f16_from_float>(op, in, inout, len);
+  else
+    combine_type<bfloat16, bf16_from_float>(op, in, inout, len);
 }
 
 }  // namespace shardopt::kernels::cpu

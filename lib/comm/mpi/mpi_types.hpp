@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "kernels/reduce.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::detail {
@@ -36,13 +37,13 @@ inline MPI_Datatype mpi_datatype(DType t) noexcept {
 // MPI_Finalize.
 MPI_Op mpi_op(DType t, ReduceOp op);
 
-// The vector paths of the bf16/f16 ops, narrowest first. half_op_widest()
-// is the widest this CPU runs; limit_half_ops(p) makes the ops use no path
-// wider than p (tests run every path a machine has: each gives the same
-// bits as the scalar loop).
-enum class HalfOpPath { scalar, avx2, avx512, avx512bf16 };
-HalfOpPath half_op_widest() noexcept;
-void limit_half_ops(HalfOpPath widest) noexcept;
+// The vector paths of the bf16/f16 ops (the kernel's, combine_pair),
+// narrowest first. half_op_widest() is the widest this CPU runs;
+// limit_half_ops(p) makes the ops use no path wider than p (tests run every
+// path a machine has: each gives the same bits as the scalar loop).
+using HalfOpPath = kernels::cpu::PairPath;
+inline HalfOpPath half_op_widest() noexcept { return kernels::cpu::pair_path_widest(); }
+inline void limit_half_ops(HalfOpPath widest) noexcept { kernels::cpu::limit_pair_path(widest); }
 
 // buf[i] /= divisor for i < count, in the arithmetic of `t` (f32 and f64
 // divide in their own precision; bf16 and f16 divide in f32, round once).
