@@ -1,5 +1,13 @@
 ! shardopt: the Fortran module (docs/fortran.md).
 !
+! lib/fortran/ holds its source: this file, and kind_wrappers.py for the
+! specifics of the generics that take arrays of several types and ranks
+! (allreduce_r4, allreduce_r8, ..., params_add_h_2, ...), which differ only
+! in the array's declaration. The build runs kind_wrappers.py, which writes
+! this file with its two include lines replaced by those specifics and
+! their interfaces; gfortran compiles that copy (meson.build). To add a kind
+! or a generic over kinds, see kind_wrappers.py; the rest is written here.
+!
 ! module shardopt gives Fortran codes the ZeRO optimizer and the
 ! communicator of the C API (include/shardopt/shardopt.h) with Fortran
 ! arrays: the user never computes an address. Conventions:
@@ -201,53 +209,17 @@ module shardopt
     module procedure comm_mpi_f08, comm_mpi_int
   end interface
 
-  interface shardopt_allreduce
-    module procedure allreduce_r4, allreduce_r8, allreduce_i4, allreduce_i8
-    module procedure allreduce_r4_in, allreduce_r8_in, allreduce_i4_in, allreduce_i8_in
-  end interface
-
-  interface shardopt_reduce_scatter
-    module procedure reduce_scatter_r4, reduce_scatter_r8, reduce_scatter_i4, reduce_scatter_i8
-    module procedure reduce_scatter_r4_in, reduce_scatter_r8_in, reduce_scatter_i4_in
-    module procedure reduce_scatter_i8_in
-  end interface
-
-  interface shardopt_allgather
-    module procedure allgather_r4, allgather_r8, allgather_i4, allgather_i8
-    module procedure allgather_r4_in, allgather_r8_in, allgather_i4_in, allgather_i8_in
-  end interface
-
-  interface shardopt_broadcast
-    module procedure broadcast_r4, broadcast_r8, broadcast_i4, broadcast_i8
-  end interface
-
-  ! real(4) arrays (f32), integer(2) arrays holding bf16 or f16 bits (with
-  ! dtype), and real(8) arrays, which are refused with a message: the
-  ! optimizer keeps f32 master values and takes f32/bf16/f16 parameters.
-  interface shardopt_params_add
-    module procedure params_add_r4_1, params_add_r4_2, params_add_r4_3
-    module procedure params_add_h_1, params_add_h_2, params_add_h_3
-    module procedure params_add_r8_1, params_add_r8_2, params_add_r8_3
+  interface shardopt_grad_ready
+    module procedure grad_ready_buffer
   end interface
 
   interface shardopt_optimizer_create
     module procedure optimizer_create_groups, optimizer_create_one
   end interface
 
-  interface shardopt_grad_ready
-    module procedure grad_ready_buffer
-    module procedure grad_ready_r4_1, grad_ready_r4_2, grad_ready_r4_3
-    module procedure grad_ready_h_1, grad_ready_h_2, grad_ready_h_3
-    module procedure grad_ready_r8_1, grad_ready_r8_2, grad_ready_r8_3
-  end interface
-
-  interface shardopt_param_grad
-    module procedure param_grad_r4, param_grad_h
-  end interface
-
-  interface shardopt_gather_state
-    module procedure gather_state_1, gather_state_2, gather_state_3
-  end interface
+  ! shardopt_allreduce, _reduce_scatter, _allgather, _broadcast, _params_add,
+  ! _param_grad, _gather_state and the array forms of shardopt_grad_ready.
+  include 'kind_interfaces.inc'
 
   ! The C functions.
   interface
@@ -976,9 +948,9 @@ contains
   end subroutine
 
   ! ------------------------------------------------------------------
-  ! Collectives. Each specific passes its arrays' addresses and sizes to
-  ! collective(), which checks count against them (the C API cannot see a
-  ! Fortran array's size) and calls the C function.
+  ! Collectives. Each specific (kind_wrappers.py) passes its arrays'
+  ! addresses and sizes to collective(), which checks count against them
+  ! (the C API cannot see a Fortran array's size) and calls the C function.
 
   function op_name(what) result(s)
     integer, intent(in) :: what
@@ -1092,310 +1064,6 @@ contains
     q = transfer(a, q)
   end function
 
-  ! The address of a contiguous array, NULL when it is empty (c_loc needs
-  ! a non-empty array).
-  function addr_r4(a) result(p)
-    real(c_float), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_r8(a) result(p)
-    real(c_double), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_i4(a) result(p)
-    integer(c_int32_t), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_i8(a) result(p)
-    integer(c_int64_t), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  !> Collective: recv(1:count) = op over ranks of send(1:count).
-  subroutine allreduce_r4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_r8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective, in place: buf(1:count) = op over ranks of buf(1:count).
-  subroutine allreduce_r4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_r8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective: recv(1:count) = op over ranks of this rank's block of send
-  !> (send holds count * ranks elements; rank r's block starts at r*count+1).
-  subroutine reduce_scatter_r4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., &
-                    4, count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_r8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., &
-                    8, count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., &
-                    4, count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., &
-                    8, count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective, in place (MPI's form): buf holds count * ranks elements;
-  !> this rank's reduced block is written to buf(1:count).
-  subroutine reduce_scatter_r4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_r8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective: recv(r*count+1 : (r+1)*count) = rank r's send(1:count).
-  subroutine allgather_r4(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_F32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_r8(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_F64, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i4(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_I32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i8(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_I64, 0, ierr)
-  end subroutine
-
-  !> Collective, in place: buf holds count * ranks elements; this rank's
-  !> block is read from its place, buf(rank*count+1 : (rank+1)*count).
-  subroutine allgather_r4_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_r8_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i4_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i8_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, 0, ierr)
-  end subroutine
-
-  !> Collective: buf(1:count) of rank `root` (from 0) on every rank.
-  subroutine broadcast_r4(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, root, ierr)
-  end subroutine
-
-  subroutine broadcast_r8(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, root, ierr)
-  end subroutine
-
-  subroutine broadcast_i4(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, root, ierr)
-  end subroutine
-
-  subroutine broadcast_i8(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, root, ierr)
-  end subroutine
-
   ! ------------------------------------------------------------------
   ! The parameter list.
 
@@ -1472,83 +1140,6 @@ contains
     if (present(ierr)) ierr = SHARDOPT_SUCCESS
   end subroutine
 
-  !> Adds a real(4) array to the parameter list, under a unique name, in
-  !> parameter group `group` (from 1; default 1). The array (and grad, the
-  !> gradient array the code writes, if given; otherwise the optimizer keeps
-  !> one) must be contiguous, have the target attribute and outlive the
-  !> optimizer: the optimizer updates it in place.
-  subroutine params_add_r4_1(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:)
-    real(c_float), intent(inout), target, optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_r4_2(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:, :)
-    real(c_float), intent(inout), target, optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_r4_3(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:, :, :)
-    real(c_float), intent(inout), target, optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
   ! 16-bit parameters: integer(2) arrays holding the bits of bf16 or f16
   ! values, dtype SHARDOPT_BF16 or SHARDOPT_F16.
   function half_dtype_ok(name, dtype, ierr) result(ok)
@@ -1562,86 +1153,6 @@ contains
                             'integer(2) arrays hold 16-bit values: pass dtype = SHARDOPT_BF16 or '// &
                             'SHARDOPT_F16 (real(4) arrays are SHARDOPT_F32)', ierr)
   end function
-
-  !> Adds an integer(2) array holding bf16 or f16 values (dtype
-  !> SHARDOPT_BF16 or SHARDOPT_F16); as for real(4) arrays otherwise.
-  subroutine params_add_h_1(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_h_2(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:, :)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_h_3(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:, :, :)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
 
   subroutine refuse_real8(name, position, n, group, ierr)
     character(len=*), intent(in) :: name
@@ -1657,46 +1168,6 @@ contains
               'parameters (f32, or bf16/f16 as integer(2))', &
               'keep a real(4) copy of the parameters for the optimizer (it keeps fp32 master values '// &
               'and optimizer state); real(8) arrays go to the collectives', ierr)
-  end subroutine
-
-  !> real(8) arrays are refused with a message (the optimizer works in f32).
-  subroutine params_add_r8_1(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:)
-    real(c_double), intent(in), optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
-  end subroutine
-
-  subroutine params_add_r8_2(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:, :)
-    real(c_double), intent(in), optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
-  end subroutine
-
-  subroutine params_add_r8_3(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:, :, :)
-    real(c_double), intent(in), optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
   end subroutine
 
   !> The number of arrays in the list.
@@ -1997,104 +1468,6 @@ contains
     if (pdtype == SHARDOPT_F16) dtype = SHARDOPT_F16
   end function
 
-  !> Local: parameter i's gradient (from 1) is complete, in `grad` (any
-  !> shape of the parameter's size and type), which is copied before the
-  !> call returns.
-  subroutine grad_ready_r4_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    call grad_ready_array(opt, i, addr_r4(grad), size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_r4_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_r4_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_h_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  subroutine grad_ready_h_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  subroutine grad_ready_h_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  ! real(8) gradients never match a parameter: reported with the
-  ! parameter's type.
-  subroutine grad_ready_r8_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    call grad_ready_array(opt, i, addr_r8(grad), size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
-  subroutine grad_ready_r8_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
-  subroutine grad_ready_r8_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
   !> Collective: ends a micro-batch (stage 2 reduces into its gradient shard).
   subroutine shardopt_reduce_gradients(opt, ierr)
     type(shardopt_optimizer), intent(in) :: opt
@@ -2211,34 +1584,6 @@ contains
     if (present(ierr)) ierr = SHARDOPT_SUCCESS
   end function
 
-  !> Local: points grad at parameter i's gradient buffer (from 1), the
-  !> registered or owned one, to write the gradient in place before
-  !> shardopt_grad_ready(opt, i). Not associated for a streamed gradient
-  !> (stage 2 with stream_grads) or an empty parameter.
-  subroutine param_grad_r4(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), pointer, intent(out) :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    integer(c_size_t) :: n
-    nullify (grad)
-    if (.not. grad_buffer(opt, i, SHARDOPT_F32, p, n, ierr)) return
-    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
-  end subroutine
-
-  subroutine param_grad_h(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), pointer, intent(out) :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    integer(c_size_t) :: n
-    nullify (grad)
-    if (.not. grad_buffer(opt, i, SHARDOPT_BF16, p, n, ierr)) return
-    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
-  end subroutine
-
   !> Local: the learning rate of group `group` (from 1), or of every group
   !> when group is absent; between steps, the same on every rank.
   subroutine shardopt_set_lr(opt, lr, group, ierr)
@@ -2316,42 +1661,6 @@ contains
     call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_gather_state: '//param_label(opt, i)//' has '// &
               itoa(int(count, c_int64_t))//' elements but out has '//itoa(int(n, c_int64_t)), &
               'pass a real(4) array of the parameter''s size', ierr)
-  end subroutine
-
-  !> Collective: state `name` ("master", "exp_avg", "exp_avg_sq",
-  !> "momentum_buffer", ...) of parameter i (from 1), gathered from the
-  !> shards into out (a real(4) array of the parameter's size).
-  subroutine gather_state_1(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:)
-    integer, intent(out), optional :: ierr
-    call gather_state_into(opt, name, i, addr_r4(out), size(out, kind=c_size_t), ierr)
-  end subroutine
-
-  subroutine gather_state_2(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(out) > 0) p = c_loc(out)
-    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
-  end subroutine
-
-  subroutine gather_state_3(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(out) > 0) p = c_loc(out)
-    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
   end subroutine
 
   !> Collective: whether every rank's parameters hold the same bytes;
@@ -2598,5 +1907,10 @@ contains
     if (present(grads_finite)) grads_finite = f /= 0
     call done(st, ierr)
   end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The specifics of kind_interfaces.inc, and addr_r4, addr_r8, addr_i4 and
+  ! addr_i8: a rank-1 array's address, NULL when it is empty.
+  include 'kind_wrappers.inc'
 
 end module shardopt
