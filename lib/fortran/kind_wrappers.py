@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Writes shardopt's Fortran module source with its per-kind wrappers.
+"""The specifics of shardopt's Fortran generics over array kinds.
 
 The module's generic procedures (shardopt_allreduce, shardopt_params_add,
 ...) take arrays of several types and ranks. Each specific only turns its
@@ -8,13 +7,9 @@ that serves every kind, so the specifics differ in their names and
 declarations alone: each is written here once, as a template, and expanded
 for every kind (and rank) it serves.
 
-    kind_wrappers.py shardopt.f90 OUT
-
-copies shardopt.f90 to OUT with its two include lines replaced:
-kind_interfaces.inc by the generic interfaces of the specifics,
-kind_wrappers.inc by the specifics themselves. They are written into the
-source rather than included because Meson tracks no Fortran include
-files: a change here would not recompile the module.
+module_source.py writes them into the module: the generic interfaces in
+place of its line include 'kind_interfaces.inc', the specifics in place of
+include 'kind_wrappers.inc'.
 
 A template is Fortran with str.format fields: {name} (the specific's
 name), {k}, {type}, {dtype} and {bytes} (the kind's row of KINDS, unless
@@ -26,7 +21,6 @@ kinds: a template and an emit() call.
 """
 
 import re
-import sys
 import textwrap
 
 # Suffix of the specifics' names: Fortran type, the C API's dtype, bytes
@@ -284,26 +278,3 @@ emit("shardopt_gather_state", "gather_state_{rank}", GATHER_STATE, ("r4",), RANK
   !> "momentum_buffer", ...) of parameter i (from 1), gathered from the
   !> shards into out (a real(4) array of the parameter's size).
 """)
-
-
-def main(source, output):
-    pieces = {"kind_interfaces.inc": interfaces().rstrip() + "\n",
-              "kind_wrappers.inc": "".join(procedures).rstrip() + "\n"}
-    text = "! Written by kind_wrappers.py from lib/fortran/shardopt.f90: edit those.\n"
-    with open(source, encoding="utf-8") as f:
-        for line in f:
-            include = re.fullmatch(r"\s*include '(\w+\.inc)'\s*", line)
-            if include and include.group(1) in pieces:
-                text += "  ! " + include.group(1) + ":\n" + pieces.pop(include.group(1))
-            else:
-                text += line
-    if pieces:
-        sys.exit("kind_wrappers.py: %s has no line include '%s'" % (source, "', '".join(pieces)))
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: kind_wrappers.py SOURCE OUTPUT")
-    main(*sys.argv[1:])

@@ -30,125 +30,8 @@ module shardopt
   implicit none
   private
 
-  ! shardopt_status_t (include/shardopt/status.h): stable values.
-  integer, parameter, public :: SHARDOPT_SUCCESS = 0
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_ARGUMENT = 1
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_CONFIG = 2
-  integer, parameter, public :: SHARDOPT_ERR_MPI_NOT_INITIALIZED = 3
-  integer, parameter, public :: SHARDOPT_ERR_MPI_FINALIZED = 4
-  integer, parameter, public :: SHARDOPT_ERR_MPI = 5
-  integer, parameter, public :: SHARDOPT_ERR_CUDA = 6
-  integer, parameter, public :: SHARDOPT_ERR_NCCL = 7
-  integer, parameter, public :: SHARDOPT_ERR_NOT_COMPILED = 8
-  integer, parameter, public :: SHARDOPT_ERR_UNSUPPORTED = 9
-  integer, parameter, public :: SHARDOPT_ERR_LAYOUT_MISMATCH = 10
-  integer, parameter, public :: SHARDOPT_ERR_WRONG_DEVICE = 11
-  integer, parameter, public :: SHARDOPT_ERR_OUT_OF_MEMORY = 12
-  integer, parameter, public :: SHARDOPT_ERR_IO = 13
-  integer, parameter, public :: SHARDOPT_ERR_CHECKPOINT = 14
-  integer, parameter, public :: SHARDOPT_ERR_NON_FINITE = 15
-  integer, parameter, public :: SHARDOPT_ERR_DESYNC = 16
-  integer, parameter, public :: SHARDOPT_ERR_TIMEOUT = 17
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_STATE = 18
-  integer, parameter, public :: SHARDOPT_ERR_INTERNAL = 19
-
-  ! shardopt_dtype_t.
-  integer, parameter, public :: SHARDOPT_F32 = 0
-  integer, parameter, public :: SHARDOPT_F64 = 1
-  integer, parameter, public :: SHARDOPT_BF16 = 2
-  integer, parameter, public :: SHARDOPT_F16 = 3
-  integer, parameter, public :: SHARDOPT_I32 = 4
-  integer, parameter, public :: SHARDOPT_I64 = 5
-
-  ! shardopt_op_t.
-  integer, parameter, public :: SHARDOPT_SUM = 0
-  integer, parameter, public :: SHARDOPT_AVG = 1
-  integer, parameter, public :: SHARDOPT_MAX = 2
-  integer, parameter, public :: SHARDOPT_MIN = 3
-
-  ! shardopt_zero_options_t%non_finite.
-  integer, parameter, public :: SHARDOPT_NON_FINITE_AUTO = 0
-  integer, parameter, public :: SHARDOPT_NON_FINITE_SKIP = 1
-  integer, parameter, public :: SHARDOPT_NON_FINITE_ERROR = 2
-  integer, parameter, public :: SHARDOPT_NON_FINITE_IGNORE = 3
-
-  ! The C structs, field for field (shardopt.h documents each field).
-  type, bind(c), public :: shardopt_zero_options_t
-    integer(c_int) :: stage
-    real(c_double) :: bucket_mb
-    integer(c_int) :: reduce_sum
-    real(c_double) :: predivide_factor
-    integer(c_int) :: reduce_in_fp32
-    integer(c_int) :: param_remainders
-    integer(c_int) :: stream_grads
-    integer(c_int) :: check_sync_every
-    integer(c_int) :: non_finite
-    type(c_ptr) :: stream
-    integer(c_int) :: loss_scaler
-    real(c_double) :: init_scale
-    real(c_double) :: growth_factor
-    real(c_double) :: backoff_factor
-    integer(c_int) :: growth_interval
-    integer(c_int) :: hysteresis
-    real(c_double) :: min_scale
-  end type
-
-  type, bind(c), public :: shardopt_step_info_t
-    integer(c_int) :: applied
-    integer(c_int) :: grads_finite
-    integer(c_int) :: pending
-    real(c_double) :: grad_norm
-    real(c_double) :: loss_scale
-    integer(c_int64_t) :: step
-    real(c_double) :: reduce_seconds, update_seconds, gather_seconds
-    integer(c_int64_t) :: reduce_bytes, gather_bytes
-    real(c_double) :: reduce_span_seconds, exposed_comm_seconds
-    real(c_double) :: reduce_busbw_gbps, gather_busbw_gbps
-  end type
-
-  type, bind(c), public :: shardopt_memory_report_t
-    integer(c_size_t) :: master_params, optimizer_state, grad_shard, reduced_grads, owned_grads, buckets
-    integer(c_size_t) :: user_params, user_grads
-    integer(c_size_t) :: device_bytes, host_bytes
-    integer(c_size_t) :: allocated
-    integer(c_size_t) :: node_shared
-  end type
-
-  type, bind(c), public :: shardopt_load_report_t
-    integer(c_int64_t) :: step
-    integer(c_int) :: saved_ranks
-    integer(c_int) :: hyper_parameters
-    integer(c_size_t) :: loaded, missing, unexpected, mismatched
-  end type
-
-  ! Filled by shardopt_optimizer_create from the parameter list.
-  type, bind(c), public :: shardopt_param_t
-    type(c_ptr) :: name
-    type(c_ptr) :: data
-    integer(c_size_t) :: count
-    integer(c_int) :: dtype
-    type(c_ptr) :: grad
-    integer(c_int) :: group
-    type(c_ptr) :: shape
-    integer(c_int) :: ndim
-  end type
-
-  type, bind(c) :: comm_options_t
-    integer(c_size_t) :: max_chunk_elements
-    integer(c_int) :: check_arguments
-    type(c_ptr) :: stream
-    type(c_ptr) :: device_comm
-    type(c_ptr) :: host_comm
-  end type
-
-  type, bind(c) :: step_options_t
-    real(c_double) :: grad_mul
-    type(c_ptr) :: param_out
-    integer(c_int) :: param_out_dtype
-    type(c_ptr) :: stream
-    integer(c_int) :: skip_nonfinite
-    type(c_ptr) :: remainders
-  end type
+  ! The C API's constants, types and functions (c_api.py).
+  include 'c_api.inc'
 
   ! The handles. ptr is the C API's handle (shardopt_comm_t,
   ! shardopt_optimizer_t), for codes that call the C functions too.
@@ -221,335 +104,11 @@ module shardopt
   ! _param_grad, _gather_state and the array forms of shardopt_grad_ready.
   include 'kind_interfaces.inc'
 
-  ! The C functions.
   interface
     function c_strlen(s) bind(c, name='strlen') result(n)
       import
       type(c_ptr), value :: s
       integer(c_size_t) :: n
-    end function
-    function c_version_string() bind(c, name='shardopt_version_string') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_version(major, minor, patch) bind(c, name='shardopt_version') result(st)
-      import
-      integer(c_int), intent(out) :: major, minor, patch
-      integer(c_int) :: st
-    end function
-    function c_last_error() bind(c, name='shardopt_last_error') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_last_error_hint() bind(c, name='shardopt_last_error_hint') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_last_status() bind(c, name='shardopt_last_status') result(st)
-      import
-      integer(c_int) :: st
-    end function
-    function c_reports_last_error() bind(c, name='shardopt_reports_last_error') result(r)
-      import
-      integer(c_int) :: r
-    end function
-    subroutine c_clear_error() bind(c, name='shardopt_clear_error')
-    end subroutine
-    function c_set_language(language) bind(c, name='shardopt_set_language') result(st)
-      import
-      integer(c_int), value :: language
-      integer(c_int) :: st
-    end function
-    function c_status_name(status) bind(c, name='shardopt_status_name') result(s)
-      import
-      integer(c_int), value :: status
-      type(c_ptr) :: s
-    end function
-    function c_device_count(count) bind(c, name='shardopt_device_count') result(st)
-      import
-      integer(c_int), intent(out) :: count
-      integer(c_int) :: st
-    end function
-    function c_set_device(device) bind(c, name='shardopt_set_device') result(st)
-      import
-      integer(c_int), value :: device
-      integer(c_int) :: st
-    end function
-    function c_comm_options_init(options) bind(c, name='shardopt_comm_options_init') result(st)
-      import
-      type(comm_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_comm_create_f(comm, options, out) bind(c, name='shardopt_comm_create_f') result(st)
-      import
-      integer(c_int), value :: comm
-      type(comm_options_t), intent(in) :: options
-      type(c_ptr), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_comm_destroy(comm) bind(c, name='shardopt_comm_destroy') result(st)
-      import
-      type(c_ptr), intent(inout) :: comm
-      integer(c_int) :: st
-    end function
-    function c_comm_rank(comm, rank) bind(c, name='shardopt_comm_rank') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: rank
-      integer(c_int) :: st
-    end function
-    function c_comm_size(comm, size) bind(c, name='shardopt_comm_size') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: size
-      integer(c_int) :: st
-    end function
-    function c_comm_node(comm, node, nodes, local_rank, local_ranks) &
-        bind(c, name='shardopt_comm_node') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: node, nodes, local_rank, local_ranks
-      integer(c_int) :: st
-    end function
-    function c_comm_mpi_f(comm, out) bind(c, name='shardopt_comm_mpi_f') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_allreduce(comm, send, recv, count, dtype, op) bind(c, name='shardopt_allreduce') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, op
-      integer(c_int) :: st
-    end function
-    function c_reduce_scatter(comm, send, recv, count, dtype, op) &
-        bind(c, name='shardopt_reduce_scatter') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, op
-      integer(c_int) :: st
-    end function
-    function c_allgather(comm, send, recv, count, dtype) bind(c, name='shardopt_allgather') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype
-      integer(c_int) :: st
-    end function
-    function c_broadcast(comm, buf, count, dtype, root) bind(c, name='shardopt_broadcast') result(st)
-      import
-      type(c_ptr), value :: comm, buf
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, root
-      integer(c_int) :: st
-    end function
-    function c_barrier(comm) bind(c, name='shardopt_barrier') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int) :: st
-    end function
-    function c_zero_options_init(options) bind(c, name='shardopt_zero_options_init') result(st)
-      import
-      type(shardopt_zero_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_optimizer_create(comm, params, num_params, groups, num_groups, options, out) &
-        bind(c, name='shardopt_optimizer_create') result(st)
-      import
-      type(c_ptr), value :: comm, params
-      integer(c_size_t), value :: num_params
-      type(c_ptr), value :: groups
-      integer(c_int), value :: num_groups
-      type(shardopt_zero_options_t), intent(in) :: options
-      type(c_ptr), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_optimizer_destroy(opt) bind(c, name='shardopt_optimizer_destroy') result(st)
-      import
-      type(c_ptr), intent(inout) :: opt
-      integer(c_int) :: st
-    end function
-    function c_zero_grad(opt) bind(c, name='shardopt_zero_grad') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int) :: st
-    end function
-    function c_grad_ready(opt, index, grad) bind(c, name='shardopt_grad_ready') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      type(c_ptr), value :: grad
-      integer(c_int) :: st
-    end function
-    function c_reduce_gradients(opt) bind(c, name='shardopt_reduce_gradients') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int) :: st
-    end function
-    function c_clip_grad_norm(opt, max_norm, norm) bind(c, name='shardopt_clip_grad_norm') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), value :: max_norm
-      real(c_double), intent(out) :: norm
-      integer(c_int) :: st
-    end function
-    function c_step(opt, info) bind(c, name='shardopt_step') result(st)
-      import
-      type(c_ptr), value :: opt
-      type(shardopt_step_info_t), intent(out) :: info
-      integer(c_int) :: st
-    end function
-    function c_loss_scale(opt, scale) bind(c, name='shardopt_loss_scale') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), intent(out) :: scale
-      integer(c_int) :: st
-    end function
-    function c_steps(opt, steps, skipped) bind(c, name='shardopt_steps') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int64_t), intent(out) :: steps, skipped
-      integer(c_int) :: st
-    end function
-    function c_num_params(opt, count) bind(c, name='shardopt_num_params') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), intent(out) :: count
-      integer(c_int) :: st
-    end function
-    function c_param_info(opt, index, count, dtype) bind(c, name='shardopt_param_info') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      integer(c_size_t), intent(out) :: count
-      integer(c_int), intent(out) :: dtype
-      integer(c_int) :: st
-    end function
-    function c_param_grad(opt, index, grad) bind(c, name='shardopt_param_grad') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      type(c_ptr), intent(out) :: grad
-      integer(c_int) :: st
-    end function
-    function c_set_lr(opt, lr, group) bind(c, name='shardopt_set_lr') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), value :: lr
-      integer(c_int), value :: group
-      integer(c_int) :: st
-    end function
-    function c_set_hparams(opt, group, pairs) bind(c, name='shardopt_set_hparams') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), value :: group
-      character(kind=c_char), intent(in) :: pairs(*)
-      integer(c_int) :: st
-    end function
-    function c_get_hparam(opt, group, name, value) bind(c, name='shardopt_get_hparam') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), value :: group
-      character(kind=c_char), intent(in) :: name(*)
-      real(c_double), intent(out) :: value
-      integer(c_int) :: st
-    end function
-    function c_memory_report(opt, report) bind(c, name='shardopt_memory_report') result(st)
-      import
-      type(c_ptr), value :: opt
-      type(shardopt_memory_report_t), intent(out) :: report
-      integer(c_int) :: st
-    end function
-    function c_gather_state(opt, name, index, out, count) bind(c, name='shardopt_gather_state') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: name(*)
-      integer(c_size_t), value :: index
-      type(c_ptr), value :: out
-      integer(c_size_t), value :: count
-      integer(c_int) :: st
-    end function
-    function c_check_sync(opt, in_sync, message, message_size) bind(c, name='shardopt_check_sync') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), intent(out) :: in_sync
-      character(kind=c_char), intent(out) :: message(*)
-      integer(c_size_t), value :: message_size
-      integer(c_int) :: st
-    end function
-    function c_save(opt, path, keep_last, keys, values, num) bind(c, name='shardopt_save') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: keep_last
-      type(c_ptr), value :: keys, values
-      integer(c_size_t), value :: num
-      integer(c_int) :: st
-    end function
-    function c_load(opt, path, strict, hyper_parameters, report) bind(c, name='shardopt_load') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: strict, hyper_parameters
-      type(shardopt_load_report_t), intent(out) :: report
-      integer(c_int) :: st
-    end function
-    function c_load_metadata(opt, key, value, value_size) bind(c, name='shardopt_load_metadata') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: key(*)
-      character(kind=c_char), intent(out) :: value(*)
-      integer(c_size_t), value :: value_size
-      integer(c_int) :: st
-    end function
-    function c_export(opt, path, fp32) bind(c, name='shardopt_export') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: fp32
-      integer(c_int) :: st
-    end function
-    function c_step_options_init(options) bind(c, name='shardopt_step_options_init') result(st)
-      import
-      type(step_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_functional_step(spec, params, param_dtype, grads, grad_dtype, count, states, num_states, &
-                               step, options, applied, grads_finite) &
-        bind(c, name='shardopt_functional_step') result(st)
-      import
-      character(kind=c_char), intent(in) :: spec(*)
-      type(c_ptr), value :: params
-      integer(c_int), value :: param_dtype
-      type(c_ptr), value :: grads
-      integer(c_int), value :: grad_dtype
-      integer(c_size_t), value :: count
-      type(c_ptr), value :: states
-      integer(c_int), value :: num_states
-      integer(c_int64_t), value :: step
-      type(step_options_t), intent(in) :: options
-      integer(c_int), intent(out) :: applied, grads_finite
-      integer(c_int) :: st
-    end function
-    function c_functional_slots(spec, num_states, k, name, name_size) &
-        bind(c, name='shardopt_functional_slots') result(st)
-      import
-      character(kind=c_char), intent(in) :: spec(*)
-      integer(c_int), intent(out) :: num_states
-      integer(c_int), value :: k
-      type(c_ptr), value :: name
-      integer(c_size_t), value :: name_size
-      integer(c_int) :: st
-    end function
-    function c_functional_slot_used(spec, k, used) bind(c, name='shardopt_functional_slot_used') result(st)
-      import :: c_char, c_int
-      character(kind=c_char), intent(in) :: spec(*)
-      integer(c_int), value :: k
-      integer(c_int), intent(out) :: used
-      integer(c_int) :: st
     end function
   end interface
 
@@ -560,11 +119,10 @@ module shardopt
   integer :: own_status = SHARDOPT_SUCCESS
   character(len=:), allocatable :: own_message, own_hint
 
-  ! shardopt_language_t: the C API's messages name the module's procedures,
-  ! keyword arguments and types, and number parameters and groups from 1.
-  ! Said once per process, by the first procedure that can reach the C API
-  ! with something to report (speak_fortran).
-  integer(c_int), parameter :: SHARDOPT_LANGUAGE_FORTRAN = 1
+  ! SHARDOPT_LANGUAGE_FORTRAN: the C API's messages name the module's
+  ! procedures, keyword arguments and types, and number parameters and
+  ! groups from 1. Said once per process, by the first procedure that can
+  ! reach the C API with something to report (speak_fortran).
   logical :: language_said = .false.
 
 
@@ -1671,10 +1229,10 @@ contains
     character(len=:), allocatable, intent(out), optional :: message
     integer, intent(out), optional :: ierr
     integer(c_int) :: s
-    character(kind=c_char) :: buf(4096)
+    character(kind=c_char), target :: buf(4096)
     buf = c_null_char
     s = 1
-    call done(c_check_sync(opt%ptr, s, buf, size(buf, kind=c_size_t)), ierr)
+    call done(c_check_sync(opt%ptr, s, c_loc(buf), size(buf, kind=c_size_t)), ierr)
     in_sync = s /= 0
     if (present(message)) message = from_buffer(buf)
   end subroutine
@@ -1770,7 +1328,7 @@ contains
     character(len=*), intent(in) :: key
     character(len=:), allocatable, intent(out) :: value
     integer, intent(out), optional :: ierr
-    character(kind=c_char), allocatable :: buf(:)
+    character(kind=c_char), allocatable, target :: buf(:)
     integer(c_int) :: st
     integer :: size_bytes
     ! Values are short; a longer one is read again into a buffer large
@@ -1779,7 +1337,7 @@ contains
     do
       allocate (buf(size_bytes))
       buf = c_null_char
-      st = c_load_metadata(opt%ptr, trim(key)//c_null_char, buf, int(size_bytes, c_size_t))
+      st = c_load_metadata(opt%ptr, trim(key)//c_null_char, c_loc(buf), int(size_bytes, c_size_t))
       if (st == SHARDOPT_SUCCESS .or. size_bytes >= 16*1024*1024) exit
       if (index(from_c(c_last_error()), 'too small') == 0) exit
       deallocate (buf)
