@@ -18,12 +18,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import c_api  # noqa: E402
+import c_wrappers  # noqa: E402
 import kind_wrappers  # noqa: E402
 
 
 def main(source, output, headers):
-    _, api_code = c_api.module_code(headers)
+    api, api_code = c_api.module_code(headers)
     pieces = {"c_api.inc": api_code,
+              "c_wrappers.inc": c_wrappers.module_code(api),
               "kind_interfaces.inc": kind_wrappers.interfaces().rstrip() + "\n",
               "kind_wrappers.inc": "".join(kind_wrappers.procedures).rstrip() + "\n"}
     text = "! Written by module_source.py from lib/fortran/shardopt.f90 and the C headers: edit those.\n"

@@ -320,36 +320,6 @@ contains
     s = from_c(c_version_string())
   end function
 
-  !> The library's version at run time, by part.
-  subroutine shardopt_version(major, minor, patch, ierr)
-    integer, intent(out) :: major, minor, patch
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: a, b, c
-    call done(c_version(a, b, c), ierr)
-    major = int(a)
-    minor = int(b)
-    patch = int(c)
-  end subroutine
-
-  !> The CUDA devices this process sees (0 without CUDA).
-  subroutine shardopt_device_count(count, ierr)
-    integer, intent(out) :: count
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n
-    call speak_fortran()
-    n = 0
-    call done(c_device_count(n), ierr)
-    count = int(n)
-  end subroutine
-
-  !> Makes CUDA device `device` (numbered from 0, as CUDA does) current.
-  subroutine shardopt_set_device(device, ierr)
-    integer, intent(in) :: device
-    integer, intent(out), optional :: ierr
-    call speak_fortran()
-    call done(c_set_device(int(device, c_int)), ierr)
-  end subroutine
-
   ! ------------------------------------------------------------------
   ! The communicator.
 
@@ -428,55 +398,6 @@ contains
     call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
   end subroutine
 
-  !> Collective: frees the communicator (its optimizers first).
-  subroutine shardopt_comm_destroy(comm, ierr)
-    type(shardopt_comm), intent(inout) :: comm
-    integer, intent(out), optional :: ierr
-    call done(c_comm_destroy(comm%ptr), ierr)
-  end subroutine
-
-  !> This process's rank (from 0).
-  subroutine shardopt_comm_rank(comm, rank, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: rank
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: r
-    r = -1
-    call done(c_comm_rank(comm%ptr, r), ierr)
-    rank = int(r)
-  end subroutine
-
-  !> The number of ranks.
-  subroutine shardopt_comm_size(comm, size, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: size
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n
-    n = 0
-    call done(c_comm_size(comm%ptr, n), ierr)
-    size = int(n)
-  end subroutine
-
-  !> Which ranks share a node (MPI_COMM_TYPE_SHARED), found when comm was
-  !> made: this rank's node (from 0, numbered by their lowest rank), the
-  !> number of nodes, this rank's place among its node's ranks (from 0) and
-  !> how many ranks its node holds.
-  subroutine shardopt_comm_node(comm, node, nodes, local_rank, local_ranks, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: node, nodes, local_rank, local_ranks
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n, ns, lr, lrs
-    n = -1
-    ns = 0
-    lr = -1
-    lrs = 0
-    call done(c_comm_node(comm%ptr, n, ns, lr, lrs), ierr)
-    node = int(n)
-    nodes = int(ns)
-    local_rank = int(lr)
-    local_ranks = int(lrs)
-  end subroutine
-
   !> The duplicated MPI communicator (owned by comm: do not free it).
   subroutine comm_mpi_f08(comm, dup, ierr)
     type(shardopt_comm), intent(in) :: comm
@@ -496,13 +417,6 @@ contains
     h = 0
     call done(c_comm_mpi_f(comm%ptr, h), ierr)
     dup = int(h)
-  end subroutine
-
-  !> Collective: waits for every rank.
-  subroutine shardopt_barrier(comm, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out), optional :: ierr
-    call done(c_barrier(comm%ptr), ierr)
   end subroutine
 
   ! ------------------------------------------------------------------
@@ -745,14 +659,6 @@ contains
   ! ------------------------------------------------------------------
   ! The optimizer.
 
-  !> The default options (stage 1, ...), to change before
-  !> shardopt_optimizer_create(..., options=...).
-  subroutine shardopt_zero_options_init(options, ierr)
-    type(shardopt_zero_options_t), intent(out) :: options
-    integer, intent(out), optional :: ierr
-    call done(c_zero_options_init(options), ierr)
-  end subroutine
-
   !> Collective over comm: registers the list's arrays (the same on every
   !> rank, in the same order) with one optimizer spec per parameter group
   !> (groups(1) is group 1: "adamw lr=1e-3 weight_decay=0.01"; one kind for
@@ -881,14 +787,6 @@ contains
                                  check_sync_every, non_finite, loss_scaler, ierr)
   end subroutine
 
-  !> Frees the optimizer (waits for communication in flight); opt%ptr
-  !> becomes null, so a later use of opt is reported, never a crash.
-  subroutine shardopt_optimizer_destroy(opt, ierr)
-    type(shardopt_optimizer), intent(inout) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_optimizer_destroy(opt%ptr), ierr)
-  end subroutine
-
   ! Parameter i (from 1) as the C API's 0-based index; false after
   ! reporting an index out of range. When opt itself is bad, true: the C
   ! function called next reports that under its own name.
@@ -946,13 +844,6 @@ contains
     call fail(SHARDOPT_ERR_INVALID_ARGUMENT, where//': group '//str(group)//' does not exist: the optimizer has '// &
               str(opt%num_groups)//' parameter group(s)', hint, ierr)
   end function
-
-  !> Local: zeroes the gradients and forgets what was marked ready.
-  subroutine shardopt_zero_grad(opt, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_zero_grad(opt%ptr), ierr)
-  end subroutine
 
   !> Local: parameter i's gradient (from 1) is complete, in its registered
   !> or owned gradient buffer.
@@ -1026,73 +917,6 @@ contains
     if (pdtype == SHARDOPT_F16) dtype = SHARDOPT_F16
   end function
 
-  !> Collective: ends a micro-batch (stage 2 reduces into its gradient shard).
-  subroutine shardopt_reduce_gradients(opt, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_reduce_gradients(opt%ptr), ierr)
-  end subroutine
-
-  !> Collective: the global gradient norm (into norm, if given); the next
-  !> step clips the gradients to max_norm.
-  subroutine shardopt_clip_grad_norm(opt, max_norm, norm, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(in) :: max_norm
-    real(c_double), intent(out), optional :: norm
-    integer, intent(out), optional :: ierr
-    real(c_double) :: n
-    n = 0
-    call done(c_clip_grad_norm(opt%ptr, max_norm, n), ierr)
-    if (present(norm)) norm = n
-  end subroutine
-
-  !> Collective: one optimizer step; info (if given) says what it did.
-  subroutine shardopt_step(opt, info, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    type(shardopt_step_info_t), intent(out), optional :: info
-    integer, intent(out), optional :: ierr
-    type(shardopt_step_info_t) :: s
-    integer(c_int) :: st
-    st = c_step(opt%ptr, s)
-    if (present(info)) info = s
-    call done(st, ierr)
-  end subroutine
-
-  !> Local: the loss scale to multiply the loss by (1 without a loss scaler).
-  subroutine shardopt_loss_scale(opt, scale, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(out) :: scale
-    integer, intent(out), optional :: ierr
-    scale = 0
-    call done(c_loss_scale(opt%ptr, scale), ierr)
-  end subroutine
-
-  !> Local: steps applied so far, and (if given) steps skipped for
-  !> non-finite gradients.
-  subroutine shardopt_steps(opt, steps, skipped, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer(c_int64_t), intent(out) :: steps
-    integer(c_int64_t), intent(out), optional :: skipped
-    integer, intent(out), optional :: ierr
-    integer(c_int64_t) :: a, s
-    a = 0
-    s = 0
-    call done(c_steps(opt%ptr, a, s), ierr)
-    steps = a
-    if (present(skipped)) skipped = s
-  end subroutine
-
-  !> Local: the number of parameters.
-  subroutine shardopt_num_params(opt, n, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out) :: n
-    integer, intent(out), optional :: ierr
-    integer(c_size_t) :: c
-    c = 0
-    call done(c_num_params(opt%ptr, c), ierr)
-    n = int(c)
-  end subroutine
-
   !> Local: parameter i's (from 1) element count and dtype (SHARDOPT_F32, ...).
   subroutine shardopt_param_info(opt, i, count, dtype, ierr)
     type(shardopt_optimizer), intent(in) :: opt
@@ -1141,54 +965,6 @@ contains
     ok = .true.
     if (present(ierr)) ierr = SHARDOPT_SUCCESS
   end function
-
-  !> Local: the learning rate of group `group` (from 1), or of every group
-  !> when group is absent; between steps, the same on every rank.
-  subroutine shardopt_set_lr(opt, lr, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(in) :: lr
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    if (.not. group_index(opt, group, .true., 'shardopt_set_lr', g, ierr)) return
-    call done(c_set_lr(opt%ptr, lr, g), ierr)
-  end subroutine
-
-  !> Local: hyper-parameters from "name=value ..." pairs ("lr=1e-4
-  !> weight_decay=0") of group `group` (from 1; absent: every group). On an
-  !> error nothing changes.
-  subroutine shardopt_set_hparams(opt, pairs, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: pairs
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    if (.not. group_index(opt, group, .true., 'shardopt_set_hparams', g, ierr)) return
-    call done(c_set_hparams(opt%ptr, g, trim(pairs)//c_null_char), ierr)
-  end subroutine
-
-  !> Local: hyper-parameter `name` ("lr", "betas.1", ...) of group `group`
-  !> (from 1; default 1).
-  subroutine shardopt_get_hparam(opt, name, value, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    real(c_double), intent(out) :: value
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    value = 0
-    if (.not. group_index(opt, group, .false., 'shardopt_get_hparam', g, ierr)) return
-    call done(c_get_hparam(opt%ptr, g, trim(name)//c_null_char, value), ierr)
-  end subroutine
-
-  !> Local: bytes allocated by category.
-  subroutine shardopt_memory_report(opt, report, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    type(shardopt_memory_report_t), intent(out) :: report
-    integer, intent(out), optional :: ierr
-    report = shardopt_memory_report_t(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    call done(c_memory_report(opt%ptr, report), ierr)
-  end subroutine
 
   ! Gathers state `name` of parameter i into `out` (n elements). On a size
   ! mismatch every rank still takes part in the gather (into a scratch
@@ -1300,28 +1076,6 @@ contains
                      int(n, c_size_t)), ierr)
   end subroutine
 
-  !> Collective: restores a checkpoint, at any rank count and stage. strict
-  !> (default .true.): any difference is an error and nothing changes;
-  !> hyper_parameters (default .true.): take the groups' values from the
-  !> file. report (if given) says what was loaded.
-  subroutine shardopt_load(opt, path, strict, hyper_parameters, report, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: path
-    logical, intent(in), optional :: strict, hyper_parameters
-    type(shardopt_load_report_t), intent(out), optional :: report
-    integer, intent(out), optional :: ierr
-    type(shardopt_load_report_t) :: r
-    integer(c_int) :: s, h, st
-    s = 1
-    h = 1
-    if (present(strict)) s = logical_int(strict)
-    if (present(hyper_parameters)) h = logical_int(hyper_parameters)
-    r = shardopt_load_report_t(0, 0, 0, 0, 0, 0, 0)
-    st = c_load(opt%ptr, trim(path)//c_null_char, s, h, r)
-    if (present(report)) report = r
-    call done(st, ierr)
-  end subroutine
-
   !> Local: the value of metadata key `key` of the last checkpoint loaded.
   subroutine shardopt_load_metadata(opt, key, value, ierr)
     type(shardopt_optimizer), intent(in) :: opt
@@ -1345,19 +1099,6 @@ contains
     end do
     value = from_buffer(buf)
     call done(st, ierr)
-  end subroutine
-
-  !> Collective: the parameters alone as a safetensors file: fp32 master
-  !> values (fp32 = .true., the default) or the model's dtype.
-  subroutine shardopt_export(opt, path, fp32, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: path
-    logical, intent(in), optional :: fp32
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: f
-    f = 1
-    if (present(fp32)) f = logical_int(fp32)
-    call done(c_export(opt%ptr, trim(path)//c_null_char, f), ierr)
   end subroutine
 
   ! ------------------------------------------------------------------
@@ -1465,6 +1206,10 @@ contains
     if (present(grads_finite)) grads_finite = f /= 0
     call done(st, ierr)
   end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The procedures that only call their C function (c_wrappers.py).
+  include 'c_wrappers.inc'
 
   ! ------------------------------------------------------------------
   ! The specifics of kind_interfaces.inc, and addr_r4, addr_r8, addr_i4 and
