@@ -125,8 +125,9 @@ module shardopt
   ! reach the C API with something to report (speak_fortran).
   logical :: language_said = .false.
 
-
   integer, parameter :: OP_ALLREDUCE = 1, OP_REDUCE_SCATTER = 2, OP_ALLGATHER = 3, OP_BROADCAST = 4
+  character(len=*), parameter :: OP_NAMES(4) = [character(len=23) :: 'shardopt_allreduce', &
+                                                 'shardopt_reduce_scatter', 'shardopt_allgather', 'shardopt_broadcast']
 
 contains
 
@@ -138,18 +139,10 @@ contains
     type(c_ptr), intent(in) :: p
     character(len=:), allocatable :: s
     character(kind=c_char), pointer :: chars(:)
-    integer :: n, i
-    if (.not. c_associated(p)) then
-      s = ''
-      return
-    end if
-    n = int(c_strlen(p))
-    allocate (character(len=n) :: s)
-    if (n == 0) return
-    call c_f_pointer(p, chars, [n])
-    do i = 1, n
-      s(i:i) = chars(i)
-    end do
+    s = ''
+    if (.not. c_associated(p)) return
+    call c_f_pointer(p, chars, [c_strlen(p)])
+    s = from_buffer(chars)
   end function
 
   ! The text of a NUL-terminated buffer.
@@ -323,9 +316,24 @@ contains
   ! ------------------------------------------------------------------
   ! The communicator.
 
-  subroutine comm_create_handle(fhandle, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
-                                host_comm)
-    integer, intent(in) :: fhandle
+  !> Collective over base: a shardopt communicator on a duplicate of it.
+  !> Options: max_chunk_elements (largest count per MPI call), check_arguments
+  !> (agree on every operation's arguments first), device_comm ("auto",
+  !> "nccl", "staged", "mpi"), host_comm ("auto", "mpi", "shm", "hier").
+  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+    type(MPI_Comm), intent(in) :: base
+    type(shardopt_comm), intent(out) :: comm
+    integer(c_int64_t), intent(in), optional :: max_chunk_elements
+    logical, intent(in), optional :: check_arguments
+    character(len=*), intent(in), optional :: device_comm
+    integer, intent(out), optional :: ierr
+    character(len=*), intent(in), optional :: host_comm
+    call comm_create_int(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+  end subroutine
+
+  !> The same from the integer handle of `use mpi` (or mpif.h).
+  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+    integer, intent(in) :: base
     type(shardopt_comm), intent(out) :: comm
     integer(c_int64_t), intent(in), optional :: max_chunk_elements
     logical, intent(in), optional :: check_arguments
@@ -334,6 +342,7 @@ contains
     character(len=*), intent(in), optional :: host_comm
     type(comm_options_t) :: options
     character(kind=c_char), allocatable, target :: dc(:), hc(:)
+    type(c_ptr), allocatable :: dp(:), hp(:)
     integer :: status
     call speak_fortran()
     status = c_comm_options_init(options)
@@ -348,54 +357,14 @@ contains
     end if
     if (present(check_arguments)) options%check_arguments = logical_int(check_arguments)
     if (present(device_comm)) then
-      call to_c_chars(device_comm, dc)
-      options%device_comm = c_loc(dc)
+      call c_strings([device_comm], dc, dp)
+      options%device_comm = dp(1)
     end if
     if (present(host_comm)) then
-      call to_c_chars(host_comm, hc)
-      options%host_comm = c_loc(hc)
+      call c_strings([host_comm], hc, hp)
+      options%host_comm = hp(1)
     end if
-    call done(c_comm_create_f(int(fhandle, c_int), options, comm%ptr), ierr)
-  end subroutine
-
-  ! text without its trailing blanks, as a NUL-terminated C string in chars.
-  subroutine to_c_chars(text, chars)
-    character(len=*), intent(in) :: text
-    character(kind=c_char), allocatable, intent(out) :: chars(:)
-    integer :: i
-    allocate (chars(len_trim(text) + 1))
-    do i = 1, len_trim(text)
-      chars(i) = text(i:i)
-    end do
-    chars(size(chars)) = c_null_char
-  end subroutine
-
-  !> Collective over base: a shardopt communicator on a duplicate of it.
-  !> Options: max_chunk_elements (largest count per MPI call), check_arguments
-  !> (agree on every operation's arguments first), device_comm ("auto",
-  !> "nccl", "staged", "mpi"), host_comm ("auto", "mpi", "shm", "hier").
-  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
-    type(MPI_Comm), intent(in) :: base
-    type(shardopt_comm), intent(out) :: comm
-    integer(c_int64_t), intent(in), optional :: max_chunk_elements
-    logical, intent(in), optional :: check_arguments
-    character(len=*), intent(in), optional :: device_comm
-    integer, intent(out), optional :: ierr
-    character(len=*), intent(in), optional :: host_comm
-    call comm_create_handle(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
-                            host_comm)
-  end subroutine
-
-  !> The same from the integer handle of `use mpi` (or mpif.h).
-  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
-    integer, intent(in) :: base
-    type(shardopt_comm), intent(out) :: comm
-    integer(c_int64_t), intent(in), optional :: max_chunk_elements
-    logical, intent(in), optional :: check_arguments
-    character(len=*), intent(in), optional :: device_comm
-    integer, intent(out), optional :: ierr
-    character(len=*), intent(in), optional :: host_comm
-    call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+    call done(c_comm_create_f(int(base, c_int), options, comm%ptr), ierr)
   end subroutine
 
   !> The duplicated MPI communicator (owned by comm: do not free it).
@@ -413,31 +382,15 @@ contains
     type(shardopt_comm), intent(in) :: comm
     integer, intent(out) :: dup
     integer, intent(out), optional :: ierr
-    integer(c_int) :: h
-    h = 0
-    call done(c_comm_mpi_f(comm%ptr, h), ierr)
-    dup = int(h)
+    type(MPI_Comm) :: d
+    call comm_mpi_f08(comm, d, ierr)
+    dup = d%MPI_VAL
   end subroutine
 
   ! ------------------------------------------------------------------
   ! Collectives. Each specific (kind_wrappers.py) passes its arrays'
   ! addresses and sizes to collective(), which checks count against them
   ! (the C API cannot see a Fortran array's size) and calls the C function.
-
-  function op_name(what) result(s)
-    integer, intent(in) :: what
-    character(len=:), allocatable :: s
-    select case (what)
-    case (OP_ALLREDUCE)
-      s = 'shardopt_allreduce'
-    case (OP_REDUCE_SCATTER)
-      s = 'shardopt_reduce_scatter'
-    case (OP_ALLGATHER)
-      s = 'shardopt_allgather'
-    case default
-      s = 'shardopt_broadcast'
-    end select
-  end function
 
   ! Checks that an array of `have` elements holds `need` (count, or count
   ! times the rank count when per_rank); false after reporting it.
@@ -457,7 +410,7 @@ contains
     else
       needed = 'count = '//str(count)
     end if
-    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': '//array//' has '//itoa(have)// &
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, trim(OP_NAMES(what))//': '//array//' has '//itoa(have)// &
               ' elements, fewer than '//needed, &
               'pass a smaller count or a larger array ('//array//' needs '//itoa(need)//' elements)', ierr)
   end function
@@ -477,7 +430,7 @@ contains
     type(c_ptr) :: s
     character(len=:), allocatable :: send_name, recv_name
     if (count < 0) then
-      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': count = '//str(count)//' is negative', &
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, trim(OP_NAMES(what))//': count = '//str(count)//' is negative', &
                 'pass the number of elements per rank (>= 0)', ierr)
       return
     end if
@@ -683,9 +636,10 @@ contains
     type(shardopt_param_t), allocatable, target :: cp(:)
     character(kind=c_char), allocatable, target :: names(:), specs(:)
     type(c_ptr), allocatable, target :: spec_ptrs(:)
+    type(c_ptr), allocatable :: name_ptrs(:)
     integer(c_size_t), allocatable, target :: shapes(:, :)
     type(c_ptr) :: params_ptr, groups_ptr
-    integer :: i, k, at, total, ng, namelen
+    integer :: i, ng, namelen
     integer(c_int) :: st
     call speak_fortran()
     ng = size(groups)
@@ -715,22 +669,19 @@ contains
 
     ! The names and specs as NUL-terminated strings, alive until the C call
     ! returns (the optimizer copies them).
-    total = 0
     namelen = 1
     do i = 1, params%n
-      total = total + len(params%e(i)%name) + 1
       namelen = max(namelen, len(params%e(i)%name))
     end do
-    allocate (names(max(total, 1)), cp(max(params%n, 1)), shapes(3, max(params%n, 1)))
-    at = 1
+    allocate (character(len=namelen) :: opt%names(params%n))
+    allocate (cp(max(params%n, 1)), shapes(3, max(params%n, 1)))
     do i = 1, params%n
-      cp(i)%name = c_loc(names(at))
-      do k = 1, len(params%e(i)%name)
-        names(at) = params%e(i)%name(k:k)
-        at = at + 1
-      end do
-      names(at) = c_null_char
-      at = at + 1
+      opt%names(i) = params%e(i)%name
+    end do
+    call c_strings(opt%names, names, name_ptrs)
+    call c_strings(groups, specs, spec_ptrs)
+    do i = 1, params%n
+      cp(i)%name = name_ptrs(i)
       cp(i)%data = params%e(i)%data
       cp(i)%count = params%e(i)%count
       cp(i)%dtype = params%e(i)%dtype
@@ -740,31 +691,14 @@ contains
       cp(i)%shape = c_loc(shapes(1, i))
       cp(i)%ndim = int(params%e(i)%ndim, c_int)
     end do
-    total = 0
-    do i = 1, ng
-      total = total + len_trim(groups(i)) + 1
-    end do
-    allocate (specs(total), spec_ptrs(ng))
-    at = 1
-    do i = 1, ng
-      spec_ptrs(i) = c_loc(specs(at))
-      do k = 1, len_trim(groups(i))
-        specs(at) = groups(i)(k:k)
-        at = at + 1
-      end do
-      specs(at) = c_null_char
-      at = at + 1
-    end do
     params_ptr = c_null_ptr
     if (params%n > 0) params_ptr = c_loc(cp)
     groups_ptr = c_loc(spec_ptrs)
     st = c_optimizer_create(comm%ptr, params_ptr, int(params%n, c_size_t), groups_ptr, int(ng, c_int), o, opt%ptr)
     if (st == SHARDOPT_SUCCESS) then
       opt%num_groups = ng
-      allocate (character(len=namelen) :: opt%names(params%n))
-      do i = 1, params%n
-        opt%names(i) = params%e(i)%name
-      end do
+    else
+      deallocate (opt%names)
     end if
     call done(st, ierr)
   end subroutine
@@ -888,20 +822,9 @@ contains
   function type_name(dtype) result(s)
     integer, intent(in) :: dtype
     character(len=:), allocatable :: s
-    select case (dtype)
-    case (SHARDOPT_F32)
-      s = 'real(4) (f32)'
-    case (SHARDOPT_F64)
-      s = 'real(8) (f64)'
-    case (SHARDOPT_BF16)
-      s = 'integer(2) bf16 bits'
-    case (SHARDOPT_F16)
-      s = 'integer(2) f16 bits'
-    case (SHARDOPT_I32)
-      s = 'integer(4)'
-    case default
-      s = 'integer(8)'
-    end select
+    character(len=*), parameter :: names(0:5) = [character(len=20) :: 'real(4) (f32)', 'real(8) (f64)', &
+                                                  'integer(2) bf16 bits', 'integer(2) f16 bits', 'integer(4)', 'integer(8)']
+    s = trim(names(max(0, min(dtype, 5))))
   end function
 
   ! An integer(2) gradient: the parameter's own 16-bit dtype, whichever it is.
