@@ -5,11 +5,14 @@
 
 copies shardopt.f90 to OUT with its include lines replaced by what is
 generated: c_api.inc by the C API's constants, types and interfaces (from
-the headers, c_api.py), kind_interfaces.inc and kind_wrappers.inc by the
-specifics of the generics over array kinds and their interfaces
-(kind_wrappers.py). The pieces go into the source rather than beside it
-because Meson tracks no Fortran include files: a changed header or
-template would not recompile the module.
+the headers, c_api.py), c_wrappers.inc by the procedures that only call
+their C function (c_wrappers.py), kind_interfaces.inc and
+kind_wrappers.inc by the specifics of the generics over array kinds and
+their interfaces (kind_wrappers.py); any other include line by the file
+it names beside shardopt.f90 (errors.inc). Everything goes into the
+source rather than beside it because Meson tracks no Fortran include
+files: a changed header, template or included file would not recompile
+the module.
 """
 
 import os
@@ -34,6 +37,9 @@ def main(source, output, headers):
             include = re.fullmatch(r"\s*include '(\w+\.inc)'\s*", line)
             if include and include.group(1) in pieces:
                 text += "  ! " + include.group(1) + ":\n" + pieces.pop(include.group(1))
+            elif include:
+                with open(os.path.join(os.path.dirname(source), include.group(1)), encoding="utf-8") as part:
+                    text += part.read()
             else:
                 text += line
     if pieces:

@@ -1,13 +1,20 @@
 ! shardopt: the Fortran module (docs/fortran.md).
 !
-! lib/fortran/ holds its source: this file, and kind_wrappers.py for the
-! specifics of the generics that take arrays of several types and ranks
-! (allreduce_r4, allreduce_r8, ..., params_add_h_2, ...), which differ only
-! in the array's declaration. The build runs kind_wrappers.py, which writes
-! this file with its two include lines replaced by those specifics and
-! their interfaces; gfortran compiles that copy (meson.build). To add a kind
-! or a generic over kinds, see kind_wrappers.py; the rest is written here.
-!
+! lib/fortran/ holds its source. The build (module_source.py) writes this
+! file with its include lines replaced, and gfortran compiles that copy:
+! - c_api.inc: the C API's named constants, bind(c) types and C function
+!   interfaces, read from include/shardopt/status.h and shardopt.h by
+!   c_api.py. A new C function needs nothing here, unless the tables of
+!   c_api.py lack one of its types (the build stops, naming it).
+! - c_wrappers.inc: the procedures that only call their C function
+!   (shardopt_comm_rank, shardopt_step, ...), a row each of WRAPPERS in
+!   c_wrappers.py, doc comment included.
+! - kind_interfaces.inc, kind_wrappers.inc: the specifics of the generics
+!   over array types and ranks (allreduce_r4, ..., params_add_h_2, ...),
+!   templates in kind_wrappers.py; a new kind is a row of its KINDS.
+! - errors.inc: strings and the module's errors, written by hand.
+! A routine with logic of its own is written here, and made public below.
+
 ! module shardopt gives Fortran codes the ZeRO optimizer and the
 ! communicator of the C API (include/shardopt/shardopt.h) with Fortran
 ! arrays: the user never computes an address. Conventions:
@@ -131,178 +138,9 @@ module shardopt
 
 contains
 
-  ! ------------------------------------------------------------------
-  ! Strings and errors.
-
-  ! The C string at p as a Fortran string ('' for NULL).
-  function from_c(p) result(s)
-    type(c_ptr), intent(in) :: p
-    character(len=:), allocatable :: s
-    character(kind=c_char), pointer :: chars(:)
-    s = ''
-    if (.not. c_associated(p)) return
-    call c_f_pointer(p, chars, [c_strlen(p)])
-    s = from_buffer(chars)
-  end function
-
-  ! The text of a NUL-terminated buffer.
-  function from_buffer(buf) result(s)
-    character(kind=c_char), intent(in) :: buf(:)
-    character(len=:), allocatable :: s
-    integer :: n, i
-    n = 0
-    do while (n < size(buf))
-      if (buf(n + 1) == c_null_char) exit
-      n = n + 1
-    end do
-    allocate (character(len=n) :: s)
-    do i = 1, n
-      s(i:i) = buf(i)
-    end do
-  end function
-
-  function itoa(i) result(s)
-    integer(c_int64_t), intent(in) :: i
-    character(len=:), allocatable :: s
-    character(len=24) :: b
-    write (b, '(i0)') i
-    s = trim(b)
-  end function
-
-  function str(i) result(s)
-    integer, intent(in) :: i
-    character(len=:), allocatable :: s
-    s = itoa(int(i, c_int64_t))
-  end function
-
-  function logical_int(flag) result(v)
-    logical, intent(in) :: flag
-    integer(c_int) :: v
-    v = 0
-    if (flag) v = 1
-  end function
-
-  !> The message of the last failing call (found by the module's own checks
-  !> or by the C API), followed by its hint: '' if none failed yet.
-  function shardopt_error_message() result(s)
-    character(len=:), allocatable :: s
-    character(len=:), allocatable :: hint
-    if (own_error) then
-      s = own_message
-    else
-      s = from_c(c_last_error())
-    end if
-    hint = shardopt_error_hint()
-    if (len(hint) > 0) s = s//' (hint: '//hint//')'
-  end function
-
-  !> How to fix the last failure ('' if there is no hint).
-  function shardopt_error_hint() result(s)
-    character(len=:), allocatable :: s
-    if (own_error) then
-      s = own_hint
-    else
-      s = from_c(c_last_error_hint())
-    end if
-  end function
-
-  !> The status of the last failing call (SHARDOPT_SUCCESS if none).
-  function shardopt_error_status() result(status)
-    integer :: status
-    if (own_error) then
-      status = own_status
-    else
-      status = int(c_last_status())
-    end if
-  end function
-
-  !> Whether this rank is the one to print the last failure, so that a job
-  !> prints each error once: .true. for a failure of this rank alone; for
-  !> one the ranks agreed on (every rank failed with the same message), on
-  !> the lowest rank that found it only (every rank with SHARDOPT_DEBUG=INFO).
-  function shardopt_reports_error() result(reports)
-    logical :: reports
-    if (own_error) then
-      reports = .true.
-    else
-      reports = c_reports_last_error() /= 0
-    end if
-  end function
-
-  !> A status as its name ("SHARDOPT_ERR_INVALID_ARGUMENT").
-  function shardopt_status_name(status) result(s)
-    integer, intent(in) :: status
-    character(len=:), allocatable :: s
-    s = from_c(c_status_name(int(status, c_int)))
-  end function
-
-  !> Forgets the last failure.
-  subroutine shardopt_clear_error()
-    own_error = .false.
-    own_status = SHARDOPT_SUCCESS
-    call c_clear_error()
-  end subroutine
-
-  ! Tells the C API that its caller speaks Fortran (once per process).
-  subroutine speak_fortran()
-    integer(c_int) :: st
-    if (language_said) return
-    st = c_set_language(SHARDOPT_LANGUAGE_FORTRAN)
-    language_said = st == SHARDOPT_SUCCESS
-  end subroutine
-
-  ! " (rank N)" in MPI_COMM_WORLD while MPI runs, for messages that end the job.
-  function rank_text() result(s)
-    character(len=:), allocatable :: s
-    logical :: initialized, finalized
-    integer :: rank
-    s = ''
-    call MPI_Initialized(initialized)
-    if (.not. initialized) return
-    call MPI_Finalized(finalized)
-    if (finalized) return
-    call MPI_Comm_rank(MPI_COMM_WORLD, rank)
-    s = ' (rank '//str(rank)//')'
-  end function
-
-  ! Ends the program with the last failure's message: what a call without
-  ! ierr does when it fails. A failure the ranks agreed on is printed by one
-  ! rank; the others stop without a word.
-  subroutine stop_with_message()
-    character(len=:), allocatable :: text
-    flush (output_unit)
-    if (.not. shardopt_reports_error()) stop 1, quiet=.true.
-    text = 'shardopt'//rank_text()//': '//shardopt_error_message()
-    error stop text
-  end subroutine
-
-  ! The outcome of a C call: into ierr, or the program stops.
-  subroutine done(status, ierr)
-    integer(c_int), intent(in) :: status
-    integer, intent(out), optional :: ierr
-    if (status /= SHARDOPT_SUCCESS) own_error = .false.
-    if (present(ierr)) then
-      ierr = int(status)
-    else if (status /= SHARDOPT_SUCCESS) then
-      call stop_with_message()
-    end if
-  end subroutine
-
-  ! A failure found by the module itself.
-  subroutine fail(status, message, hint, ierr)
-    integer, intent(in) :: status
-    character(len=*), intent(in) :: message, hint
-    integer, intent(out), optional :: ierr
-    own_error = .true.
-    own_status = status
-    own_message = message
-    own_hint = hint
-    if (present(ierr)) then
-      ierr = status
-    else
-      call stop_with_message()
-    end if
-  end subroutine
+  ! Strings, and the module's errors: the message accessors, done(), fail()
+  ! (errors.inc).
+  include 'errors.inc'
 
   ! ------------------------------------------------------------------
   ! Version and devices (local).
@@ -934,30 +772,6 @@ contains
     call done(c_check_sync(opt%ptr, s, c_loc(buf), size(buf, kind=c_size_t)), ierr)
     in_sync = s /= 0
     if (present(message)) message = from_buffer(buf)
-  end subroutine
-
-  ! NUL-terminated copies of strings, and their addresses.
-  subroutine c_strings(strings, buf, ptrs)
-    character(len=*), intent(in) :: strings(:)
-    character(kind=c_char), allocatable, target, intent(out) :: buf(:)
-    type(c_ptr), allocatable, intent(out) :: ptrs(:)
-    integer :: i, k, at, total
-    total = 0
-    do i = 1, size(strings)
-      total = total + len_trim(strings(i)) + 1
-    end do
-    allocate (buf(max(total, 1)), ptrs(max(size(strings), 1)))
-    ptrs = c_null_ptr
-    at = 1
-    do i = 1, size(strings)
-      ptrs(i) = c_loc(buf(at))
-      do k = 1, len_trim(strings(i))
-        buf(at) = strings(i)(k:k)
-        at = at + 1
-      end do
-      buf(at) = c_null_char
-      at = at + 1
-    end do
   end subroutine
 
   !> Collective: writes a checkpoint to path (docs/checkpoint.md): keep_last
