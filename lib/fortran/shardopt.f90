@@ -1,5 +1,20 @@
 ! shardopt: the Fortran module (docs/fortran.md).
 !
+! lib/fortran/ holds its source. The build (module_source.py) writes this
+! file with its include lines replaced, and gfortran compiles that copy:
+! - c_api.inc: the C API's named constants, bind(c) types and C function
+!   interfaces, read from include/shardopt/status.h and shardopt.h by
+!   c_api.py. A new C function needs nothing here, unless the tables of
+!   c_api.py lack one of its types (the build stops, naming it).
+! - c_wrappers.inc: the procedures that only call their C function
+!   (shardopt_comm_rank, shardopt_step, ...), a row each of WRAPPERS in
+!   c_wrappers.py, doc comment included.
+! - kind_interfaces.inc, kind_wrappers.inc: the specifics of the generics
+!   over array types and ranks (allreduce_r4, ..., params_add_h_2, ...),
+!   templates in kind_wrappers.py; a new kind is a row of its KINDS.
+! - errors.inc: strings and the module's errors, written by hand.
+! A routine with logic of its own is written here, and made public below.
+
 ! module shardopt gives Fortran codes the ZeRO optimizer and the
 ! communicator of the C API (include/shardopt/shardopt.h) with Fortran
 ! arrays: the user never computes an address. Conventions:
@@ -22,125 +37,8 @@ module shardopt
   implicit none
   private
 
-  ! shardopt_status_t (include/shardopt/status.h): stable values.
-  integer, parameter, public :: SHARDOPT_SUCCESS = 0
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_ARGUMENT = 1
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_CONFIG = 2
-  integer, parameter, public :: SHARDOPT_ERR_MPI_NOT_INITIALIZED = 3
-  integer, parameter, public :: SHARDOPT_ERR_MPI_FINALIZED = 4
-  integer, parameter, public :: SHARDOPT_ERR_MPI = 5
-  integer, parameter, public :: SHARDOPT_ERR_CUDA = 6
-  integer, parameter, public :: SHARDOPT_ERR_NCCL = 7
-  integer, parameter, public :: SHARDOPT_ERR_NOT_COMPILED = 8
-  integer, parameter, public :: SHARDOPT_ERR_UNSUPPORTED = 9
-  integer, parameter, public :: SHARDOPT_ERR_LAYOUT_MISMATCH = 10
-  integer, parameter, public :: SHARDOPT_ERR_WRONG_DEVICE = 11
-  integer, parameter, public :: SHARDOPT_ERR_OUT_OF_MEMORY = 12
-  integer, parameter, public :: SHARDOPT_ERR_IO = 13
-  integer, parameter, public :: SHARDOPT_ERR_CHECKPOINT = 14
-  integer, parameter, public :: SHARDOPT_ERR_NON_FINITE = 15
-  integer, parameter, public :: SHARDOPT_ERR_DESYNC = 16
-  integer, parameter, public :: SHARDOPT_ERR_TIMEOUT = 17
-  integer, parameter, public :: SHARDOPT_ERR_INVALID_STATE = 18
-  integer, parameter, public :: SHARDOPT_ERR_INTERNAL = 19
-
-  ! shardopt_dtype_t.
-  integer, parameter, public :: SHARDOPT_F32 = 0
-  integer, parameter, public :: SHARDOPT_F64 = 1
-  integer, parameter, public :: SHARDOPT_BF16 = 2
-  integer, parameter, public :: SHARDOPT_F16 = 3
-  integer, parameter, public :: SHARDOPT_I32 = 4
-  integer, parameter, public :: SHARDOPT_I64 = 5
-
-  ! shardopt_op_t.
-  integer, parameter, public :: SHARDOPT_SUM = 0
-  integer, parameter, public :: SHARDOPT_AVG = 1
-  integer, parameter, public :: SHARDOPT_MAX = 2
-  integer, parameter, public :: SHARDOPT_MIN = 3
-
-  ! shardopt_zero_options_t%non_finite.
-  integer, parameter, public :: SHARDOPT_NON_FINITE_AUTO = 0
-  integer, parameter, public :: SHARDOPT_NON_FINITE_SKIP = 1
-  integer, parameter, public :: SHARDOPT_NON_FINITE_ERROR = 2
-  integer, parameter, public :: SHARDOPT_NON_FINITE_IGNORE = 3
-
-  ! The C structs, field for field (shardopt.h documents each field).
-  type, bind(c), public :: shardopt_zero_options_t
-    integer(c_int) :: stage
-    real(c_double) :: bucket_mb
-    integer(c_int) :: reduce_sum
-    real(c_double) :: predivide_factor
-    integer(c_int) :: reduce_in_fp32
-    integer(c_int) :: param_remainders
-    integer(c_int) :: stream_grads
-    integer(c_int) :: check_sync_every
-    integer(c_int) :: non_finite
-    type(c_ptr) :: stream
-    integer(c_int) :: loss_scaler
-    real(c_double) :: init_scale
-    real(c_double) :: growth_factor
-    real(c_double) :: backoff_factor
-    integer(c_int) :: growth_interval
-    integer(c_int) :: hysteresis
-    real(c_double) :: min_scale
-  end type
-
-  type, bind(c), public :: shardopt_step_info_t
-    integer(c_int) :: applied
-    integer(c_int) :: grads_finite
-    integer(c_int) :: pending
-    real(c_double) :: grad_norm
-    real(c_double) :: loss_scale
-    integer(c_int64_t) :: step
-    real(c_double) :: reduce_seconds, update_seconds, gather_seconds
-    integer(c_int64_t) :: reduce_bytes, gather_bytes
-    real(c_double) :: reduce_span_seconds, exposed_comm_seconds
-    real(c_double) :: reduce_busbw_gbps, gather_busbw_gbps
-  end type
-
-  type, bind(c), public :: shardopt_memory_report_t
-    integer(c_size_t) :: master_params, optimizer_state, grad_shard, reduced_grads, owned_grads, buckets
-    integer(c_size_t) :: user_params, user_grads
-    integer(c_size_t) :: device_bytes, host_bytes
-    integer(c_size_t) :: allocated
-    integer(c_size_t) :: node_shared
-  end type
-
-  type, bind(c), public :: shardopt_load_report_t
-    integer(c_int64_t) :: step
-    integer(c_int) :: saved_ranks
-    integer(c_int) :: hyper_parameters
-    integer(c_size_t) :: loaded, missing, unexpected, mismatched
-  end type
-
-  ! Filled by shardopt_optimizer_create from the parameter list.
-  type, bind(c), public :: shardopt_param_t
-    type(c_ptr) :: name
-    type(c_ptr) :: data
-    integer(c_size_t) :: count
-    integer(c_int) :: dtype
-    type(c_ptr) :: grad
-    integer(c_int) :: group
-    type(c_ptr) :: shape
-    integer(c_int) :: ndim
-  end type
-
-  type, bind(c) :: comm_options_t
-    integer(c_size_t) :: max_chunk_elements
-    integer(c_int) :: check_arguments
-    type(c_ptr) :: stream
-    type(c_ptr) :: device_comm
-    type(c_ptr) :: host_comm
-  end type
-
-  type, bind(c) :: step_options_t
-    real(c_double) :: grad_mul
-    type(c_ptr) :: param_out
-    integer(c_int) :: param_out_dtype
-    type(c_ptr) :: stream
-    integer(c_int) :: skip_nonfinite
-    type(c_ptr) :: remainders
-  end type
+  ! The C API's constants, types and functions (c_api.py).
+  include 'c_api.inc'
 
   ! The handles. ptr is the C API's handle (shardopt_comm_t,
   ! shardopt_optimizer_t), for codes that call the C functions too.
@@ -201,383 +99,23 @@ module shardopt
     module procedure comm_mpi_f08, comm_mpi_int
   end interface
 
-  interface shardopt_allreduce
-    module procedure allreduce_r4, allreduce_r8, allreduce_i4, allreduce_i8
-    module procedure allreduce_r4_in, allreduce_r8_in, allreduce_i4_in, allreduce_i8_in
-  end interface
-
-  interface shardopt_reduce_scatter
-    module procedure reduce_scatter_r4, reduce_scatter_r8, reduce_scatter_i4, reduce_scatter_i8
-    module procedure reduce_scatter_r4_in, reduce_scatter_r8_in, reduce_scatter_i4_in
-    module procedure reduce_scatter_i8_in
-  end interface
-
-  interface shardopt_allgather
-    module procedure allgather_r4, allgather_r8, allgather_i4, allgather_i8
-    module procedure allgather_r4_in, allgather_r8_in, allgather_i4_in, allgather_i8_in
-  end interface
-
-  interface shardopt_broadcast
-    module procedure broadcast_r4, broadcast_r8, broadcast_i4, broadcast_i8
-  end interface
-
-  ! real(4) arrays (f32), integer(2) arrays holding bf16 or f16 bits (with
-  ! dtype), and real(8) arrays, which are refused with a message: the
-  ! optimizer keeps f32 master values and takes f32/bf16/f16 parameters.
-  interface shardopt_params_add
-    module procedure params_add_r4_1, params_add_r4_2, params_add_r4_3
-    module procedure params_add_h_1, params_add_h_2, params_add_h_3
-    module procedure params_add_r8_1, params_add_r8_2, params_add_r8_3
+  interface shardopt_grad_ready
+    module procedure grad_ready_buffer
   end interface
 
   interface shardopt_optimizer_create
     module procedure optimizer_create_groups, optimizer_create_one
   end interface
 
-  interface shardopt_grad_ready
-    module procedure grad_ready_buffer
-    module procedure grad_ready_r4_1, grad_ready_r4_2, grad_ready_r4_3
-    module procedure grad_ready_h_1, grad_ready_h_2, grad_ready_h_3
-    module procedure grad_ready_r8_1, grad_ready_r8_2, grad_ready_r8_3
-  end interface
+  ! shardopt_allreduce, _reduce_scatter, _allgather, _broadcast, _params_add,
+  ! _param_grad, _gather_state and the array forms of shardopt_grad_ready.
+  include 'kind_interfaces.inc'
 
-  interface shardopt_param_grad
-    module procedure param_grad_r4, param_grad_h
-  end interface
-
-  interface shardopt_gather_state
-    module procedure gather_state_1, gather_state_2, gather_state_3
-  end interface
-
-  ! The C functions.
   interface
     function c_strlen(s) bind(c, name='strlen') result(n)
       import
       type(c_ptr), value :: s
       integer(c_size_t) :: n
-    end function
-    function c_version_string() bind(c, name='shardopt_version_string') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_version(major, minor, patch) bind(c, name='shardopt_version') result(st)
-      import
-      integer(c_int), intent(out) :: major, minor, patch
-      integer(c_int) :: st
-    end function
-    function c_last_error() bind(c, name='shardopt_last_error') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_last_error_hint() bind(c, name='shardopt_last_error_hint') result(s)
-      import
-      type(c_ptr) :: s
-    end function
-    function c_last_status() bind(c, name='shardopt_last_status') result(st)
-      import
-      integer(c_int) :: st
-    end function
-    function c_reports_last_error() bind(c, name='shardopt_reports_last_error') result(r)
-      import
-      integer(c_int) :: r
-    end function
-    subroutine c_clear_error() bind(c, name='shardopt_clear_error')
-    end subroutine
-    function c_set_language(language) bind(c, name='shardopt_set_language') result(st)
-      import
-      integer(c_int), value :: language
-      integer(c_int) :: st
-    end function
-    function c_status_name(status) bind(c, name='shardopt_status_name') result(s)
-      import
-      integer(c_int), value :: status
-      type(c_ptr) :: s
-    end function
-    function c_device_count(count) bind(c, name='shardopt_device_count') result(st)
-      import
-      integer(c_int), intent(out) :: count
-      integer(c_int) :: st
-    end function
-    function c_set_device(device) bind(c, name='shardopt_set_device') result(st)
-      import
-      integer(c_int), value :: device
-      integer(c_int) :: st
-    end function
-    function c_comm_options_init(options) bind(c, name='shardopt_comm_options_init') result(st)
-      import
-      type(comm_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_comm_create_f(comm, options, out) bind(c, name='shardopt_comm_create_f') result(st)
-      import
-      integer(c_int), value :: comm
-      type(comm_options_t), intent(in) :: options
-      type(c_ptr), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_comm_destroy(comm) bind(c, name='shardopt_comm_destroy') result(st)
-      import
-      type(c_ptr), intent(inout) :: comm
-      integer(c_int) :: st
-    end function
-    function c_comm_rank(comm, rank) bind(c, name='shardopt_comm_rank') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: rank
-      integer(c_int) :: st
-    end function
-    function c_comm_size(comm, size) bind(c, name='shardopt_comm_size') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: size
-      integer(c_int) :: st
-    end function
-    function c_comm_node(comm, node, nodes, local_rank, local_ranks) &
-        bind(c, name='shardopt_comm_node') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: node, nodes, local_rank, local_ranks
-      integer(c_int) :: st
-    end function
-    function c_comm_mpi_f(comm, out) bind(c, name='shardopt_comm_mpi_f') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_allreduce(comm, send, recv, count, dtype, op) bind(c, name='shardopt_allreduce') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, op
-      integer(c_int) :: st
-    end function
-    function c_reduce_scatter(comm, send, recv, count, dtype, op) &
-        bind(c, name='shardopt_reduce_scatter') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, op
-      integer(c_int) :: st
-    end function
-    function c_allgather(comm, send, recv, count, dtype) bind(c, name='shardopt_allgather') result(st)
-      import
-      type(c_ptr), value :: comm, send, recv
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype
-      integer(c_int) :: st
-    end function
-    function c_broadcast(comm, buf, count, dtype, root) bind(c, name='shardopt_broadcast') result(st)
-      import
-      type(c_ptr), value :: comm, buf
-      integer(c_size_t), value :: count
-      integer(c_int), value :: dtype, root
-      integer(c_int) :: st
-    end function
-    function c_barrier(comm) bind(c, name='shardopt_barrier') result(st)
-      import
-      type(c_ptr), value :: comm
-      integer(c_int) :: st
-    end function
-    function c_zero_options_init(options) bind(c, name='shardopt_zero_options_init') result(st)
-      import
-      type(shardopt_zero_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_optimizer_create(comm, params, num_params, groups, num_groups, options, out) &
-        bind(c, name='shardopt_optimizer_create') result(st)
-      import
-      type(c_ptr), value :: comm, params
-      integer(c_size_t), value :: num_params
-      type(c_ptr), value :: groups
-      integer(c_int), value :: num_groups
-      type(shardopt_zero_options_t), intent(in) :: options
-      type(c_ptr), intent(out) :: out
-      integer(c_int) :: st
-    end function
-    function c_optimizer_destroy(opt) bind(c, name='shardopt_optimizer_destroy') result(st)
-      import
-      type(c_ptr), intent(inout) :: opt
-      integer(c_int) :: st
-    end function
-    function c_zero_grad(opt) bind(c, name='shardopt_zero_grad') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int) :: st
-    end function
-    function c_grad_ready(opt, index, grad) bind(c, name='shardopt_grad_ready') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      type(c_ptr), value :: grad
-      integer(c_int) :: st
-    end function
-    function c_reduce_gradients(opt) bind(c, name='shardopt_reduce_gradients') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int) :: st
-    end function
-    function c_clip_grad_norm(opt, max_norm, norm) bind(c, name='shardopt_clip_grad_norm') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), value :: max_norm
-      real(c_double), intent(out) :: norm
-      integer(c_int) :: st
-    end function
-    function c_step(opt, info) bind(c, name='shardopt_step') result(st)
-      import
-      type(c_ptr), value :: opt
-      type(shardopt_step_info_t), intent(out) :: info
-      integer(c_int) :: st
-    end function
-    function c_loss_scale(opt, scale) bind(c, name='shardopt_loss_scale') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), intent(out) :: scale
-      integer(c_int) :: st
-    end function
-    function c_steps(opt, steps, skipped) bind(c, name='shardopt_steps') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int64_t), intent(out) :: steps, skipped
-      integer(c_int) :: st
-    end function
-    function c_num_params(opt, count) bind(c, name='shardopt_num_params') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), intent(out) :: count
-      integer(c_int) :: st
-    end function
-    function c_param_info(opt, index, count, dtype) bind(c, name='shardopt_param_info') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      integer(c_size_t), intent(out) :: count
-      integer(c_int), intent(out) :: dtype
-      integer(c_int) :: st
-    end function
-    function c_param_grad(opt, index, grad) bind(c, name='shardopt_param_grad') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_size_t), value :: index
-      type(c_ptr), intent(out) :: grad
-      integer(c_int) :: st
-    end function
-    function c_set_lr(opt, lr, group) bind(c, name='shardopt_set_lr') result(st)
-      import
-      type(c_ptr), value :: opt
-      real(c_double), value :: lr
-      integer(c_int), value :: group
-      integer(c_int) :: st
-    end function
-    function c_set_hparams(opt, group, pairs) bind(c, name='shardopt_set_hparams') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), value :: group
-      character(kind=c_char), intent(in) :: pairs(*)
-      integer(c_int) :: st
-    end function
-    function c_get_hparam(opt, group, name, value) bind(c, name='shardopt_get_hparam') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), value :: group
-      character(kind=c_char), intent(in) :: name(*)
-      real(c_double), intent(out) :: value
-      integer(c_int) :: st
-    end function
-    function c_memory_report(opt, report) bind(c, name='shardopt_memory_report') result(st)
-      import
-      type(c_ptr), value :: opt
-      type(shardopt_memory_report_t), intent(out) :: report
-      integer(c_int) :: st
-    end function
-    function c_gather_state(opt, name, index, out, count) bind(c, name='shardopt_gather_state') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: name(*)
-      integer(c_size_t), value :: index
-      type(c_ptr), value :: out
-      integer(c_size_t), value :: count
-      integer(c_int) :: st
-    end function
-    function c_check_sync(opt, in_sync, message, message_size) bind(c, name='shardopt_check_sync') result(st)
-      import
-      type(c_ptr), value :: opt
-      integer(c_int), intent(out) :: in_sync
-      character(kind=c_char), intent(out) :: message(*)
-      integer(c_size_t), value :: message_size
-      integer(c_int) :: st
-    end function
-    function c_save(opt, path, keep_last, keys, values, num) bind(c, name='shardopt_save') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: keep_last
-      type(c_ptr), value :: keys, values
-      integer(c_size_t), value :: num
-      integer(c_int) :: st
-    end function
-    function c_load(opt, path, strict, hyper_parameters, report) bind(c, name='shardopt_load') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: strict, hyper_parameters
-      type(shardopt_load_report_t), intent(out) :: report
-      integer(c_int) :: st
-    end function
-    function c_load_metadata(opt, key, value, value_size) bind(c, name='shardopt_load_metadata') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: key(*)
-      character(kind=c_char), intent(out) :: value(*)
-      integer(c_size_t), value :: value_size
-      integer(c_int) :: st
-    end function
-    function c_export(opt, path, fp32) bind(c, name='shardopt_export') result(st)
-      import
-      type(c_ptr), value :: opt
-      character(kind=c_char), intent(in) :: path(*)
-      integer(c_int), value :: fp32
-      integer(c_int) :: st
-    end function
-    function c_step_options_init(options) bind(c, name='shardopt_step_options_init') result(st)
-      import
-      type(step_options_t), intent(out) :: options
-      integer(c_int) :: st
-    end function
-    function c_functional_step(spec, params, param_dtype, grads, grad_dtype, count, states, num_states, &
-                               step, options, applied, grads_finite) &
-        bind(c, name='shardopt_functional_step') result(st)
-      import
-      character(kind=c_char), intent(in) :: spec(*)
-      type(c_ptr), value :: params
-      integer(c_int), value :: param_dtype
-      type(c_ptr), value :: grads
-      integer(c_int), value :: grad_dtype
-      integer(c_size_t), value :: count
-      type(c_ptr), value :: states
-      integer(c_int), value :: num_states
-      integer(c_int64_t), value :: step
-      type(step_options_t), intent(in) :: options
-      integer(c_int), intent(out) :: applied, grads_finite
-      integer(c_int) :: st
-    end function
-    function c_functional_slots(spec, num_states, k, name, name_size) &
-        bind(c, name='shardopt_functional_slots') result(st)
-      import
-      character(kind=c_char), intent(in) :: spec(*)
-      integer(c_int), intent(out) :: num_states
-      integer(c_int), value :: k
-      type(c_ptr), value :: name
-      integer(c_size_t), value :: name_size
-      integer(c_int) :: st
-    end function
-    function c_functional_slot_used(spec, k, used) bind(c, name='shardopt_functional_slot_used') result(st)
-      import :: c_char, c_int
-      character(kind=c_char), intent(in) :: spec(*)
-      integer(c_int), value :: k
-      integer(c_int), intent(out) :: used
-      integer(c_int) :: st
     end function
   end interface
 
@@ -588,198 +126,21 @@ module shardopt
   integer :: own_status = SHARDOPT_SUCCESS
   character(len=:), allocatable :: own_message, own_hint
 
-  ! shardopt_language_t: the C API's messages name the module's procedures,
-  ! keyword arguments and types, and number parameters and groups from 1.
-  ! Said once per process, by the first procedure that can reach the C API
-  ! with something to report (speak_fortran).
-  integer(c_int), parameter :: SHARDOPT_LANGUAGE_FORTRAN = 1
+  ! SHARDOPT_LANGUAGE_FORTRAN: the C API's messages name the module's
+  ! procedures, keyword arguments and types, and number parameters and
+  ! groups from 1. Said once per process, by the first procedure that can
+  ! reach the C API with something to report (speak_fortran).
   logical :: language_said = .false.
 
-
   integer, parameter :: OP_ALLREDUCE = 1, OP_REDUCE_SCATTER = 2, OP_ALLGATHER = 3, OP_BROADCAST = 4
+  character(len=*), parameter :: OP_NAMES(4) = [character(len=23) :: 'shardopt_allreduce', &
+                                                 'shardopt_reduce_scatter', 'shardopt_allgather', 'shardopt_broadcast']
 
 contains
 
-  ! ------------------------------------------------------------------
-  ! Strings and errors.
-
-  ! The C string at p as a Fortran string ('' for NULL).
-  function from_c(p) result(s)
-    type(c_ptr), intent(in) :: p
-    character(len=:), allocatable :: s
-    character(kind=c_char), pointer :: chars(:)
-    integer :: n, i
-    if (.not. c_associated(p)) then
-      s = ''
-      return
-    end if
-    n = int(c_strlen(p))
-    allocate (character(len=n) :: s)
-    if (n == 0) return
-    call c_f_pointer(p, chars, [n])
-    do i = 1, n
-      s(i:i) = chars(i)
-    end do
-  end function
-
-  ! The text of a NUL-terminated buffer.
-  function from_buffer(buf) result(s)
-    character(kind=c_char), intent(in) :: buf(:)
-    character(len=:), allocatable :: s
-    integer :: n, i
-    n = 0
-    do while (n < size(buf))
-      if (buf(n + 1) == c_null_char) exit
-      n = n + 1
-    end do
-    allocate (character(len=n) :: s)
-    do i = 1, n
-      s(i:i) = buf(i)
-    end do
-  end function
-
-  function itoa(i) result(s)
-    integer(c_int64_t), intent(in) :: i
-    character(len=:), allocatable :: s
-    character(len=24) :: b
-    write (b, '(i0)') i
-    s = trim(b)
-  end function
-
-  function str(i) result(s)
-    integer, intent(in) :: i
-    character(len=:), allocatable :: s
-    s = itoa(int(i, c_int64_t))
-  end function
-
-  function logical_int(flag) result(v)
-    logical, intent(in) :: flag
-    integer(c_int) :: v
-    v = 0
-    if (flag) v = 1
-  end function
-
-  !> The message of the last failing call (found by the module's own checks
-  !> or by the C API), followed by its hint: '' if none failed yet.
-  function shardopt_error_message() result(s)
-    character(len=:), allocatable :: s
-    character(len=:), allocatable :: hint
-    if (own_error) then
-      s = own_message
-    else
-      s = from_c(c_last_error())
-    end if
-    hint = shardopt_error_hint()
-    if (len(hint) > 0) s = s//' (hint: '//hint//')'
-  end function
-
-  !> How to fix the last failure ('' if there is no hint).
-  function shardopt_error_hint() result(s)
-    character(len=:), allocatable :: s
-    if (own_error) then
-      s = own_hint
-    else
-      s = from_c(c_last_error_hint())
-    end if
-  end function
-
-  !> The status of the last failing call (SHARDOPT_SUCCESS if none).
-  function shardopt_error_status() result(status)
-    integer :: status
-    if (own_error) then
-      status = own_status
-    else
-      status = int(c_last_status())
-    end if
-  end function
-
-  !> Whether this rank is the one to print the last failure, so that a job
-  !> prints each error once: .true. for a failure of this rank alone; for
-  !> one the ranks agreed on (every rank failed with the same message), on
-  !> the lowest rank that found it only (every rank with SHARDOPT_DEBUG=INFO).
-  function shardopt_reports_error() result(reports)
-    logical :: reports
-    if (own_error) then
-      reports = .true.
-    else
-      reports = c_reports_last_error() /= 0
-    end if
-  end function
-
-  !> A status as its name ("SHARDOPT_ERR_INVALID_ARGUMENT").
-  function shardopt_status_name(status) result(s)
-    integer, intent(in) :: status
-    character(len=:), allocatable :: s
-    s = from_c(c_status_name(int(status, c_int)))
-  end function
-
-  !> Forgets the last failure.
-  subroutine shardopt_clear_error()
-    own_error = .false.
-    own_status = SHARDOPT_SUCCESS
-    call c_clear_error()
-  end subroutine
-
-  ! Tells the C API that its caller speaks Fortran (once per process).
-  subroutine speak_fortran()
-    integer(c_int) :: st
-    if (language_said) return
-    st = c_set_language(SHARDOPT_LANGUAGE_FORTRAN)
-    language_said = st == SHARDOPT_SUCCESS
-  end subroutine
-
-  ! " (rank N)" in MPI_COMM_WORLD while MPI runs, for messages that end the job.
-  function rank_text() result(s)
-    character(len=:), allocatable :: s
-    logical :: initialized, finalized
-    integer :: rank
-    s = ''
-    call MPI_Initialized(initialized)
-    if (.not. initialized) return
-    call MPI_Finalized(finalized)
-    if (finalized) return
-    call MPI_Comm_rank(MPI_COMM_WORLD, rank)
-    s = ' (rank '//str(rank)//')'
-  end function
-
-  ! Ends the program with the last failure's message: what a call without
-  ! ierr does when it fails. A failure the ranks agreed on is printed by one
-  ! rank; the others stop without a word.
-  subroutine stop_with_message()
-    character(len=:), allocatable :: text
-    flush (output_unit)
-    if (.not. shardopt_reports_error()) stop 1, quiet=.true.
-    text = 'shardopt'//rank_text()//': '//shardopt_error_message()
-    error stop text
-  end subroutine
-
-  ! The outcome of a C call: into ierr, or the program stops.
-  subroutine done(status, ierr)
-    integer(c_int), intent(in) :: status
-    integer, intent(out), optional :: ierr
-    if (status /= SHARDOPT_SUCCESS) own_error = .false.
-    if (present(ierr)) then
-      ierr = int(status)
-    else if (status /= SHARDOPT_SUCCESS) then
-      call stop_with_message()
-    end if
-  end subroutine
-
-  ! A failure found by the module itself.
-  subroutine fail(status, message, hint, ierr)
-    integer, intent(in) :: status
-    character(len=*), intent(in) :: message, hint
-    integer, intent(out), optional :: ierr
-    own_error = .true.
-    own_status = status
-    own_message = message
-    own_hint = hint
-    if (present(ierr)) then
-      ierr = status
-    else
-      call stop_with_message()
-    end if
-  end subroutine
+  ! Strings, and the module's errors: the message accessors, done(), fail()
+  ! (errors.inc).
+  include 'errors.inc'
 
   ! ------------------------------------------------------------------
   ! Version and devices (local).
@@ -790,42 +151,27 @@ contains
     s = from_c(c_version_string())
   end function
 
-  !> The library's version at run time, by part.
-  subroutine shardopt_version(major, minor, patch, ierr)
-    integer, intent(out) :: major, minor, patch
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: a, b, c
-    call done(c_version(a, b, c), ierr)
-    major = int(a)
-    minor = int(b)
-    patch = int(c)
-  end subroutine
-
-  !> The CUDA devices this process sees (0 without CUDA).
-  subroutine shardopt_device_count(count, ierr)
-    integer, intent(out) :: count
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n
-    call speak_fortran()
-    n = 0
-    call done(c_device_count(n), ierr)
-    count = int(n)
-  end subroutine
-
-  !> Makes CUDA device `device` (numbered from 0, as CUDA does) current.
-  subroutine shardopt_set_device(device, ierr)
-    integer, intent(in) :: device
-    integer, intent(out), optional :: ierr
-    call speak_fortran()
-    call done(c_set_device(int(device, c_int)), ierr)
-  end subroutine
-
   ! ------------------------------------------------------------------
   ! The communicator.
 
-  subroutine comm_create_handle(fhandle, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
-                                host_comm)
-    integer, intent(in) :: fhandle
+  !> Collective over base: a shardopt communicator on a duplicate of it.
+  !> Options: max_chunk_elements (largest count per MPI call), check_arguments
+  !> (agree on every operation's arguments first), device_comm ("auto",
+  !> "nccl", "staged", "mpi"), host_comm ("auto", "mpi", "shm", "hier").
+  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+    type(MPI_Comm), intent(in) :: base
+    type(shardopt_comm), intent(out) :: comm
+    integer(c_int64_t), intent(in), optional :: max_chunk_elements
+    logical, intent(in), optional :: check_arguments
+    character(len=*), intent(in), optional :: device_comm
+    integer, intent(out), optional :: ierr
+    character(len=*), intent(in), optional :: host_comm
+    call comm_create_int(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+  end subroutine
+
+  !> The same from the integer handle of `use mpi` (or mpif.h).
+  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
+    integer, intent(in) :: base
     type(shardopt_comm), intent(out) :: comm
     integer(c_int64_t), intent(in), optional :: max_chunk_elements
     logical, intent(in), optional :: check_arguments
@@ -834,6 +180,7 @@ contains
     character(len=*), intent(in), optional :: host_comm
     type(comm_options_t) :: options
     character(kind=c_char), allocatable, target :: dc(:), hc(:)
+    type(c_ptr), allocatable :: dp(:), hp(:)
     integer :: status
     call speak_fortran()
     status = c_comm_options_init(options)
@@ -848,103 +195,14 @@ contains
     end if
     if (present(check_arguments)) options%check_arguments = logical_int(check_arguments)
     if (present(device_comm)) then
-      call to_c_chars(device_comm, dc)
-      options%device_comm = c_loc(dc)
+      call c_strings([device_comm], dc, dp)
+      options%device_comm = dp(1)
     end if
     if (present(host_comm)) then
-      call to_c_chars(host_comm, hc)
-      options%host_comm = c_loc(hc)
+      call c_strings([host_comm], hc, hp)
+      options%host_comm = hp(1)
     end if
-    call done(c_comm_create_f(int(fhandle, c_int), options, comm%ptr), ierr)
-  end subroutine
-
-  ! text without its trailing blanks, as a NUL-terminated C string in chars.
-  subroutine to_c_chars(text, chars)
-    character(len=*), intent(in) :: text
-    character(kind=c_char), allocatable, intent(out) :: chars(:)
-    integer :: i
-    allocate (chars(len_trim(text) + 1))
-    do i = 1, len_trim(text)
-      chars(i) = text(i:i)
-    end do
-    chars(size(chars)) = c_null_char
-  end subroutine
-
-  !> Collective over base: a shardopt communicator on a duplicate of it.
-  !> Options: max_chunk_elements (largest count per MPI call), check_arguments
-  !> (agree on every operation's arguments first), device_comm ("auto",
-  !> "nccl", "staged", "mpi"), host_comm ("auto", "mpi", "shm", "hier").
-  subroutine comm_create_f08(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
-    type(MPI_Comm), intent(in) :: base
-    type(shardopt_comm), intent(out) :: comm
-    integer(c_int64_t), intent(in), optional :: max_chunk_elements
-    logical, intent(in), optional :: check_arguments
-    character(len=*), intent(in), optional :: device_comm
-    integer, intent(out), optional :: ierr
-    character(len=*), intent(in), optional :: host_comm
-    call comm_create_handle(base%MPI_VAL, comm, max_chunk_elements, check_arguments, device_comm, ierr, &
-                            host_comm)
-  end subroutine
-
-  !> The same from the integer handle of `use mpi` (or mpif.h).
-  subroutine comm_create_int(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
-    integer, intent(in) :: base
-    type(shardopt_comm), intent(out) :: comm
-    integer(c_int64_t), intent(in), optional :: max_chunk_elements
-    logical, intent(in), optional :: check_arguments
-    character(len=*), intent(in), optional :: device_comm
-    integer, intent(out), optional :: ierr
-    character(len=*), intent(in), optional :: host_comm
-    call comm_create_handle(base, comm, max_chunk_elements, check_arguments, device_comm, ierr, host_comm)
-  end subroutine
-
-  !> Collective: frees the communicator (its optimizers first).
-  subroutine shardopt_comm_destroy(comm, ierr)
-    type(shardopt_comm), intent(inout) :: comm
-    integer, intent(out), optional :: ierr
-    call done(c_comm_destroy(comm%ptr), ierr)
-  end subroutine
-
-  !> This process's rank (from 0).
-  subroutine shardopt_comm_rank(comm, rank, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: rank
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: r
-    r = -1
-    call done(c_comm_rank(comm%ptr, r), ierr)
-    rank = int(r)
-  end subroutine
-
-  !> The number of ranks.
-  subroutine shardopt_comm_size(comm, size, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: size
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n
-    n = 0
-    call done(c_comm_size(comm%ptr, n), ierr)
-    size = int(n)
-  end subroutine
-
-  !> Which ranks share a node (MPI_COMM_TYPE_SHARED), found when comm was
-  !> made: this rank's node (from 0, numbered by their lowest rank), the
-  !> number of nodes, this rank's place among its node's ranks (from 0) and
-  !> how many ranks its node holds.
-  subroutine shardopt_comm_node(comm, node, nodes, local_rank, local_ranks, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out) :: node, nodes, local_rank, local_ranks
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: n, ns, lr, lrs
-    n = -1
-    ns = 0
-    lr = -1
-    lrs = 0
-    call done(c_comm_node(comm%ptr, n, ns, lr, lrs), ierr)
-    node = int(n)
-    nodes = int(ns)
-    local_rank = int(lr)
-    local_ranks = int(lrs)
+    call done(c_comm_create_f(int(base, c_int), options, comm%ptr), ierr)
   end subroutine
 
   !> The duplicated MPI communicator (owned by comm: do not free it).
@@ -962,38 +220,15 @@ contains
     type(shardopt_comm), intent(in) :: comm
     integer, intent(out) :: dup
     integer, intent(out), optional :: ierr
-    integer(c_int) :: h
-    h = 0
-    call done(c_comm_mpi_f(comm%ptr, h), ierr)
-    dup = int(h)
-  end subroutine
-
-  !> Collective: waits for every rank.
-  subroutine shardopt_barrier(comm, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer, intent(out), optional :: ierr
-    call done(c_barrier(comm%ptr), ierr)
+    type(MPI_Comm) :: d
+    call comm_mpi_f08(comm, d, ierr)
+    dup = d%MPI_VAL
   end subroutine
 
   ! ------------------------------------------------------------------
-  ! Collectives. Each specific passes its arrays' addresses and sizes to
-  ! collective(), which checks count against them (the C API cannot see a
-  ! Fortran array's size) and calls the C function.
-
-  function op_name(what) result(s)
-    integer, intent(in) :: what
-    character(len=:), allocatable :: s
-    select case (what)
-    case (OP_ALLREDUCE)
-      s = 'shardopt_allreduce'
-    case (OP_REDUCE_SCATTER)
-      s = 'shardopt_reduce_scatter'
-    case (OP_ALLGATHER)
-      s = 'shardopt_allgather'
-    case default
-      s = 'shardopt_broadcast'
-    end select
-  end function
+  ! Collectives. Each specific (kind_wrappers.py) passes its arrays'
+  ! addresses and sizes to collective(), which checks count against them
+  ! (the C API cannot see a Fortran array's size) and calls the C function.
 
   ! Checks that an array of `have` elements holds `need` (count, or count
   ! times the rank count when per_rank); false after reporting it.
@@ -1013,7 +248,7 @@ contains
     else
       needed = 'count = '//str(count)
     end if
-    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': '//array//' has '//itoa(have)// &
+    call fail(SHARDOPT_ERR_INVALID_ARGUMENT, trim(OP_NAMES(what))//': '//array//' has '//itoa(have)// &
               ' elements, fewer than '//needed, &
               'pass a smaller count or a larger array ('//array//' needs '//itoa(need)//' elements)', ierr)
   end function
@@ -1033,7 +268,7 @@ contains
     type(c_ptr) :: s
     character(len=:), allocatable :: send_name, recv_name
     if (count < 0) then
-      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, op_name(what)//': count = '//str(count)//' is negative', &
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, trim(OP_NAMES(what))//': count = '//str(count)//' is negative', &
                 'pass the number of elements per rank (>= 0)', ierr)
       return
     end if
@@ -1091,310 +326,6 @@ contains
     a = a + int(bytes, c_intptr_t)
     q = transfer(a, q)
   end function
-
-  ! The address of a contiguous array, NULL when it is empty (c_loc needs
-  ! a non-empty array).
-  function addr_r4(a) result(p)
-    real(c_float), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_r8(a) result(p)
-    real(c_double), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_i4(a) result(p)
-    integer(c_int32_t), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  function addr_i8(a) result(p)
-    integer(c_int64_t), intent(in), target, contiguous :: a(:)
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(a) > 0) p = c_loc(a)
-  end function
-
-  !> Collective: recv(1:count) = op over ranks of send(1:count).
-  subroutine allreduce_r4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_r8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective, in place: buf(1:count) = op over ranks of buf(1:count).
-  subroutine allreduce_r4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_r8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine allreduce_i8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLREDUCE, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective: recv(1:count) = op over ranks of this rank's block of send
-  !> (send holds count * ranks elements; rank r's block starts at r*count+1).
-  subroutine reduce_scatter_r4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., &
-                    4, count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_r8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., &
-                    8, count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i4(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., &
-                    4, count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i8(comm, send, recv, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., &
-                    8, count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective, in place (MPI's form): buf holds count * ranks elements;
-  !> this rank's reduced block is written to buf(1:count).
-  subroutine reduce_scatter_r4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_r8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i4_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, op, ierr)
-  end subroutine
-
-  subroutine reduce_scatter_i8_in(comm, buf, count, op, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, op
-    integer, intent(out), optional :: ierr
-    call collective(OP_REDUCE_SCATTER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, op, ierr)
-  end subroutine
-
-  !> Collective: recv(r*count+1 : (r+1)*count) = rank r's send(1:count).
-  subroutine allgather_r4(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(in), target, contiguous :: send(:)
-    real(c_float), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r4(send), size(send), addr_r4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_F32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_r8(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(in), target, contiguous :: send(:)
-    real(c_double), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r8(send), size(send), addr_r8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_F64, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i4(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(in), target, contiguous :: send(:)
-    integer(c_int32_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i4(send), size(send), addr_i4(recv), size(recv), .false., 4, &
-                    count, SHARDOPT_I32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i8(comm, send, recv, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(in), target, contiguous :: send(:)
-    integer(c_int64_t), intent(inout), target, contiguous :: recv(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i8(send), size(send), addr_i8(recv), size(recv), .false., 8, &
-                    count, SHARDOPT_I64, 0, ierr)
-  end subroutine
-
-  !> Collective, in place: buf holds count * ranks elements; this rank's
-  !> block is read from its place, buf(rank*count+1 : (rank+1)*count).
-  subroutine allgather_r4_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_r8_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i4_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, 0, ierr)
-  end subroutine
-
-  subroutine allgather_i8_in(comm, buf, count, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count
-    integer, intent(out), optional :: ierr
-    call collective(OP_ALLGATHER, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, 0, ierr)
-  end subroutine
-
-  !> Collective: buf(1:count) of rank `root` (from 0) on every rank.
-  subroutine broadcast_r4(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_float), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_r4(buf), size(buf), addr_r4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_F32, root, ierr)
-  end subroutine
-
-  subroutine broadcast_r8(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    real(c_double), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_r8(buf), size(buf), addr_r8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_F64, root, ierr)
-  end subroutine
-
-  subroutine broadcast_i4(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int32_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_i4(buf), size(buf), addr_i4(buf), size(buf), .true., 4, &
-                    count, SHARDOPT_I32, root, ierr)
-  end subroutine
-
-  subroutine broadcast_i8(comm, buf, count, root, ierr)
-    type(shardopt_comm), intent(in) :: comm
-    integer(c_int64_t), intent(inout), target, contiguous :: buf(:)
-    integer, intent(in) :: count, root
-    integer, intent(out), optional :: ierr
-    call collective(OP_BROADCAST, comm, addr_i8(buf), size(buf), addr_i8(buf), size(buf), .true., 8, &
-                    count, SHARDOPT_I64, root, ierr)
-  end subroutine
 
   ! ------------------------------------------------------------------
   ! The parameter list.
@@ -1472,83 +403,6 @@ contains
     if (present(ierr)) ierr = SHARDOPT_SUCCESS
   end subroutine
 
-  !> Adds a real(4) array to the parameter list, under a unique name, in
-  !> parameter group `group` (from 1; default 1). The array (and grad, the
-  !> gradient array the code writes, if given; otherwise the optimizer keeps
-  !> one) must be contiguous, have the target attribute and outlive the
-  !> optimizer: the optimizer updates it in place.
-  subroutine params_add_r4_1(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:)
-    real(c_float), intent(inout), target, optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_r4_2(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:, :)
-    real(c_float), intent(inout), target, optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_r4_3(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_float), intent(inout), target :: data(:, :, :)
-    real(c_float), intent(inout), target, optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   SHARDOPT_F32, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
   ! 16-bit parameters: integer(2) arrays holding the bits of bf16 or f16
   ! values, dtype SHARDOPT_BF16 or SHARDOPT_F16.
   function half_dtype_ok(name, dtype, ierr) result(ok)
@@ -1562,86 +416,6 @@ contains
                             'integer(2) arrays hold 16-bit values: pass dtype = SHARDOPT_BF16 or '// &
                             'SHARDOPT_F16 (real(4) arrays are SHARDOPT_F32)', ierr)
   end function
-
-  !> Adds an integer(2) array holding bf16 or f16 values (dtype
-  !> SHARDOPT_BF16 or SHARDOPT_F16); as for real(4) arrays otherwise.
-  subroutine params_add_h_1(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_h_2(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:, :)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
-
-  subroutine params_add_h_3(params, name, data, dtype, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    integer(c_int16_t), intent(inout), target :: data(:, :, :)
-    integer, intent(in) :: dtype
-    integer(c_int16_t), intent(inout), target, optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: d, g
-    logical :: gc
-    integer(c_size_t) :: gn
-    if (.not. half_dtype_ok(name, dtype, ierr)) return
-    d = c_null_ptr
-    g = c_null_ptr
-    gc = .true.
-    gn = 0
-    if (is_contiguous(data) .and. size(data) > 0) d = c_loc(data)
-    if (present(grad)) then
-      gc = is_contiguous(grad)
-      gn = size(grad, kind=c_size_t)
-      if (gc .and. size(grad) > 0) g = c_loc(grad)
-    end if
-    call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   dtype, present(grad), g, gc, gn, group, ierr)
-  end subroutine
 
   subroutine refuse_real8(name, position, n, group, ierr)
     character(len=*), intent(in) :: name
@@ -1657,46 +431,6 @@ contains
               'parameters (f32, or bf16/f16 as integer(2))', &
               'keep a real(4) copy of the parameters for the optimizer (it keeps fp32 master values '// &
               'and optimizer state); real(8) arrays go to the collectives', ierr)
-  end subroutine
-
-  !> real(8) arrays are refused with a message (the optimizer works in f32).
-  subroutine params_add_r8_1(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:)
-    real(c_double), intent(in), optional :: grad(:)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
-  end subroutine
-
-  subroutine params_add_r8_2(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:, :)
-    real(c_double), intent(in), optional :: grad(:, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
-  end subroutine
-
-  subroutine params_add_r8_3(params, name, data, grad, group, ierr)
-    type(shardopt_params), intent(inout) :: params
-    character(len=*), intent(in) :: name
-    real(c_double), intent(in) :: data(:, :, :)
-    real(c_double), intent(in), optional :: grad(:, :, :)
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer :: n
-    n = size(data)
-    if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
   end subroutine
 
   !> The number of arrays in the list.
@@ -1715,14 +449,6 @@ contains
 
   ! ------------------------------------------------------------------
   ! The optimizer.
-
-  !> The default options (stage 1, ...), to change before
-  !> shardopt_optimizer_create(..., options=...).
-  subroutine shardopt_zero_options_init(options, ierr)
-    type(shardopt_zero_options_t), intent(out) :: options
-    integer, intent(out), optional :: ierr
-    call done(c_zero_options_init(options), ierr)
-  end subroutine
 
   !> Collective over comm: registers the list's arrays (the same on every
   !> rank, in the same order) with one optimizer spec per parameter group
@@ -1748,9 +474,10 @@ contains
     type(shardopt_param_t), allocatable, target :: cp(:)
     character(kind=c_char), allocatable, target :: names(:), specs(:)
     type(c_ptr), allocatable, target :: spec_ptrs(:)
+    type(c_ptr), allocatable :: name_ptrs(:)
     integer(c_size_t), allocatable, target :: shapes(:, :)
     type(c_ptr) :: params_ptr, groups_ptr
-    integer :: i, k, at, total, ng, namelen
+    integer :: i, ng, namelen
     integer(c_int) :: st
     call speak_fortran()
     ng = size(groups)
@@ -1780,22 +507,19 @@ contains
 
     ! The names and specs as NUL-terminated strings, alive until the C call
     ! returns (the optimizer copies them).
-    total = 0
     namelen = 1
     do i = 1, params%n
-      total = total + len(params%e(i)%name) + 1
       namelen = max(namelen, len(params%e(i)%name))
     end do
-    allocate (names(max(total, 1)), cp(max(params%n, 1)), shapes(3, max(params%n, 1)))
-    at = 1
+    allocate (character(len=namelen) :: opt%names(params%n))
+    allocate (cp(max(params%n, 1)), shapes(3, max(params%n, 1)))
     do i = 1, params%n
-      cp(i)%name = c_loc(names(at))
-      do k = 1, len(params%e(i)%name)
-        names(at) = params%e(i)%name(k:k)
-        at = at + 1
-      end do
-      names(at) = c_null_char
-      at = at + 1
+      opt%names(i) = params%e(i)%name
+    end do
+    call c_strings(opt%names, names, name_ptrs)
+    call c_strings(groups, specs, spec_ptrs)
+    do i = 1, params%n
+      cp(i)%name = name_ptrs(i)
       cp(i)%data = params%e(i)%data
       cp(i)%count = params%e(i)%count
       cp(i)%dtype = params%e(i)%dtype
@@ -1805,31 +529,14 @@ contains
       cp(i)%shape = c_loc(shapes(1, i))
       cp(i)%ndim = int(params%e(i)%ndim, c_int)
     end do
-    total = 0
-    do i = 1, ng
-      total = total + len_trim(groups(i)) + 1
-    end do
-    allocate (specs(total), spec_ptrs(ng))
-    at = 1
-    do i = 1, ng
-      spec_ptrs(i) = c_loc(specs(at))
-      do k = 1, len_trim(groups(i))
-        specs(at) = groups(i)(k:k)
-        at = at + 1
-      end do
-      specs(at) = c_null_char
-      at = at + 1
-    end do
     params_ptr = c_null_ptr
     if (params%n > 0) params_ptr = c_loc(cp)
     groups_ptr = c_loc(spec_ptrs)
     st = c_optimizer_create(comm%ptr, params_ptr, int(params%n, c_size_t), groups_ptr, int(ng, c_int), o, opt%ptr)
     if (st == SHARDOPT_SUCCESS) then
       opt%num_groups = ng
-      allocate (character(len=namelen) :: opt%names(params%n))
-      do i = 1, params%n
-        opt%names(i) = params%e(i)%name
-      end do
+    else
+      deallocate (opt%names)
     end if
     call done(st, ierr)
   end subroutine
@@ -1850,14 +557,6 @@ contains
     integer, intent(out), optional :: ierr
     call optimizer_create_groups(comm, params, [spec], opt, options, stage, bucket_mb, reduce_sum, &
                                  check_sync_every, non_finite, loss_scaler, ierr)
-  end subroutine
-
-  !> Frees the optimizer (waits for communication in flight); opt%ptr
-  !> becomes null, so a later use of opt is reported, never a crash.
-  subroutine shardopt_optimizer_destroy(opt, ierr)
-    type(shardopt_optimizer), intent(inout) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_optimizer_destroy(opt%ptr), ierr)
   end subroutine
 
   ! Parameter i (from 1) as the C API's 0-based index; false after
@@ -1918,13 +617,6 @@ contains
               str(opt%num_groups)//' parameter group(s)', hint, ierr)
   end function
 
-  !> Local: zeroes the gradients and forgets what was marked ready.
-  subroutine shardopt_zero_grad(opt, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_zero_grad(opt%ptr), ierr)
-  end subroutine
-
   !> Local: parameter i's gradient (from 1) is complete, in its registered
   !> or owned gradient buffer.
   subroutine grad_ready_buffer(opt, i, ierr)
@@ -1968,20 +660,9 @@ contains
   function type_name(dtype) result(s)
     integer, intent(in) :: dtype
     character(len=:), allocatable :: s
-    select case (dtype)
-    case (SHARDOPT_F32)
-      s = 'real(4) (f32)'
-    case (SHARDOPT_F64)
-      s = 'real(8) (f64)'
-    case (SHARDOPT_BF16)
-      s = 'integer(2) bf16 bits'
-    case (SHARDOPT_F16)
-      s = 'integer(2) f16 bits'
-    case (SHARDOPT_I32)
-      s = 'integer(4)'
-    case default
-      s = 'integer(8)'
-    end select
+    character(len=*), parameter :: names(0:5) = [character(len=20) :: 'real(4) (f32)', 'real(8) (f64)', &
+                                                  'integer(2) bf16 bits', 'integer(2) f16 bits', 'integer(4)', 'integer(8)']
+    s = trim(names(max(0, min(dtype, 5))))
   end function
 
   ! An integer(2) gradient: the parameter's own 16-bit dtype, whichever it is.
@@ -1996,171 +677,6 @@ contains
     if (c_param_info(opt%ptr, int(i - 1, c_size_t), count, pdtype) /= SHARDOPT_SUCCESS) return
     if (pdtype == SHARDOPT_F16) dtype = SHARDOPT_F16
   end function
-
-  !> Local: parameter i's gradient (from 1) is complete, in `grad` (any
-  !> shape of the parameter's size and type), which is copied before the
-  !> call returns.
-  subroutine grad_ready_r4_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    call grad_ready_array(opt, i, addr_r4(grad), size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_r4_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_r4_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F32, ierr)
-  end subroutine
-
-  subroutine grad_ready_h_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  subroutine grad_ready_h_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  subroutine grad_ready_h_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), half_of(opt, i), ierr)
-  end subroutine
-
-  ! real(8) gradients never match a parameter: reported with the
-  ! parameter's type.
-  subroutine grad_ready_r8_1(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:)
-    integer, intent(out), optional :: ierr
-    call grad_ready_array(opt, i, addr_r8(grad), size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
-  subroutine grad_ready_r8_2(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
-  subroutine grad_ready_r8_3(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_double), intent(in), target, contiguous :: grad(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(grad) > 0) p = c_loc(grad)
-    call grad_ready_array(opt, i, p, size(grad, kind=c_size_t), SHARDOPT_F64, ierr)
-  end subroutine
-
-  !> Collective: ends a micro-batch (stage 2 reduces into its gradient shard).
-  subroutine shardopt_reduce_gradients(opt, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out), optional :: ierr
-    call done(c_reduce_gradients(opt%ptr), ierr)
-  end subroutine
-
-  !> Collective: the global gradient norm (into norm, if given); the next
-  !> step clips the gradients to max_norm.
-  subroutine shardopt_clip_grad_norm(opt, max_norm, norm, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(in) :: max_norm
-    real(c_double), intent(out), optional :: norm
-    integer, intent(out), optional :: ierr
-    real(c_double) :: n
-    n = 0
-    call done(c_clip_grad_norm(opt%ptr, max_norm, n), ierr)
-    if (present(norm)) norm = n
-  end subroutine
-
-  !> Collective: one optimizer step; info (if given) says what it did.
-  subroutine shardopt_step(opt, info, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    type(shardopt_step_info_t), intent(out), optional :: info
-    integer, intent(out), optional :: ierr
-    type(shardopt_step_info_t) :: s
-    integer(c_int) :: st
-    st = c_step(opt%ptr, s)
-    if (present(info)) info = s
-    call done(st, ierr)
-  end subroutine
-
-  !> Local: the loss scale to multiply the loss by (1 without a loss scaler).
-  subroutine shardopt_loss_scale(opt, scale, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(out) :: scale
-    integer, intent(out), optional :: ierr
-    scale = 0
-    call done(c_loss_scale(opt%ptr, scale), ierr)
-  end subroutine
-
-  !> Local: steps applied so far, and (if given) steps skipped for
-  !> non-finite gradients.
-  subroutine shardopt_steps(opt, steps, skipped, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer(c_int64_t), intent(out) :: steps
-    integer(c_int64_t), intent(out), optional :: skipped
-    integer, intent(out), optional :: ierr
-    integer(c_int64_t) :: a, s
-    a = 0
-    s = 0
-    call done(c_steps(opt%ptr, a, s), ierr)
-    steps = a
-    if (present(skipped)) skipped = s
-  end subroutine
-
-  !> Local: the number of parameters.
-  subroutine shardopt_num_params(opt, n, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(out) :: n
-    integer, intent(out), optional :: ierr
-    integer(c_size_t) :: c
-    c = 0
-    call done(c_num_params(opt%ptr, c), ierr)
-    n = int(c)
-  end subroutine
 
   !> Local: parameter i's (from 1) element count and dtype (SHARDOPT_F32, ...).
   subroutine shardopt_param_info(opt, i, count, dtype, ierr)
@@ -2211,82 +727,6 @@ contains
     if (present(ierr)) ierr = SHARDOPT_SUCCESS
   end function
 
-  !> Local: points grad at parameter i's gradient buffer (from 1), the
-  !> registered or owned one, to write the gradient in place before
-  !> shardopt_grad_ready(opt, i). Not associated for a streamed gradient
-  !> (stage 2 with stream_grads) or an empty parameter.
-  subroutine param_grad_r4(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    real(c_float), pointer, intent(out) :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    integer(c_size_t) :: n
-    nullify (grad)
-    if (.not. grad_buffer(opt, i, SHARDOPT_F32, p, n, ierr)) return
-    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
-  end subroutine
-
-  subroutine param_grad_h(opt, i, grad, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    integer, intent(in) :: i
-    integer(c_int16_t), pointer, intent(out) :: grad(:)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    integer(c_size_t) :: n
-    nullify (grad)
-    if (.not. grad_buffer(opt, i, SHARDOPT_BF16, p, n, ierr)) return
-    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
-  end subroutine
-
-  !> Local: the learning rate of group `group` (from 1), or of every group
-  !> when group is absent; between steps, the same on every rank.
-  subroutine shardopt_set_lr(opt, lr, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    real(c_double), intent(in) :: lr
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    if (.not. group_index(opt, group, .true., 'shardopt_set_lr', g, ierr)) return
-    call done(c_set_lr(opt%ptr, lr, g), ierr)
-  end subroutine
-
-  !> Local: hyper-parameters from "name=value ..." pairs ("lr=1e-4
-  !> weight_decay=0") of group `group` (from 1; absent: every group). On an
-  !> error nothing changes.
-  subroutine shardopt_set_hparams(opt, pairs, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: pairs
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    if (.not. group_index(opt, group, .true., 'shardopt_set_hparams', g, ierr)) return
-    call done(c_set_hparams(opt%ptr, g, trim(pairs)//c_null_char), ierr)
-  end subroutine
-
-  !> Local: hyper-parameter `name` ("lr", "betas.1", ...) of group `group`
-  !> (from 1; default 1).
-  subroutine shardopt_get_hparam(opt, name, value, group, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    real(c_double), intent(out) :: value
-    integer, intent(in), optional :: group
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: g
-    value = 0
-    if (.not. group_index(opt, group, .false., 'shardopt_get_hparam', g, ierr)) return
-    call done(c_get_hparam(opt%ptr, g, trim(name)//c_null_char, value), ierr)
-  end subroutine
-
-  !> Local: bytes allocated by category.
-  subroutine shardopt_memory_report(opt, report, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    type(shardopt_memory_report_t), intent(out) :: report
-    integer, intent(out), optional :: ierr
-    report = shardopt_memory_report_t(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    call done(c_memory_report(opt%ptr, report), ierr)
-  end subroutine
-
   ! Gathers state `name` of parameter i into `out` (n elements). On a size
   ! mismatch every rank still takes part in the gather (into a scratch
   ! array), so that one rank's mistake does not leave the others waiting.
@@ -2318,42 +758,6 @@ contains
               'pass a real(4) array of the parameter''s size', ierr)
   end subroutine
 
-  !> Collective: state `name` ("master", "exp_avg", "exp_avg_sq",
-  !> "momentum_buffer", ...) of parameter i (from 1), gathered from the
-  !> shards into out (a real(4) array of the parameter's size).
-  subroutine gather_state_1(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:)
-    integer, intent(out), optional :: ierr
-    call gather_state_into(opt, name, i, addr_r4(out), size(out, kind=c_size_t), ierr)
-  end subroutine
-
-  subroutine gather_state_2(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(out) > 0) p = c_loc(out)
-    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
-  end subroutine
-
-  subroutine gather_state_3(opt, name, i, out, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: name
-    integer, intent(in) :: i
-    real(c_float), intent(inout), target, contiguous :: out(:, :, :)
-    integer, intent(out), optional :: ierr
-    type(c_ptr) :: p
-    p = c_null_ptr
-    if (size(out) > 0) p = c_loc(out)
-    call gather_state_into(opt, name, i, p, size(out, kind=c_size_t), ierr)
-  end subroutine
-
   !> Collective: whether every rank's parameters hold the same bytes;
   !> message (if given) describes the first difference ('' when in sync).
   subroutine shardopt_check_sync(opt, in_sync, message, ierr)
@@ -2362,36 +766,12 @@ contains
     character(len=:), allocatable, intent(out), optional :: message
     integer, intent(out), optional :: ierr
     integer(c_int) :: s
-    character(kind=c_char) :: buf(4096)
+    character(kind=c_char), target :: buf(4096)
     buf = c_null_char
     s = 1
-    call done(c_check_sync(opt%ptr, s, buf, size(buf, kind=c_size_t)), ierr)
+    call done(c_check_sync(opt%ptr, s, c_loc(buf), size(buf, kind=c_size_t)), ierr)
     in_sync = s /= 0
     if (present(message)) message = from_buffer(buf)
-  end subroutine
-
-  ! NUL-terminated copies of strings, and their addresses.
-  subroutine c_strings(strings, buf, ptrs)
-    character(len=*), intent(in) :: strings(:)
-    character(kind=c_char), allocatable, target, intent(out) :: buf(:)
-    type(c_ptr), allocatable, intent(out) :: ptrs(:)
-    integer :: i, k, at, total
-    total = 0
-    do i = 1, size(strings)
-      total = total + len_trim(strings(i)) + 1
-    end do
-    allocate (buf(max(total, 1)), ptrs(max(size(strings), 1)))
-    ptrs = c_null_ptr
-    at = 1
-    do i = 1, size(strings)
-      ptrs(i) = c_loc(buf(at))
-      do k = 1, len_trim(strings(i))
-        buf(at) = strings(i)(k:k)
-        at = at + 1
-      end do
-      buf(at) = c_null_char
-      at = at + 1
-    end do
   end subroutine
 
   !> Collective: writes a checkpoint to path (docs/checkpoint.md): keep_last
@@ -2433,35 +813,13 @@ contains
                      int(n, c_size_t)), ierr)
   end subroutine
 
-  !> Collective: restores a checkpoint, at any rank count and stage. strict
-  !> (default .true.): any difference is an error and nothing changes;
-  !> hyper_parameters (default .true.): take the groups' values from the
-  !> file. report (if given) says what was loaded.
-  subroutine shardopt_load(opt, path, strict, hyper_parameters, report, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: path
-    logical, intent(in), optional :: strict, hyper_parameters
-    type(shardopt_load_report_t), intent(out), optional :: report
-    integer, intent(out), optional :: ierr
-    type(shardopt_load_report_t) :: r
-    integer(c_int) :: s, h, st
-    s = 1
-    h = 1
-    if (present(strict)) s = logical_int(strict)
-    if (present(hyper_parameters)) h = logical_int(hyper_parameters)
-    r = shardopt_load_report_t(0, 0, 0, 0, 0, 0, 0)
-    st = c_load(opt%ptr, trim(path)//c_null_char, s, h, r)
-    if (present(report)) report = r
-    call done(st, ierr)
-  end subroutine
-
   !> Local: the value of metadata key `key` of the last checkpoint loaded.
   subroutine shardopt_load_metadata(opt, key, value, ierr)
     type(shardopt_optimizer), intent(in) :: opt
     character(len=*), intent(in) :: key
     character(len=:), allocatable, intent(out) :: value
     integer, intent(out), optional :: ierr
-    character(kind=c_char), allocatable :: buf(:)
+    character(kind=c_char), allocatable, target :: buf(:)
     integer(c_int) :: st
     integer :: size_bytes
     ! Values are short; a longer one is read again into a buffer large
@@ -2470,7 +828,7 @@ contains
     do
       allocate (buf(size_bytes))
       buf = c_null_char
-      st = c_load_metadata(opt%ptr, trim(key)//c_null_char, buf, int(size_bytes, c_size_t))
+      st = c_load_metadata(opt%ptr, trim(key)//c_null_char, c_loc(buf), int(size_bytes, c_size_t))
       if (st == SHARDOPT_SUCCESS .or. size_bytes >= 16*1024*1024) exit
       if (index(from_c(c_last_error()), 'too small') == 0) exit
       deallocate (buf)
@@ -2478,19 +836,6 @@ contains
     end do
     value = from_buffer(buf)
     call done(st, ierr)
-  end subroutine
-
-  !> Collective: the parameters alone as a safetensors file: fp32 master
-  !> values (fp32 = .true., the default) or the model's dtype.
-  subroutine shardopt_export(opt, path, fp32, ierr)
-    type(shardopt_optimizer), intent(in) :: opt
-    character(len=*), intent(in) :: path
-    logical, intent(in), optional :: fp32
-    integer, intent(out), optional :: ierr
-    integer(c_int) :: f
-    f = 1
-    if (present(fp32)) f = logical_int(fp32)
-    call done(c_export(opt%ptr, trim(path)//c_null_char, f), ierr)
   end subroutine
 
   ! ------------------------------------------------------------------
@@ -2598,5 +943,14 @@ contains
     if (present(grads_finite)) grads_finite = f /= 0
     call done(st, ierr)
   end subroutine
+
+  ! ------------------------------------------------------------------
+  ! The procedures that only call their C function (c_wrappers.py).
+  include 'c_wrappers.inc'
+
+  ! ------------------------------------------------------------------
+  ! The specifics of kind_interfaces.inc, and addr_r4, addr_r8, addr_i4 and
+  ! addr_i8: a rank-1 array's address, NULL when it is empty.
+  include 'kind_wrappers.inc'
 
 end module shardopt
