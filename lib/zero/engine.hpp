@@ -179,17 +179,10 @@ class ZeroEngine {
 
   // The verdict of a device step (verdict_on_device): a word on the device,
   // non-zero when some rank's gradient was not finite, that the fused update
-  // reads as its noop flag; its copy in pinned host memory, and the event
-  // after the copy. Made at the first such step.
+  // reads as its noop flag, and its copy for the host. Made with the engine.
   struct Verdict {
-    Verdict() = default;
-    Verdict(const Verdict&) = delete;
-    Verdict& operator=(const Verdict&) = delete;
-    ~Verdict();
-    DeviceRuntime* rt = nullptr;
     SpaceBuffer flag;
-    std::uint32_t* host = nullptr;
-    EventHandle copied = nullptr;
+    HostWord host;
     bool pending = false;  // raised, not yet counted
   } verdict_;
 };

@@ -293,12 +293,11 @@ void ZeroEngine::agree_on_space() {
       break;
     }
   }
-  DeviceRuntime* rt = device_runtime();
   std::string error;
   if (where.kind == MemoryKind::device && opt_.stream != nullptr &&
-      rt->stream_device(opt_.stream) != where.device)
+      Space::device_of(opt_.stream) != where.device)
     error = "ZeroOptions::stream belongs to device " +
-            std::to_string(rt->stream_device(opt_.stream)) + " but the parameters are in " +
+            std::to_string(Space::device_of(opt_.stream)) + " but the parameters are in " +
             location_name(where) +
             "; pass a stream of the parameters' device (or none: its "
             "default stream)";
@@ -325,7 +324,7 @@ void ZeroEngine::agree_on_space() {
                 "rank (a rank without a device cannot join ranks that have one), or the host on "
                 "all",
                 __FILE__, __LINE__);
-  if (where.kind == MemoryKind::device) space_ = Space(*rt, opt_.stream, where.device, nranks_);
+  if (where.kind == MemoryKind::device) space_ = Space::device(where.device, opt_.stream, nranks_);
 }
 
 void ZeroEngine::agree_on_layout() {
@@ -405,11 +404,8 @@ void ZeroEngine::allocate() {
   // Device updates of the element-wise optimizers are enqueued with a
   // verdict flag (zero unless a step raises it: update.cpp).
   if (space_.on_device() && kind_ != kind_of<Lamb>() && kind_ != kCustomKind) {
-    verdict_.rt = space_.runtime();
     verdict_.flag = space_.allocate(4, "the non-finite verdict");
-    verdict_.host =
-        static_cast<std::uint32_t*>(verdict_.rt->allocate_pinned(4, "the non-finite verdict"));
-    verdict_.copied = verdict_.rt->create_event();
+    verdict_.host = space_.host_word("the non-finite verdict");
   }
 }
 

@@ -61,7 +61,6 @@ GradReducer::~GradReducer() {
     } catch (...) {  // a destructor never throws; the Request logs
     }
   }
-  if (produced_ != nullptr) space_.runtime()->destroy_event(produced_);
 }
 
 // The gradient buffers, and which buckets the collectives can run on in
@@ -516,14 +515,13 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
                   "grad_ready(" + index_text(i) + ") ('" + p.name +
                       "'): a stream was given but the optimizer's parameters are in host memory",
                   "pass no stream (null) for host parameters", __FILE__, __LINE__);
-    const int sd = space_.runtime()->stream_device(*producer);
+    const int sd = space_.stream_device(*producer);
     if (sd != space_.location().device)
       throw_error(
           ErrorCode::wrong_device,
           "grad_ready(" + index_text(i) + ") ('" + p.name + "'): the stream belongs to device " +
               std::to_string(sd) + " but the optimizer's parameters are in " + space_.name(),
           "pass the stream that wrote the gradient, on the parameters' device", __FILE__, __LINE__);
-    if (produced_ == nullptr) produced_ = space_.runtime()->create_event();
     // Every stream that wrote into a bucket is waited on: each call orders
     // the engine's stream after its own producer.
     space_.order_after(*producer, produced_);

@@ -300,7 +300,7 @@ class GradReducer {
   bool pending_accumulate_ = false;   // it adds to the micro-batches in the shard
   std::vector<char> streamed_;        // stage 2, Param::grad null: given in grad_ready
   std::vector<std::byte*> grad_ptr_;  // each parameter's gradient buffer
-  EventHandle produced_ = nullptr;    // device: carries producer streams' work
+  SpaceEvent produced_;               // device: carries producer streams' work
 
   // Step state.
   std::deque<Flight> flights_;

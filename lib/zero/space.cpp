@@ -164,4 +164,70 @@ void Space::synchronize() const {
   rt_->synchronize(stream_);
 }
 
+Space Space::device(int device, StreamHandle stream, int ranks) {
+  return Space(*device_runtime(), stream, device, ranks);
+}
+
+int Space::device_of(StreamHandle stream) { return device_runtime()->stream_device(stream); }
+
+SpaceEvent::~SpaceEvent() {
+  if (e_ != nullptr) rt_->destroy_event(e_);
+}
+
+SpaceEvent Space::event() const {
+  SpaceEvent e;
+  if (!on_device()) return e;
+  e.rt_ = rt_;
+  e.e_ = rt_->create_event();
+  return e;
+}
+
+void Space::order_after(StreamHandle producer, SpaceEvent& e) const {
+  if (!on_device() || producer == stream_) return;
+  if (!e) e = event();
+  rt_->record(e.e_, producer);
+  rt_->wait_event(stream_, e.e_);
+}
+
+int Space::stream_device(StreamHandle stream) const {
+  return on_device() ? rt_->stream_device(stream) : -1;
+}
+
+HostWord Space::host_word(const char* what) const {
+  HostWord w;
+  w.space_ = this;
+  if (on_device()) {
+    w.word_ = static_cast<std::uint32_t*>(rt_->allocate_pinned(4, what));
+    w.copied_ = event();
+  } else {
+    w.word_ = new std::uint32_t(0);
+  }
+  return w;
+}
+
+HostWord::~HostWord() {
+  if (word_ == nullptr) return;
+  if (space_->on_device())
+    space_->rt_->release_pinned(word_);
+  else
+    delete word_;
+}
+
+void HostWord::fetch(const std::uint32_t* word) {
+  if (!space_->on_device()) {
+    *word_ = *word;
+    return;
+  }
+  space_->rt_->copy(word_, word, 4, space_->stream_);
+  space_->rt_->record(copied_.e_, space_->stream_);
+}
+
+std::uint32_t HostWord::wait() {
+  if (space_->on_device()) {
+    const WatchScope waiting = space_->wait_scope();
+    space_->rt_->synchronize_event(copied_.e_);
+  }
+  return *word_;
+}
+
 }  // namespace shardopt::detail

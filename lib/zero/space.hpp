@@ -60,14 +60,61 @@ class SpaceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// An event of the space's device (none on the host), destroyed with it.
+// Move-only.
+class SpaceEvent {
+ public:
+  SpaceEvent() noexcept = default;
+  SpaceEvent(SpaceEvent&& o) noexcept { *this = std::move(o); }
+  SpaceEvent& operator=(SpaceEvent&& o) noexcept {
+    std::swap(rt_, o.rt_);
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~SpaceEvent();
+  explicit operator bool() const noexcept { return e_ != nullptr; }
+
+ private:
+  friend class Space;
+  friend class HostWord;
+  DeviceRuntime* rt_ = nullptr;
+  EventHandle e_ = nullptr;
+};
+
+// A word of pinned host memory that mirrors a word of the device: fetch()
+// enqueues the copy on the space's stream, wait() lets the host wait for it
+// and returns the value. On the host a plain word, copied at fetch().
+class HostWord {
+ public:
+  HostWord() noexcept = default;
+  HostWord(HostWord&& o) noexcept { *this = std::move(o); }
+  HostWord& operator=(HostWord&& o) noexcept {
+    std::swap(space_, o.space_);
+    std::swap(word_, o.word_);
+    std::swap(copied_, o.copied_);
+    return *this;
+  }
+  ~HostWord();
+  void fetch(const std::uint32_t* word);
+  std::uint32_t wait();
+
+ private:
+  friend class Space;
+  const Space* space_ = nullptr;
+  std::uint32_t* word_ = nullptr;
+  SpaceEvent copied_;
+};
+
 class Space {
  public:
   // The host.
   Space() noexcept = default;
-  // Device `device` of `rt`, work ordered on `stream`, for an optimizer
-  // over `ranks` ranks.
-  Space(DeviceRuntime& rt, StreamHandle stream, int device, int ranks) noexcept
-      : rt_(&rt), stream_(stream), device_(device), ranks_(ranks) {}
+  // Device `device` of this process's device runtime, work ordered on
+  // `stream`, for an optimizer over `ranks` ranks.
+  static Space device(int device, StreamHandle stream, int ranks);
+  // The device a stream of this process's device runtime belongs to
+  // (before a space is chosen: to check the stream a user passed).
+  static int device_of(StreamHandle stream);
 
   bool on_device() const noexcept { return rt_ != nullptr; }
   StreamHandle stream() const noexcept { return stream_; }
@@ -107,12 +154,14 @@ class Space {
   // `producer`, another stream of this device, has enqueued so far; `e` is
   // the event that carries it (recorded anew each time). Nothing on the host
   // or for the space's own stream.
-  void order_after(StreamHandle producer, EventHandle e) const {
-    if (!on_device() || producer == stream_) return;
-    rt_->record(e, producer);
-    rt_->wait_event(stream_, e);
-  }
-  DeviceRuntime* runtime() const noexcept { return rt_; }
+  void order_after(StreamHandle producer, SpaceEvent& e) const;
+  // An event for order_after.
+  SpaceEvent event() const;
+  // A host word that mirrors a device word (HostWord); `what` names it in
+  // an out-of-memory error.
+  HostWord host_word(const char* what) const;
+  // The device `stream` belongs to (-1 on the host).
+  int stream_device(StreamHandle stream) const;
   // Brackets a wait of the host for the device (every one above, and the
   // engine's own) for the watchdog: with SHARDOPT_TIMEOUT set, a device
   // that does not get there in time (a collective that some rank's device
@@ -123,6 +172,9 @@ class Space {
   }
 
  private:
+  friend class HostWord;
+  Space(DeviceRuntime& rt, StreamHandle stream, int device, int ranks) noexcept
+      : rt_(&rt), stream_(stream), device_(device), ranks_(ranks) {}
   // A copy in any direction, the host waiting for it.
   void transfer(void* dst, const void* src, std::size_t bytes) const;
 

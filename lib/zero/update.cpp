@@ -129,7 +129,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 }
 
 bool ZeroEngine::verdict_on_device(NonFinite policy) const noexcept {
-  return verdict_.rt != nullptr && policy == NonFinite::skip;
+  return verdict_.flag.size() > 0 && policy == NonFinite::skip;
 }
 
 void ZeroEngine::raise_verdict(double mul) {
@@ -153,30 +153,19 @@ void ZeroEngine::raise_verdict(double mul) {
     throw;
   }
   comm_.set_stream(saved);
-  verdict_.rt->copy(verdict_.host, flag, 4, space_.stream());
-  verdict_.rt->record(verdict_.copied, space_.stream());
+  verdict_.host.fetch(flag);
   verdict_.pending = true;
 }
 
 void ZeroEngine::settle() {
   if (!verdict_.pending) return;
-  {
-    const WatchScope waiting = space_.wait_scope();
-    verdict_.rt->synchronize_event(verdict_.copied);
-  }
   verdict_.pending = false;
-  const bool finite = *verdict_.host == 0;
+  const bool finite = verdict_.host.wait() == 0;
   if (finite)
     ++steps_;
   else
     ++skipped_;
   if (opt_.loss_scaler) update_scaler(finite);
-}
-
-ZeroEngine::Verdict::~Verdict() {
-  if (rt == nullptr) return;
-  if (copied != nullptr) rt->destroy_event(copied);
-  if (host != nullptr) rt->release_pinned(host);
 }
 
 StepInfo ZeroEngine::step() {
@@ -237,7 +226,7 @@ StepInfo ZeroEngine::step() {
   std::string read_error;
   try {
     shard().update(reducer(), mul, info.step,
-                   verdict_.rt != nullptr ? verdict_.flag.as<std::uint32_t>() : nullptr);
+                   verdict_.flag.size() > 0 ? verdict_.flag.as<std::uint32_t>() : nullptr);
   } catch (const PeerReadError& e) {
     read_error = e.what();
   }
