@@ -598,7 +598,8 @@ void GradReducer::stream_grad(std::size_t bi, std::size_t p, const std::byte* gr
   const auto [s, e] = overlap(p, b.begin, b.begin + b.len);
   if (!space_.on_device() && reduce_type_ == dtype_ && opt_.predivide_factor == 1.0) {
     // Large copies go past the caches: the bucket is read by every rank,
-    // from memory, once it is full.
+    // from memory, once it is full. (Host only: non-temporal stores are the
+    // CPU's; on a device the copy below is enqueued like any other.)
     const std::size_t bytes = (e - s) * elem_;
     kernels::cpu::copy_bytes(buf + (s - b.begin) * rsize, grad + (s - layout_.flat[p]) * elem_,
                              bytes, bytes >= kStreamCopyBytes);

@@ -102,6 +102,11 @@ void ShardState::update(const GradReducer& grads, double mul, std::int64_t step,
     update_lamb(mul);
   else if (kind_ == kCustomKind)
     update_custom(mul);
+  // The one fork of the element-wise update: on a device a launch costs
+  // more than the data, so each group's runs go as one list step (the
+  // multi-tensor kernel, gated by the device's verdict); on the host the
+  // runs go block by block through the CPU kernel, which lets a pending
+  // fused reduction feed each block from cache.
   else if (space_.on_device())
     update_elementwise_device(mul, noop);
   else
@@ -342,15 +347,7 @@ void ShardState::update_lamb(double mul) {
     b.n = s.count;
     const kernels::LambScalars sc = kernels::make_lamb_scalars(
         o.betas.first, o.betas.second, o.eps, o.weight_decay, o.maximize, step_, mul);
-    const kernels::LambNorms n = !space_.on_device() ? kernels::cpu::lamb_direction(b, sc) : [&] {
-      const WatchScope waiting = space_.wait_scope();
-      return device_kernel(
-          "LAMB", space_.stream(),
-          [&] { return kernels::cuda::lamb_direction(b, sc, space_.stream()); },
-          [&](const Translate& tr) {
-            return kernels::cpu::lamb_direction(translated_buffers(b, tr), sc);
-          });
-    }();
+    const kernels::LambNorms n = space_.lamb_direction(b, sc);
     double* d = &partial[(std::size_t(s.rank) * np + s.param) * 2];
     d[0] += n.param_sq;
     d[1] += n.update_sq;
@@ -388,17 +385,7 @@ void ShardState::update_lamb(double mul) {
     }
     a.update = lamb_update_.as<float>() + s.storage;
     a.n = s.count;
-    if (!space_.on_device()) {
-      kernels::cpu::lamb_apply(a, neg_step[s.param]);
-    } else {
-      const WatchScope waiting = space_.wait_scope();
-      device_kernel(
-          "LAMB", space_.stream(),
-          [&] { kernels::cuda::lamb_apply(a, neg_step[s.param], space_.stream()); },
-          [&](const Translate& tr) {
-            kernels::cpu::lamb_apply(translated_buffers(a, tr), neg_step[s.param]);
-          });
-    }
+    space_.lamb_apply(a, neg_step[s.param]);
   }
 }
 

@@ -120,6 +120,25 @@ double Space::sum_squares(const void* x, DType type, std::size_t n) const {
       [&](const Translate& tr) { return kernels::cpu::sum_squares(tr(x), type, n); });
 }
 
+kernels::LambNorms Space::lamb_direction(const kernels::LambBuffers& b,
+                                         const kernels::LambScalars& s) const {
+  if (!on_device()) return kernels::cpu::lamb_direction(b, s);
+  const WatchScope waiting = wait_scope();
+  return device_kernel(
+      "LAMB", stream_, [&] { return kernels::cuda::lamb_direction(b, s, stream_); },
+      [&](const Translate& tr) {
+        return kernels::cpu::lamb_direction(translated_buffers(b, tr), s);
+      });
+}
+
+void Space::lamb_apply(const kernels::LambApplyBuffers& a, float neg_step) const {
+  if (!on_device()) return kernels::cpu::lamb_apply(a, neg_step);
+  const WatchScope waiting = wait_scope();
+  device_kernel(
+      "LAMB", stream_, [&] { kernels::cuda::lamb_apply(a, neg_step, stream_); },
+      [&](const Translate& tr) { kernels::cpu::lamb_apply(translated_buffers(a, tr), neg_step); });
+}
+
 bool Space::all_finite(const void* x, DType type, std::size_t n, float mul) const {
   if (n == 0) return true;
   if (!on_device()) return kernels::cpu::all_finite(x, type, n, mul);

@@ -16,6 +16,7 @@
 #include "common/device.hpp"
 #include "common/device_runtime.hpp"
 #include "common/watchdog.hpp"
+#include "kernels/lamb.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/types.hpp"
 
@@ -139,6 +140,12 @@ class Space {
   // enqueued on a device, like the fused update that reads it.
   void flag_nonfinite(const void* x, DType type, std::size_t n, float mul,
                       std::uint32_t* flag) const;
+
+  // LAMB's two passes (kernels/lamb.hpp): the direction, with its norms
+  // (a host value: the host waits for the device), then the update.
+  kernels::LambNorms lamb_direction(const kernels::LambBuffers& b,
+                                    const kernels::LambScalars& s) const;
+  void lamb_apply(const kernels::LambApplyBuffers& a, float neg_step) const;
 
   // Host values: the host waits for the device.
   double sum_squares(const void* x, DType type, std::size_t n) const;
