@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/shardopt.hpp"
 #include "simdevice/sim_device.hpp"
 

@@ -9,7 +9,7 @@
 #include <list>
 #include <vector>
 
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/shardopt.h"

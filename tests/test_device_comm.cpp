@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "comm/backend.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "device_test.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/communicator.hpp"

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/optim.hpp"

@@ -78,7 +78,7 @@ TEST_CASE("errors: status names and descriptions for every code", "[errors]") {
   CHECK(std::string(shardopt_status_name(SHARDOPT_ERR_MPI)) == "SHARDOPT_ERR_MPI");
 }
 
-#include "common/cuda_check.hpp"
+#include "device/cuda_check.hpp"
 
 #if SHARDOPT_HAVE_CUDA
 namespace {

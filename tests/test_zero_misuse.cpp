@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/device.hpp"
+#include "device/device.hpp"
 #include "mpi_test.hpp"
 #include "shardopt/zero.hpp"
 #include "zero_helpers.hpp"

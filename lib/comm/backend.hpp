@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "comm/node_access.hpp"
-#include "common/device.hpp"
-#include "common/device_runtime.hpp"
 #include "common/watchdog.hpp"
+#include "device/device.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/types.hpp"
 

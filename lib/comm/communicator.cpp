@@ -22,10 +22,10 @@
 #include "comm/shm/shm_backend.hpp"
 #include "comm/survey.hpp"
 #include "common/check.hpp"
-#include "common/device_runtime.hpp"
 #include "common/log.hpp"
 #include "common/mpi_lifetime.hpp"
 #include "common/watchdog.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 

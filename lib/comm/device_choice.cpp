@@ -14,8 +14,8 @@
 
 #include "comm/backend.hpp"
 #include "common/check.hpp"
-#include "common/device_runtime.hpp"
 #include "common/log.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/config.hpp"
 

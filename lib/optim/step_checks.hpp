@@ -15,8 +15,8 @@
 
 #include "build_config.hpp"
 #include "common/check.hpp"
-#include "common/device.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/optim.hpp"
 
 namespace shardopt::detail {
@@ -116,7 +116,7 @@ template <class Host, class Device>
 auto run_at(const char* what, const MemoryLocation& where, Host&& host, Device&& device)
     -> decltype(host()) {
   if (where.kind == MemoryKind::host) return host();
-  // device() runs through device_kernel (common/device_runtime.hpp), which
+  // device() runs through device_kernel (device/device_runtime.hpp), which
   // raises NotCompiled in a build without CUDA.
   try {
     return device();

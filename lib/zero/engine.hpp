@@ -2,14 +2,14 @@
 // parts, each with its own file:
 //   layout      ShardLayout (lib/zero/shards.hpp): buckets, shards and
 //               segments, computed without MPI; the engine agrees on its
-//               inputs and builds it (lib/zero/layout.cpp);
+//               inputs and builds it (lib/zero/construction.cpp);
 //   reduction   GradReducer (lib/zero/reduction.hpp): the gradient buffers,
 //               the reduce-scatters and the allgathers;
 //   update      ShardState (lib/zero/shard_state.hpp): the fp32 master and
 //               states and the fused update; the engine's step around it,
 //               the checks, the norm and the loss scaler (lib/zero/update.cpp);
 //   checkpoint  save, load and export on lib/ckpt's file format
-//               (lib/zero/checkpoint.cpp); check_sync (lib/zero/sync.cpp).
+//               (lib/zero/save_load.cpp); check_sync (lib/zero/sync.cpp).
 #pragma once
 
 #include <algorithm>
@@ -75,7 +75,7 @@ class ZeroEngine {
   std::vector<float> gather_state(std::string_view name, std::size_t i) const;
   MemoryReport memory_report() const;
 
-  // Checkpoints (lib/zero/checkpoint.cpp).
+  // Checkpoints (lib/zero/save_load.cpp).
   void save(const std::string& path, const SaveOptions& options);
   LoadReport load(const std::string& path, const LoadOptions& options);
   void export_params(const std::string& path, const ExportOptions& options);

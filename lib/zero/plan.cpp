@@ -1,7 +1,7 @@
 // shardopt: plan_memory() (shardopt/zero.hpp): the engine's memory for a
 // run described without running it, from the engine's own layout
 // (lib/zero/shards.hpp) and buffer sizes (lib/zero/buffers.hpp), deciding
-// as ZeroEngine's construction does (lib/zero/layout.cpp,
+// as ZeroEngine's construction does (lib/zero/construction.cpp,
 // lib/zero/reduction.cpp) what it would allocate.
 #include <omp.h>
 

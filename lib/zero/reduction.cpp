@@ -16,9 +16,9 @@
 #include "comm/agree.hpp"
 #include "comm/node_access.hpp"
 #include "common/check.hpp"
-#include "common/device.hpp"
 #include "common/language.hpp"
 #include "common/log.hpp"
+#include "device/device.hpp"
 #include "kernels/reduce.hpp"
 #include "shardopt/config.hpp"
 

@@ -5,7 +5,7 @@
 // update direction and the custom optimizer's scratch; and it runs the
 // fused update of those segments, reading the reduced gradients from the
 // GradReducer (lib/zero/reduction.hpp). Checkpoints read and replace its
-// buffers (lib/zero/checkpoint.cpp).
+// buffers (lib/zero/save_load.cpp).
 #pragma once
 
 #include <cstddef>

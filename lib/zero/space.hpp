@@ -13,9 +13,9 @@
 #include <string>
 #include <utility>
 
-#include "common/device.hpp"
-#include "common/device_runtime.hpp"
 #include "common/watchdog.hpp"
+#include "device/device.hpp"
+#include "device/device_runtime.hpp"
 #include "kernels/lamb.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/types.hpp"

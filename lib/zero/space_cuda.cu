@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "common/cuda_check.hpp"
+#include "device/cuda_check.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/element.hpp"
 #include "shardopt/types.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/device.hpp"
+#include "device/device.hpp"
 #include "gpu_test.hpp"
 #include "shardopt/shardopt.hpp"
 

@@ -2,7 +2,11 @@
 # Fails if a source includes a header of a layer above its own (the layering
 # rules of docs/design.md), or if a directory of lib/ has no rule:
 #   include/shardopt/  public headers: no internal header at all
-#   lib/common/        nothing of comm/, ckpt/, zero/, optim/, kernels/, capi/
+#   lib/common/        nothing of device/, comm/, ckpt/, zero/, optim/, kernels/,
+#                      capi/
+#   lib/device/        nothing of comm/, ckpt/, zero/, optim/, kernels/, capi/:
+#                      the device runtime, its CUDA and NCCL implementations
+#   (comm/, optim/ and zero/ may include device/; no other directory may)
 #   lib/comm/          nothing of ckpt/, zero/, optim/, capi/, and of
 #                      kernels/ only kernels/reduce.hpp (the reductions its
 #                      shared-memory collectives run)
@@ -30,17 +34,18 @@ set -u
 
 # dir;forbidden include path (extended regex);except (regex, or empty);what it may include
 rules=(
-  'include/shardopt;(common|comm|ckpt|zero|optim|kernels|capi)/;;the standard library, <mpi.h> and shardopt/ headers'
-  'lib/common;(comm|ckpt|zero|optim|kernels|capi)/;;common/ and shardopt/ headers'
-  'lib/comm;(ckpt|zero|optim|kernels|capi)/;kernels/reduce\.hpp;comm/, common/, shardopt/ headers and kernels/reduce.hpp'
-  'lib/ckpt;(comm|zero|optim|kernels|capi)/;comm/agree\.hpp;ckpt/, common/, shardopt/ headers and comm/agree.hpp'
-  'lib/optim;(comm|ckpt|zero|capi)/;;optim/, kernels/, common/ and shardopt/ headers'
-  'lib/zero;(comm|capi)/;comm/(agree|node_access)\.hpp;zero/, ckpt/, optim/, kernels/, common/, shardopt/ headers, comm/agree.hpp and comm/node_access.hpp'
-  'lib/capi;(comm|ckpt|zero|optim|kernels)/;;capi/, common/ and shardopt/ headers'
-  'lib/fortran;(common|comm|ckpt|zero|optim|kernels|capi)/;;shardopt/ headers'
-  'lib/cmake;(common|comm|ckpt|zero|optim|kernels|capi)/;;shardopt/ headers'
-  'kernels;(common|comm|ckpt|zero|optim|capi)/;;kernels/ and shardopt/ headers'
-  'apps;(common|comm|ckpt|zero|optim|kernels|capi)/;(comm/mpi/mpi_types|kernels/cpu/isa)\.hpp;shardopt/ headers, its own, comm/mpi/mpi_types.hpp and kernels/cpu/isa.hpp'
+  'include/shardopt;(common|device|comm|ckpt|zero|optim|kernels|capi)/;;the standard library, <mpi.h> and shardopt/ headers'
+  'lib/common;(device|comm|ckpt|zero|optim|kernels|capi)/;;common/ and shardopt/ headers'
+  'lib/device;(comm|ckpt|zero|optim|kernels|capi)/;;device/, common/ and shardopt/ headers'
+  'lib/comm;(ckpt|zero|optim|kernels|capi)/;kernels/reduce\.hpp;comm/, device/, common/, shardopt/ headers and kernels/reduce.hpp'
+  'lib/ckpt;(device|comm|zero|optim|kernels|capi)/;comm/agree\.hpp;ckpt/, common/, shardopt/ headers and comm/agree.hpp'
+  'lib/optim;(comm|ckpt|zero|capi)/;;optim/, kernels/, device/, common/ and shardopt/ headers'
+  'lib/zero;(comm|capi)/;comm/(agree|node_access)\.hpp;zero/, ckpt/, optim/, kernels/, device/, common/, shardopt/ headers, comm/agree.hpp and comm/node_access.hpp'
+  'lib/capi;(device|comm|ckpt|zero|optim|kernels)/;;capi/, common/ and shardopt/ headers'
+  'lib/fortran;(common|device|comm|ckpt|zero|optim|kernels|capi)/;;shardopt/ headers'
+  'lib/cmake;(common|device|comm|ckpt|zero|optim|kernels|capi)/;;shardopt/ headers'
+  'kernels;(common|device|comm|ckpt|zero|optim|capi)/;;kernels/ and shardopt/ headers'
+  'apps;(common|device|comm|ckpt|zero|optim|kernels|capi)/;(comm/mpi/mpi_types|kernels/cpu/isa)\.hpp;shardopt/ headers, its own, comm/mpi/mpi_types.hpp and kernels/cpu/isa.hpp'
 )
 
 # Prints a line for each directory of ROOT/lib without a rule.
@@ -86,10 +91,11 @@ count_lines() { [ -z "$1" ] && echo 0 || wc -l <<<"$1"; }
 self_check() {
   local tmp
   tmp=$(mktemp -d) || return 1
-  mkdir -p "$tmp"/{include/shardopt,lib/common,lib/comm,lib/ckpt,lib/optim,lib/zero,lib/capi} \
-    "$tmp"/{lib/fortran,lib/cmake,kernels/cpu,apps}
+  mkdir -p "$tmp"/{include/shardopt,lib/common,lib/device,lib/comm,lib/ckpt,lib/optim,lib/zero} \
+    "$tmp"/{lib/capi,lib/fortran,lib/cmake,kernels/cpu,apps}
   printf '#include "shardopt/types.hpp"\n#include <mpi.h>\n' >"$tmp/include/shardopt/a.hpp"
   printf '#include "common/check.hpp"\n' >"$tmp/lib/common/a.cpp"
+  printf '#include "common/check.hpp"\n#include "device/device.hpp"\n' >"$tmp/lib/device/a.cpp"
   printf '#include "comm/agree.hpp"\n#include "common/log.hpp"\n' >"$tmp/lib/comm/a.cpp"
   printf '#include "kernels/reduce.hpp"\n' >>"$tmp/lib/comm/a.cpp"
   printf '#include "comm/agree.hpp"\n#include "ckpt/format.hpp"\n' >"$tmp/lib/ckpt/a.cpp"
@@ -116,6 +122,7 @@ self_check() {
   printf '// a comment: #include "zero/engine.hpp" is fine here\n#include "common/log.hpp"\n' \
     >>"$tmp/include/shardopt/a.hpp"
   printf '#include "comm/backend.hpp"\n' >>"$tmp/lib/common/a.cpp"
+  printf '#include "comm/backend.hpp"\n' >>"$tmp/lib/device/a.cpp"
   printf '#include "kernels/cpu/isa.hpp"\n#include "zero/engine.hpp"\n' >>"$tmp/lib/comm/a.cpp"
   printf '  #  include "zero/engine.hpp"\n#include "comm/backend.hpp"\n' >>"$tmp/lib/ckpt/a.cpp"
   printf '#include "zero/engine.hpp"\n' >>"$tmp/lib/optim/a.cpp"
@@ -131,8 +138,8 @@ self_check() {
   local found
   found=$(count_lines "$out")
   rm -rf -- "$tmp"
-  if [ "$found" -ne 16 ]; then
-    echo "layering: self-check: found $found of the 16 violations planted:"
+  if [ "$found" -ne 17 ]; then
+    echo "layering: self-check: found $found of the 17 violations planted:"
     echo "$out"
     return 1
   fi

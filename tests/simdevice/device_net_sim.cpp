@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "../../apps/train/device_net.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/device.hpp"
 
 namespace train {

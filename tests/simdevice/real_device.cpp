@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "simdevice/sim_device.hpp"
 
 namespace shardopt::sim {

@@ -38,7 +38,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 
 namespace shardopt::sim {
 

@@ -14,8 +14,8 @@
 #include "comm/backend.hpp"
 #include "comm/mpi/mpi_types.hpp"
 #include "common/check.hpp"
-#include "common/device.hpp"
 #include "common/log.hpp"
+#include "device/device.hpp"
 
 namespace shardopt::detail {
 

@@ -1,7 +1,7 @@
-// shardopt: the CUDA device runtime (lib/common/device_runtime.hpp), a thin
+// shardopt: the CUDA device runtime (lib/device/device_runtime.hpp), a thin
 // layer over the CUDA runtime API. In a build without CUDA there is none.
 #include "build_config.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda.h>  // the driver API's types only: its functions are asked of the runtime
@@ -15,20 +15,20 @@
 #include <string>
 
 #include "common/check.hpp"
-#include "common/cuda_check.hpp"
 #include "common/log.hpp"
+#include "device/cuda_check.hpp"
 
 namespace shardopt::detail {
 
-// lib/common/wait_flag.cu: a one-thread kernel on s that spins until
+// lib/device/wait_flag.cu: a one-thread kernel on s that spins until
 // *flag >= value (flag: the device's view of mapped pinned memory).
 void launch_wait_flag(const std::uint32_t* flag, std::uint32_t value, cudaStream_t s);
-// lib/common/wait_flag.cu: the division of avg, n elements of t by divisor,
+// lib/device/wait_flag.cu: the division of avg, n elements of t by divisor,
 // enqueued on s.
 void launch_divide(void* buf, std::size_t n, DType t, int divisor, cudaStream_t s);
 
 #if SHARDOPT_HAVE_NCCL
-// lib/common/nccl_collectives.cpp: NCCL over `comm`, on the current device.
+// lib/device/nccl_collectives.cpp: NCCL over `comm`, on the current device.
 std::unique_ptr<DeviceCollectives> make_nccl_collectives(MPI_Comm comm);
 #endif
 

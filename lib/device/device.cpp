@@ -1,7 +1,7 @@
-#include "common/device.hpp"
+#include "device/device.hpp"
 
 #include "build_config.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda_runtime_api.h>

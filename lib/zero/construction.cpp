@@ -13,11 +13,11 @@
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
-#include "common/device.hpp"
-#include "common/device_runtime.hpp"
 #include "common/language.hpp"
 #include "common/log.hpp"
 #include "common/settings.hpp"
+#include "device/device.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/cast.hpp"
 #include "zero/engine.hpp"
 #include "zero/optimizer_config.hpp"

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/cuda_check.hpp"
+#include "device/cuda_check.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
 

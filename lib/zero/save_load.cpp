@@ -5,8 +5,6 @@
 // parameter's part of one rank's piece of one bucket) is one contiguous run
 // of each of its tensors. Saving, every rank writes its segments; loading,
 // at any rank count, every rank reads the segments of its own new layout.
-#include "shardopt/checkpoint.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +19,7 @@
 #include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "shardopt/cast.hpp"
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/version.hpp"
 #include "zero/engine.hpp"
 

@@ -1,11 +1,11 @@
-// shardopt: the CUDA device's own collectives (lib/common/device_runtime.hpp,
+// shardopt: the CUDA device's own collectives (lib/device/device_runtime.hpp,
 // DeviceCollectives) through NCCL: one NCCL communicator per shardopt
 // communicator, made once over its MPI communicator (rank 0's unique id
 // broadcast with MPI), on the device current at construction. Each
 // operation is enqueued on the caller's stream and returns; NCCL reports
 // failures asynchronously, which check() raises at the next call.
 #include "build_config.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 
 #if SHARDOPT_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -15,8 +15,8 @@
 #include <string>
 
 #include "common/check.hpp"
-#include "common/cuda_check.hpp"
 #include "common/watchdog.hpp"
+#include "device/cuda_check.hpp"
 
 namespace shardopt::detail {
 

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "build_config.hpp"
-#include "common/device.hpp"
+#include "device/device.hpp"
 #include "shardopt/config.hpp"
 #include "shardopt/environment.hpp"
 

@@ -1,7 +1,7 @@
 // shardopt internal: the device runtime, the one seam between shardopt's
 // device orchestration (the staged backend, the engine's device path) and
 // the device that runs it. Two implementations:
-//   - CUDA (lib/common/cuda_runtime.cpp, wait_flag.cu), used when the build
+//   - CUDA (lib/device/cuda_runtime.cpp, wait_flag.cu), used when the build
 //     has CUDA and the process sees a device;
 //   - the simulated device (tests/simdevice/), a device with CUDA's
 //     semantics on the CPU that only test programs link: memory the host
@@ -28,7 +28,7 @@
 
 #include "build_config.hpp"
 #include "common/check.hpp"
-#include "common/device.hpp"
+#include "device/device.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt::detail {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "common/check.hpp"
-#include "common/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "shardopt/device.hpp"
 
 namespace shardopt {
