@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -147,6 +148,20 @@ Buffers kernel_buffers(std::vector<float>& p, const Grads& g, DType gt, int out 
     b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
   }
   b.n = p.size();
+  return b;
+}
+
+// The buffers of a step over the single element p, for steps computed by
+// hand: its gradient g in f32 and its states in slot order (each_state); a
+// slot given nullptr, or past the list, is unused.
+template <class Buffers>
+Buffers one_element(float& p, const float& g, std::initializer_list<float*> states) {
+  Buffers b;
+  b.param = &p;
+  b.grad = &g;
+  b.n = 1;
+  auto next = states.begin();
+  b.each_state([&](float*& slot) { slot = next != states.end() ? *next++ : nullptr; });
   return b;
 }
 
