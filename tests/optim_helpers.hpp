@@ -40,6 +40,23 @@ inline std::size_t count_diff(const std::vector<float>& a, const std::vector<flo
   return d;
 }
 
+// Checks that two runs of a step from the same tensor agree bitwise: a, the
+// reference kernel's, whose step reported fa, and c, the CPU kernel's (fc).
+// Compared: the finiteness reported, the fp32 buffers `fields` (parameters,
+// states) and the 16-bit parameter copy `out`.
+template <class Tensor>
+void check_same_run(bool fa, bool fc, const Tensor& a, const Tensor& c,
+                    std::initializer_list<std::vector<float> Tensor::*> fields) {
+  CHECK(fa == fc);
+  std::size_t k = 0;
+  for (auto field : fields) {
+    INFO("fp32 buffer " << k << " of those listed (0: the parameters)");
+    CHECK(count_diff(a.*field, c.*field) == 0);
+    ++k;
+  }
+  CHECK(a.out == c.out);
+}
+
 // n values uniform in [lo, hi).
 inline std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo, float hi) {
   std::mt19937_64 rng(seed);

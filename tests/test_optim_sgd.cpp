@@ -91,10 +91,7 @@ TEST_CASE("SGD CPU kernel equals the reference bitwise, every type and mode", "[
                 kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(c, g, gt, out, momentum), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " step " << step);
-            CHECK(fa == fc);
-            CHECK(count_diff(a.p, c.p) == 0);
-            CHECK(count_diff(a.state, c.state) == 0);
-            CHECK(a.out == c.out);
+            check_same_run(fa, fc, a, c, {&OneState::p, &OneState::state});
           }
         }
       }
