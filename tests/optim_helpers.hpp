@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,23 @@ inline std::size_t count_diff(const std::vector<float>& a, const std::vector<flo
   std::size_t d = 0;
   for (std::size_t i = 0; i < a.size(); ++i) d += bits(a[i]) != bits(b[i]);
   return d;
+}
+
+// Checks that two runs of a step from the same tensor agree bitwise: a, the
+// reference kernel's, whose step reported fa, and c, the CPU kernel's (fc).
+// Compared: the finiteness reported, the fp32 buffers `fields` (parameters,
+// states) and the 16-bit parameter copy `out`.
+template <class Tensor>
+void check_same_run(bool fa, bool fc, const Tensor& a, const Tensor& c,
+                    std::initializer_list<std::vector<float> Tensor::*> fields) {
+  CHECK(fa == fc);
+  std::size_t k = 0;
+  for (auto field : fields) {
+    INFO("fp32 buffer " << k << " of those listed (0: the parameters)");
+    CHECK(count_diff(a.*field, c.*field) == 0);
+    ++k;
+  }
+  CHECK(a.out == c.out);
 }
 
 // n values uniform in [lo, hi).
@@ -147,6 +165,20 @@ Buffers kernel_buffers(std::vector<float>& p, const Grads& g, DType gt, int out 
     b.param_out_type = out == 2 ? DType::f16 : DType::bf16;
   }
   b.n = p.size();
+  return b;
+}
+
+// The buffers of a step over the single element p, for steps computed by
+// hand: its gradient g in f32 and its states in slot order (each_state); a
+// slot given nullptr, or past the list, is unused.
+template <class Buffers>
+Buffers one_element(float& p, const float& g, std::initializer_list<float*> states) {
+  Buffers b;
+  b.param = &p;
+  b.grad = &g;
+  b.n = 1;
+  auto next = states.begin();
+  b.each_state([&](float*& slot) { slot = next != states.end() ? *next++ : nullptr; });
   return b;
 }
 

@@ -14,15 +14,13 @@ using namespace shardopt::kernels;
 using namespace shardopt::test;
 
 TEST_CASE("Vector steps equal the reference kernels: Adagrad and Lion", "[kernels][vector]") {
-  for (DType gt : kGradTypes)
-    for (int storage = 0; storage < 4; ++storage) {
-      for (bool wd : {false, true}) {
-        const auto s = make_adagrad_scalars(0.05, 0.01, wd ? 0.1 : 0.0, 1e-10, wd, 3, 0.5);
-        compare_step<Adagrad>("Adagrad", "", gt, storage, s,
-                              [](auto& b, Arena& a) { b.sum = a.fp(1); });
-      }
-      const auto s = make_lion_scalars(1e-3, 0.9, 0.99, 0.1, storage == 2, 0.5);
-      compare_step<Lion>("Lion", "", gt, storage, s,
-                         [](auto& b, Arena& a) { b.exp_avg = a.fp(1); });
+  each_grad_and_storage([](DType gt, int storage) {
+    for (bool wd : {false, true}) {
+      const auto s = make_adagrad_scalars(0.05, 0.01, wd ? 0.1 : 0.0, 1e-10, wd, 3, 0.5);
+      compare_step<Adagrad>("Adagrad", "", gt, storage, s,
+                            [](auto& b, Arena& a) { b.sum = a.fp(1); });
     }
+    const auto s = make_lion_scalars(1e-3, 0.9, 0.99, 0.1, storage == 2, 0.5);
+    compare_step<Lion>("Lion", "", gt, storage, s, [](auto& b, Arena& a) { b.exp_avg = a.fp(1); });
+  });
 }

@@ -15,19 +15,19 @@ using namespace shardopt::test;
 
 TEST_CASE("Vector steps equal the reference kernels: Adam", "[kernels][vector]") {
   g_vector_ranges = 0;
-  for (DType gt : kGradTypes)
-    for (int storage = 0; storage < 4; ++storage)
-      for (int wd = 0; wd < 3; ++wd)
-        for (bool ams : {false, true}) {
-          const auto s = make_adam_scalars(0.01, 0.9, 0.999, 1e-8, wd ? 0.1 : 0.0, wd == 2, ams,
-                                           storage == 1, 3, 0.5);
-          compare_step<Adam>("Adam", " wd " + std::to_string(wd) + " ams " + std::to_string(ams),
-                             gt, storage, s, [&](auto& b, Arena& a) {
-                               b.exp_avg = a.fp(1);
-                               b.exp_avg_sq = a.fp(2);
-                               b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
-                             });
-        }
+  each_grad_and_storage([](DType gt, int storage) {
+    for (int wd = 0; wd < 3; ++wd)
+      for (bool ams : {false, true}) {
+        const auto s = make_adam_scalars(0.01, 0.9, 0.999, 1e-8, wd ? 0.1 : 0.0, wd == 2, ams,
+                                         storage == 1, 3, 0.5);
+        compare_step<Adam>("Adam", " wd " + std::to_string(wd) + " ams " + std::to_string(ams), gt,
+                           storage, s, [&](auto& b, Arena& a) {
+                             b.exp_avg = a.fp(1);
+                             b.exp_avg_sq = a.fp(2);
+                             b.max_exp_avg_sq = ams ? a.fp(3) : nullptr;
+                           });
+      }
+  });
   CHECK(g_vector_ranges > 0);
 }
 

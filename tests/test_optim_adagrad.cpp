@@ -19,11 +19,7 @@ TEST_CASE("Adagrad reference kernel: steps computed by hand", "[optim][adagrad]"
   // step 1: sum = 0.25, p = 1 - 0.1 * 0.5 / 0.5 = 0.9
   // step 2 (clr = 0.1 / 2): sum = 0.5, p = 0.9 - 0.05 * 0.5 / sqrt(0.5)
   float p = 1.0f, g = 0.5f, sum = 0.0f;
-  AdagradBuffers b;
-  b.param = &p;
-  b.grad = &g;
-  b.sum = &sum;
-  b.n = 1;
+  auto b = one_element<AdagradBuffers>(p, g, {&sum});
   CHECK(kernels::reference::step<Adagrad>(
       b, kernels::make_adagrad_scalars(0.1, 1, 0, 0, false, 1, 1)));
   CHECK(sum == 0.25f);
@@ -77,10 +73,7 @@ TEST_CASE("Adagrad CPU kernel equals the reference bitwise, every type and mode"
           const bool fc =
               kernels::cpu::step<Adagrad>(one_state_buffers<AdagradBuffers>(c, g, gt, out), s);
           INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode);
-          CHECK(fa == fc);
-          CHECK(count_diff(a.p, c.p) == 0);
-          CHECK(count_diff(a.state, c.state) == 0);
-          CHECK(a.out == c.out);
+          check_same_run(fa, fc, a, c, {&OneState::p, &OneState::state});
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/adam.hpp"
@@ -16,7 +17,6 @@
 using namespace shardopt;
 using kernels::AdamBuffers;
 using kernels::AdamScalars;
-using test::count_diff;
 using test::max_abs_diff;
 using test::rejects;
 
@@ -24,9 +24,7 @@ namespace {
 
 struct State {
   std::vector<float> p, m, v, vmax;
-  std::vector<float> g32;
-  std::vector<bfloat16> g16b;
-  std::vector<float16> g16h;
+  test::Grads g{std::vector<float>{}};
   std::vector<std::uint16_t> out;
 };
 
@@ -38,35 +36,26 @@ State make_state(std::size_t n, std::uint64_t seed) {
   s.m.resize(n);
   s.v.resize(n);
   s.vmax.resize(n);
-  s.g32.resize(n);
+  std::vector<float> g(n);
   s.out.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     s.p[i] = u(rng);
     s.m[i] = 0.1f * u(rng);
     s.v[i] = 0.01f * std::fabs(u(rng));
     s.vmax[i] = s.v[i] * 1.5f;
-    s.g32[i] = u(rng);
+    g[i] = u(rng);
   }
-  for (float g : s.g32) {
-    s.g16b.push_back(bf16_from_float(g));
-    s.g16h.push_back(f16_from_float(g));
-  }
+  s.g = test::Grads(std::move(g));
   return s;
 }
 
-AdamBuffers buffers(State& s, DType grad_type, bool amsgrad, bool with_out, DType out_type) {
-  AdamBuffers b;
-  b.param = s.p.data();
-  b.grad = grad_type == DType::bf16  ? static_cast<const void*>(s.g16b.data())
-           : grad_type == DType::f16 ? static_cast<const void*>(s.g16h.data())
-                                     : static_cast<const void*>(s.g32.data());
-  b.grad_type = grad_type;
+// Adam's buffers over s: the gradient in grad_type, the parameter copy of
+// `out` (kernel_buffers).
+AdamBuffers buffers(State& s, DType grad_type, bool amsgrad, int out = 0) {
+  auto b = test::kernel_buffers<AdamBuffers>(s.p, s.g, grad_type, out, &s.out);
   b.exp_avg = s.m.data();
   b.exp_avg_sq = s.v.data();
   b.max_exp_avg_sq = amsgrad ? s.vmax.data() : nullptr;
-  b.param_out = with_out ? s.out.data() : nullptr;
-  b.param_out_type = out_type;
-  b.n = s.p.size();
   return b;
 }
 
@@ -76,12 +65,7 @@ TEST_CASE("Adam reference kernel: one step computed by hand", "[optim][adam]") {
   // p = 1, g = 0.5, m = v = 0, lr = 0.1, betas (0.9, 0.999), eps 1e-8:
   // m = 0.05, v = 0.00025, m_hat = 0.5, v_hat = 0.25, p = 1 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.9
   float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
-  AdamBuffers b;
-  b.param = &p;
-  b.grad = &g;
-  b.exp_avg = &m;
-  b.exp_avg_sq = &v;
-  b.n = 1;
+  auto b = test::one_element<AdamBuffers>(p, g, {&m, &v});
   const AdamScalars s =
       kernels::make_adam_scalars(0.1, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1, 1.0);
   CHECK(kernels::reference::step<Adam>(b, s));
@@ -105,12 +89,12 @@ TEST_CASE("Adam and AdamW reference kernels follow the float64 formulas over 30 
         std::mt19937_64 rng(7);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         for (int step = 1; step <= 30; ++step) {
-          for (auto& g : st.g32) g = u(rng);
+          for (auto& g : st.g.f32) g = u(rng);
           const AdamScalars s = kernels::make_adam_scalars(lr, b1, b2, eps, wd, decoupled, amsgrad,
                                                            maximize, step, 1.0);
-          kernels::reference::step<Adam>(buffers(st, DType::f32, amsgrad, false, DType::bf16), s);
+          kernels::reference::step<Adam>(buffers(st, DType::f32, amsgrad), s);
           for (std::size_t i = 0; i < n; ++i) {
-            double g = maximize ? -double(st.g32[i]) : double(st.g32[i]);
+            double g = maximize ? -double(st.g.f32[i]) : double(st.g.f32[i]);
             if (decoupled)
               p[i] *= 1 - lr * wd;
             else
@@ -145,20 +129,13 @@ TEST_CASE("Adam CPU kernel equals the reference bitwise, every type and mode", "
             const AdamScalars s =
                 kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, mode == 0 ? 0.0 : 0.1, mode == 2,
                                            amsgrad, maximize, 3, out == 2 ? 0.5 : 1.0);
-            const DType ot = out == 2 ? DType::f16 : DType::bf16;
             State a = make_state(n, n * 31 + static_cast<std::size_t>(gt));
             State c = a;
-            const bool fa =
-                kernels::reference::step<Adam>(buffers(a, gt, amsgrad, out != 0, ot), s);
-            const bool fc = kernels::cpu::step<Adam>(buffers(c, gt, amsgrad, out != 0, ot), s);
+            const bool fa = kernels::reference::step<Adam>(buffers(a, gt, amsgrad, out), s);
+            const bool fc = kernels::cpu::step<Adam>(buffers(c, gt, amsgrad, out), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " amsgrad " << amsgrad);
-            CHECK(fa == fc);
-            CHECK(count_diff(a.p, c.p) == 0);
-            CHECK(count_diff(a.m, c.m) == 0);
-            CHECK(count_diff(a.v, c.v) == 0);
-            CHECK(count_diff(a.vmax, c.vmax) == 0);
-            CHECK(a.out == c.out);
+            test::check_same_run(fa, fc, a, c, {&State::p, &State::m, &State::v, &State::vmax});
           }
         }
       }
@@ -168,20 +145,19 @@ TEST_CASE("Adam CPU kernel equals the reference bitwise, every type and mode", "
 
 TEST_CASE("Adam kernels flag non-finite gradients after grad_mul", "[optim][adam]") {
   State st = make_state(100, 5);
-  st.g32[63] = INFINITY;
+  st.g.f32[63] = INFINITY;
   const AdamScalars s =
       kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1.0);
   State c = st;
-  CHECK_FALSE(
-      kernels::reference::step<Adam>(buffers(st, DType::f32, false, false, DType::bf16), s));
-  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(c, DType::f32, false, false, DType::bf16), s));
+  CHECK_FALSE(kernels::reference::step<Adam>(buffers(st, DType::f32, false), s));
+  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(c, DType::f32, false), s));
   State big = make_state(100, 6);
-  big.g32[10] = 3e38f;  // finite, but not after multiplying by 1e3
+  big.g.f32[10] = 3e38f;  // finite, but not after multiplying by 1e3
   const AdamScalars s2 =
       kernels::make_adam_scalars(0.01, 0.9, 0.999, 1e-8, 0, false, false, false, 1, 1e3);
-  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(big, DType::f32, false, false, DType::bf16), s2));
+  CHECK_FALSE(kernels::cpu::step<Adam>(buffers(big, DType::f32, false), s2));
   State fine = make_state(100, 7);
-  CHECK(kernels::cpu::step<Adam>(buffers(fine, DType::f32, false, false, DType::bf16), s2));
+  CHECK(kernels::cpu::step<Adam>(buffers(fine, DType::f32, false), s2));
 }
 
 TEST_CASE("functional adam/adamw: bad hyper-parameters and buffers are clear errors",

@@ -45,13 +45,8 @@ TEST_CASE("RMSprop reference kernel: one step computed by hand", "[optim][rmspro
   for (int mode = 0; mode < 4; ++mode) {
     const bool centered = mode & 1, momentum = mode & 2;
     float p = 1.0f, g = 0.5f, sq = 0.0f, ga = 0.0f, buf = 0.0f;
-    RmspropBuffers b;
-    b.param = &p;
-    b.grad = &g;
-    b.square_avg = &sq;
-    b.grad_avg = centered ? &ga : nullptr;
-    b.momentum_buffer = momentum ? &buf : nullptr;
-    b.n = 1;
+    auto b = one_element<RmspropBuffers>(
+        p, g, {&sq, centered ? &ga : nullptr, momentum ? &buf : nullptr});
     CHECK(kernels::reference::step<RMSprop>(
         b, kernels::make_rmsprop_scalars(0.1, 0.75, 0, 0, momentum ? 0.5 : 0, centered, false, 1)));
     const double avg = centered ? std::sqrt(0.046875) : 0.25;
@@ -117,12 +112,9 @@ TEST_CASE("RMSprop CPU kernel equals the reference bitwise, every type and mode"
           const bool fa = kernels::reference::step<RMSprop>(rmsprop_buffers(a, g, gt, s, out), s);
           const bool fc = kernels::cpu::step<RMSprop>(rmsprop_buffers(c, g, gt, s, out), s);
           INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode);
-          CHECK(fa == fc);
-          CHECK(count_diff(a.p, c.p) == 0);
-          CHECK(count_diff(a.sq, c.sq) == 0);
-          CHECK(count_diff(a.ga, c.ga) == 0);
-          CHECK(count_diff(a.buf, c.buf) == 0);
-          CHECK(a.out == c.out);
+          check_same_run(
+              fa, fc, a, c,
+              {&RmspropState::p, &RmspropState::sq, &RmspropState::ga, &RmspropState::buf});
         }
       }
     }

@@ -19,11 +19,7 @@ TEST_CASE("SGD reference kernel: steps computed by hand", "[optim][sgd]") {
   // step 1: buf = g = 0.5 (no dampening), p = 1 - 0.1 * 0.5 = 0.95
   // step 2: buf = 0.5 * 0.5 + 0.5 * 0.5 = 0.5, p = 0.95 - 0.05 = 0.9
   float p = 1.0f, g = 0.5f, buf = 123.0f;  // buf's contents do not matter on step 1
-  SgdBuffers b;
-  b.param = &p;
-  b.grad = &g;
-  b.momentum_buffer = &buf;
-  b.n = 1;
+  auto b = one_element<SgdBuffers>(p, g, {&buf});
   CHECK(kernels::reference::step<SGD>(
       b, kernels::make_sgd_scalars(0.1, 0.5, 0.5, 0, false, false, 1, 1)));
   CHECK(buf == 0.5f);
@@ -95,10 +91,7 @@ TEST_CASE("SGD CPU kernel equals the reference bitwise, every type and mode", "[
                 kernels::cpu::step<SGD>(one_state_buffers<SgdBuffers>(c, g, gt, out, momentum), s);
             INFO("n " << n << " grad " << dtype_name(gt) << " out " << out << " mode " << mode
                       << " step " << step);
-            CHECK(fa == fc);
-            CHECK(count_diff(a.p, c.p) == 0);
-            CHECK(count_diff(a.state, c.state) == 0);
-            CHECK(a.out == c.out);
+            check_same_run(fa, fc, a, c, {&OneState::p, &OneState::state});
           }
         }
       }

@@ -181,6 +181,14 @@ inline void compare(const std::string& what, const Run& run) {
 
 inline constexpr DType kGradTypes[] = {DType::f32, DType::bf16, DType::f16};
 
+// Calls f(gt, storage) for every gradient type and parameter storage
+// (set_params): the cases of compare_step.
+template <class F>
+void each_grad_and_storage(F&& f) {
+  for (DType gt : kGradTypes)
+    for (int storage = 0; storage < 4; ++storage) f(gt, storage);
+}
+
 // compare() of one element-wise step of Opt with scalars s, named
 // "<name> grad <gt> storage <storage><suffix>": the buffers B take the
 // gradient of type gt, the states that states(b, arena) points into the

@@ -131,16 +131,21 @@ std::vector<std::pair<double, double>> rows_of(const CommFile& f, const std::str
   return xt;
 }
 
-// The node hop of a one-node file at L ranks: t = (L-1) alpha + (L-1)/L B beta.
-Hop node_hop(const CommFile& f, const std::vector<std::pair<double, double>>& xt) {
+// The hop of a ring of K members from the times xt of file f, where a
+// collective of B bytes takes t = (K-1) alpha + (K-1)/K B beta.
+Hop ring_hop(const CommFile& f, const std::vector<std::pair<double, double>>& xt, double k) {
   const auto [a, b] = fit(xt);
-  const double l = f.local;
   Hop h;
-  h.alpha = a / (l - 1);
-  h.beta = b * l / (l - 1);
+  h.alpha = a / (k - 1);
+  h.beta = b * k / (k - 1);
   h.known = true;
   h.from = f.path;
   return h;
+}
+
+// The node hop of a one-node file at L ranks.
+Hop node_hop(const CommFile& f, const std::vector<std::pair<double, double>>& xt) {
+  return ring_hop(f, xt, f.local);
 }
 
 // The network hop of a file over M nodes of L ranks, the node hop (known
@@ -150,13 +155,7 @@ Hop net_hop(const CommFile& f, std::vector<std::pair<double, double>> xt, const 
   if (node.known && l > 1)
     for (auto& [x, t] : xt)
       t = std::max(t - ((l - 1) * node.alpha + (l - 1) / l * x * node.beta), 0.05 * t);
-  const auto [a, b] = fit(xt);
-  Hop h;
-  h.alpha = a / (m - 1);
-  h.beta = b * m / (m - 1);
-  h.known = true;
-  h.from = f.path;
-  return h;
+  return ring_hop(f, xt, m);
 }
 
 // A hop of the rates given: GB/s, and the latency in us (negative: none

@@ -56,6 +56,20 @@ copy_project() {
   cp "$src/tests/consumers/$2"/* "$src/tests/consumers/src"/* "$1/"
 }
 
+# setup_and_build DIR SETUP-COMMAND...: sets up the project copied into DIR
+# (the output in DIR/setup.log) and builds it with ninja in DIR/build
+# (DIR/build.log). Where either fails, setup.log ends with the build's
+# output too: the one file a failure shows.
+setup_and_build() {
+  local d=$1
+  shift
+  if "$@" >"$d/setup.log" 2>&1 && ninja -C "$d/build" >"$d/build.log" 2>&1; then
+    return 0
+  fi
+  cat "$d/build.log" >>"$d/setup.log" 2>/dev/null
+  return 1
+}
+
 # run_programs WHAT DIR [ENV-ARGS...]: runs DIR's consumer programs at 2
 # ranks, under `env ENV-ARGS`.
 run_programs() {
@@ -216,27 +230,24 @@ fi
 # --- Meson: dependency('shardopt') through pkg-config ----------------------
 d=$tmp/meson
 copy_project "$d" meson
-if meson setup "$d/build" "$d" "-Dfortran=$([ "$fortran" = fortran ] && echo true || echo false)" \
-  >"$d/setup.log" 2>&1 && ninja -C "$d/build" >"$d/build.log" 2>&1; then
+if setup_and_build "$d" meson setup "$d/build" "$d" \
+  "-Dfortran=$([ "$fortran" = fortran ] && echo true || echo false)"; then
   ok "Meson: dependency('shardopt') built the consumers"
   run_programs "Meson" "$d/build"
 else
-  cat "$d/build.log" >>"$d/setup.log" 2>/dev/null
   fail "Meson: building the consumers" "$d/setup.log"
 fi
 
 # --- CMake: find_package(shardopt CONFIG) ----------------------------------
 d=$tmp/cmake
 copy_project "$d" cmake
-if cmake -S "$d" -B "$d/build" -G Ninja \
-  "-DCONSUMER_FORTRAN=$([ "$fortran" = fortran ] && echo ON || echo OFF)" >"$d/setup.log" 2>&1 &&
-  ninja -C "$d/build" >"$d/build.log" 2>&1; then
+if setup_and_build "$d" cmake -S "$d" -B "$d/build" -G Ninja \
+  "-DCONSUMER_FORTRAN=$([ "$fortran" = fortran ] && echo ON || echo OFF)"; then
   ok "CMake: find_package(shardopt CONFIG) and shardopt::shardopt built the consumers"
   # CMake's build tree records where the libraries are (run path): no
   # LD_LIBRARY_PATH, as a CMake user runs them.
   run_programs "CMake (no LD_LIBRARY_PATH)" "$d/build" -u LD_LIBRARY_PATH
 else
-  cat "$d/build.log" >>"$d/setup.log" 2>/dev/null
   fail "CMake: building the consumers" "$d/setup.log"
 fi
 
@@ -244,8 +255,7 @@ fi
 d=$tmp/cmake-cxx
 copy_project "$d" cmake-cxx
 version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$cmake_dir/shardoptConfigVersion.cmake")
-if cmake -S "$d" -B "$d/build" -G Ninja "-DVERSION=$version" >"$d/setup.log" 2>&1 &&
-  ninja -C "$d/build" >"$d/build.log" 2>&1; then
+if setup_and_build "$d" cmake -S "$d" -B "$d/build" -G Ninja "-DVERSION=$version"; then
   ok "CMake, C++ alone: $(grep -c 'as expected' "$d/setup.log") version requests accepted or refused as the rules say (shardopt $version); $(grep -m 1 'COMPONENTS Fortran' "$d/setup.log" | sed 's/^-- //')"
   if env -u LD_LIBRARY_PATH timeout 60 "$mpiexec" -n 2 --oversubscribe "$d/build/consumer_cpp" \
     >"$d/run.log" 2>&1; then
@@ -254,7 +264,6 @@ if cmake -S "$d" -B "$d/build" -G Ninja "-DVERSION=$version" >"$d/setup.log" 2>&
     fail "CMake, C++ alone: consumer_cpp at 2 ranks" "$d/run.log"
   fi
 else
-  cat "$d/build.log" >>"$d/setup.log" 2>/dev/null
   fail "CMake, C++ alone (and the version rules)" "$d/setup.log"
 fi
 

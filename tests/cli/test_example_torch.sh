@@ -120,20 +120,22 @@ else
   cat "$work/cuda.log"
   bad "--device cuda: exit status $status"
 fi
-timeout 60 "$exe" --stage 3 >"$work/usage.log" 2>&1
-status=$?
-if [ "$status" -eq 2 ] && grep -q -- '--stage takes an integer from 0 to 2' "$work/usage.log"; then
-  ok "--stage 3: exit 2, the message names the option and its range"
-else
-  cat "$work/usage.log"
-  bad "--stage 3: exit status $status"
-fi
-timeout 60 "$exe" --check --steps 5000 >"$work/usage2.log" 2>&1
-status=$?
-if [ "$status" -eq 2 ] && grep -q -- 'use --steps 1000 or fewer with --check' "$work/usage2.log"; then
-  ok "--check --steps 5000: exit 2, the message says why and what to use"
-else
-  cat "$work/usage2.log"
-  bad "--check --steps 5000: exit status $status"
-fi
+# A wrong use: the example with ARGS exits 2 and prints MESSAGE (its
+# output in $work/LOG.log); SAYS tells what the message gives the user.
+wrong_use() {  # LOG MESSAGE SAYS ARGS...
+  local log="$work/$1.log" message=$2 says=$3 status
+  shift 3
+  timeout 60 "$exe" "$@" >"$log" 2>&1
+  status=$?
+  if [ "$status" -eq 2 ] && grep -q -- "$message" "$log"; then
+    ok "$*: exit 2, $says"
+  else
+    cat "$log"
+    bad "$*: exit status $status"
+  fi
+}
+wrong_use usage '--stage takes an integer from 0 to 2' \
+  "the message names the option and its range" --stage 3
+wrong_use usage2 'use --steps 1000 or fewer with --check' \
+  "the message says why and what to use" --check --steps 5000
 finish

@@ -56,6 +56,8 @@ ckpt_tool=$4
 shift 4
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=lib/netns.sh
+. "$(dirname "$0")/lib/netns.sh"
 require pgrep:procps
 cluster=mn$((RANDOM % 100000))
 # Whether the case NAME is to run (MULTINODE_CASES).
@@ -65,22 +67,9 @@ wanted() {  # NAME
 other=${cluster}1  # a second cluster, whose name starts with the first's
 script="$src/scripts/netns-cluster"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP: network namespaces need root"
-  exit 77
-fi
-if ! out=$("$script" up "$cluster" --nodes 2 --rate 1gbit 2>&1); then
-  echo "$out"
-  if grep -q 'cannot create network namespaces' <<<"$out"; then
-    echo "SKIP: this machine cannot create network namespaces"
-    exit 77
-  fi
-  echo "FAILED: scripts/netns-cluster up"
-  echo "multinode: 0 passed, 1 failed"
-  exit 1
-fi
+skip_unless_root "network namespaces need root"
+netns_up "$script" "$cluster" multinode
 trap '"$script" down "$cluster"; "$script" down "$other"; rm -rf "$tmp"' EXIT
-ok "$out"
 
 # Runs ARGS with mpirun at 2 nodes x 2 ranks, its output into OUT; returns
 # its exit status (124: it hung past LIMIT seconds).

@@ -40,16 +40,8 @@ program=$(realpath "$2")
 . "$(dirname "$0")/lib.sh"
 require pgrep:procps python3:python3
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP: the Slurm test runs its own munged, slurmctld and slurmd, which needs root"
-  exit 77
-fi
-for p in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; do
-  if ! command -v "${p%%:*}" >/dev/null 2>&1; then
-    echo "SKIP: ${p%%:*} not found (Debian: apt-get install ${p#*:}; scripts/setup installs it)"
-    exit 77
-  fi
-done
+skip_unless_root "the Slurm test runs its own munged, slurmctld and slurmd, which needs root"
+skip_without munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
 
 scripts=$src/scripts/slurm
 # Nothing of a Slurm this test may itself run in reaches its jobs.
@@ -250,18 +242,11 @@ fi
 # its output's lines for the stop (STOP: an extended regular expression)
 # and the resume, and its parameters against the reference.
 check_resumed() {  # NAME JOB STOP WHAT
-  local name=$1 job=$2 stop=$3 what=$4 info state restarts code
+  local name=$1 job=$2 stop=$3 what=$4
   local out="$tmp/$name.out"
-  info=$(wait_job "$job" 120)
-  read -r state restarts code <<<"$info"
-  local at
-  at=$(grep -oE "^# stopped by $stop at step [0-9]+ of $long_steps" "$out" | grep -oE 'step [0-9]+' |
-       cut -d' ' -f2 | head -n 1)
-  if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
-    fail "$name: job ended as '$info' (expected COMPLETED, 1 restart, 0:0)" "$out"
-  elif [ -z "$at" ] || [ "$at" -ge "$long_steps" ]; then
-    fail "$name: the run did not stop by $stop before its end" "$out"
-  elif ! grep -qF "# train-requeue.sbatch: job $job run 2: 2 tasks on 1 node(s) (shardopt1), \
+  stopped_and_resumed "$name" "$(wait_job "$job" 120)" "$out" "$stop" "$long_steps" || return 1
+  local at=$stopped_at
+  if ! grep -qF "# train-requeue.sbatch: job $job run 2: 2 tasks on 1 node(s) (shardopt1), \
 resuming from $tmp/$name/ckpt.safetensors" "$out" ||
        ! grep -qE "^# resumed from .* at 2 ranks: step $at," "$out"; then
     fail "$name: run 2 did not resume from the step-$at checkpoint" "$out"

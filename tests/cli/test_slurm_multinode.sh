@@ -32,18 +32,12 @@ train=$(realpath "$2")
 mpiexec=${3:-mpirun}
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=lib/netns.sh
+. "$(dirname "$0")/lib/netns.sh"
 require pgrep:procps python3:python3
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP: network namespaces and Slurm's daemons need root"
-  exit 77
-fi
-for p in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; do
-  if ! command -v "${p%%:*}" >/dev/null 2>&1; then
-    echo "SKIP: ${p%%:*} not found (Debian: apt-get install ${p#*:}; scripts/setup installs it)"
-    exit 77
-  fi
-done
+skip_unless_root "network namespaces and Slurm's daemons need root"
+skip_without munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
 
 netns="$src/scripts/netns-cluster"
 slurm="$src/scripts/slurm-local"
@@ -55,16 +49,7 @@ cluster=$tmp/slurm
 # Nothing of a Slurm this test may itself run in reaches its jobs.
 while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(SLURM|SBATCH|SRUN|SALLOC)_')
 
-if ! out=$("$netns" up "$name" --nodes 2 --rate 1gbit 2>&1); then
-  echo "$out"
-  if grep -q 'cannot create network namespaces' <<<"$out"; then
-    echo "SKIP: this machine cannot create network namespaces"
-    exit 77
-  fi
-  echo "FAILED: scripts/netns-cluster up"
-  echo "slurm-multinode: 0 passed, 1 failed"
-  exit 1
-fi
+netns_up "$netns" "$name" slurm-multinode
 # Both go down however the test ends. Ended by a signal (meson's timeout:
 # TERM, then KILL soon after), the test leaves that to a process of its own
 # session, which the KILL of the test's process group misses.
@@ -74,7 +59,6 @@ trap 'trap - EXIT
       setsid bash -c '\''"$0" down "$1"; "$2" down "$3"; rm -rf "$4"'\'' "$slurm" "$cluster" \
         "$netns" "$name" "$tmp" </dev/null >/dev/null 2>&1 &
       exit 1' TERM INT
-ok "$out"
 
 if ! "$slurm" up "$cluster" --netns "$name" --cpus 4 >"$tmp/up.out" 2>&1; then
   fail "scripts/slurm-local up --netns $name failed" "$tmp/up.out"
@@ -218,28 +202,23 @@ mpirun -n 4 on one node"
 fi
 
 # train-requeue.sbatch: stopped, requeued, resumed on both nodes.
-info=$info_usr1
 out=$tmp/usr1.out
-read -r state restarts code <<<"$info"
-at=$(grep -oE "^# stopped by SIGUSR1 at step [0-9]+ of $steps" "$out" | grep -oE 'step [0-9]+' |
-     cut -d' ' -f2 | head -n 1)
-if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
-  fail "usr1: job ended as '$info' (expected COMPLETED, 1 restart, 0:0)" "$out"
-elif [ -z "$at" ] || [ "$at" -ge "$steps" ]; then
-  fail "usr1: the run did not stop by SIGUSR1 before its end" "$out"
-elif ! grep -qF "# train-requeue.sbatch: job $j_usr1: stopped with the checkpoint \
+if stopped_and_resumed usr1 "$info_usr1" "$out" SIGUSR1 "$steps"; then
+  at=$stopped_at
+  if ! grep -qF "# train-requeue.sbatch: job $j_usr1: stopped with the checkpoint \
 $tmp/usr1/ckpt.safetensors written; requeued" "$out"; then
-  fail "usr1: the script did not say that it requeued the job" "$out"
-elif ! grep -qF "# train-requeue.sbatch: job $j_usr1 run 2: 4 tasks on 2 node(s) (${name}[1-2]), \
+    fail "usr1: the script did not say that it requeued the job" "$out"
+  elif ! grep -qF "# train-requeue.sbatch: job $j_usr1 run 2: 4 tasks on 2 node(s) (${name}[1-2]), \
 resuming from $tmp/usr1/ckpt.safetensors" "$out" ||
-     ! grep -qE "^# resumed from .* at 4 ranks: step $at," "$out"; then
-  fail "usr1: run 2 did not resume from the step-$at checkpoint on both nodes" "$out"
-elif [ $ref_ok -eq 1 ] && ! cmp -s "$tmp/ref.params" "$tmp/usr1/params"; then
-  fail "usr1: stopped at step $at and resumed, the parameters differ from the uninterrupted \
+       ! grep -qE "^# resumed from .* at 4 ranks: step $at," "$out"; then
+    fail "usr1: run 2 did not resume from the step-$at checkpoint on both nodes" "$out"
+  elif [ $ref_ok -eq 1 ] && ! cmp -s "$tmp/ref.params" "$tmp/usr1/params"; then
+    fail "usr1: stopped at step $at and resumed, the parameters differ from the uninterrupted \
 run's" "$out"
-else
-  ok "train-requeue.sbatch at 2 nodes x 2 tasks: USR1 to the batch shell stopped it at step \
+  else
+    ok "train-requeue.sbatch at 2 nodes x 2 tasks: USR1 to the batch shell stopped it at step \
 $at, requeued, resumed on both nodes: parameters bitwise those of the uninterrupted run"
+  fi
 fi
 
 # The runs' traffic between the nodes went over node 2's link.

@@ -108,9 +108,6 @@ stall_case() {  # RANKS STALL-RANK
   ok "$n ranks, rank $stall stalls: the job ended $took s after the stall, exit status 86, $waiting rank(s) said why"
 }
 
-stall_case 2 1
-stall_case 3 0
-
 apart_case() {  # RANKS ODD-RANK
   local n=$1 odd=$2 out="$tmp/apart-$1-$2.out" rc
   watched_job "$n" apart "$odd" "$out"
@@ -131,9 +128,6 @@ apart_case() {  # RANKS ODD-RANK
   left_running apart "$odd" "$n ranks, rank $odd in a barrier" "$out" || return
   ok "$n ranks, rank $odd in a barrier, the others in step(): every rank is named in its operation, exit status 86"
 }
-
-apart_case 2 1
-apart_case 3 0
 
 desync_case() {  # RANKS ODD-RANK
   local n=$1 odd=$2 out="$tmp/desync-$1-$2.out"
@@ -169,8 +163,12 @@ desync_case() {  # RANKS ODD-RANK
   ok "desync at $n ranks (rank $odd calls allreduce, the others allgather): every rank says so, exit status 1"
 }
 
-desync_case 2 1
-desync_case 3 0
+# Each case at 2 ranks with the last rank as the odd one, and at 3 ranks
+# with rank 0: the odd rank on either side of the others.
+for case in stall_case apart_case desync_case; do
+  "$case" 2 1
+  "$case" 3 0
+done
 
 device_case() {  # RANKS STALL-RANK TRANSPORT
   local n=$1 stall=$2 out="$tmp/device-$1-$2.out" rc took per_rank=0

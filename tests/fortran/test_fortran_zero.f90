@@ -93,6 +93,19 @@ contains
     w3 = reshape(real(v(73:96), c_float), [3, 4, 2])
   end subroutine
 
+  ! Where every run starts: the parameters (the reference's and the
+  ! registered arrays'), no moments, and each group's learning rate and
+  ! weight decay.
+  subroutine reset_reference()
+    integer :: i
+    rp = [(uval(999, 0, 1, i), i=1, NTOTAL)]
+    rm = 0
+    rv = 0
+    lr = [0.05_c_double, 0.02_c_double]
+    wd = [0.01_c_double, 0.0_c_double]
+    call set_params(rp)
+  end subroutine
+
   integer function offset(k)
     integer, intent(in) :: k
     offset = sum(sizes(1:k - 1))
@@ -264,16 +277,11 @@ contains
     real(c_float), allocatable :: master(:)
     real(c_double) :: scale
     integer(c_int64_t) :: done, skipped, count
-    integer :: ierr, n, dtype, i
+    integer :: ierr, n, dtype
     logical :: in_sync
     character(len=:), allocatable :: what, message, epoch
     what = label(kind, stage)
-    rp = [(uval(999, 0, 1, i), i=1, NTOTAL)]
-    rm = 0
-    rv = 0
-    lr = [0.05_c_double, 0.02_c_double]
-    wd = [0.01_c_double, 0.0_c_double]
-    call set_params(rp)
+    call reset_reference()
     g2 = 0
     call new_params(params, ierr)
     call check(ierr == 0 .and. shardopt_params_count(params) == NPARAMS, what//': params_add')
@@ -404,15 +412,10 @@ contains
     real(c_double) :: g8(37), value
     real(c_double), target :: w8(10)
     real(c_float), target :: v(10)
-    integer :: ierr, i
+    integer :: ierr
     character(len=:), allocatable :: msg
 
-    rp = [(uval(999, 0, 1, i), i=1, NTOTAL)]
-    rm = 0
-    rv = 0
-    lr = [0.05_c_double, 0.02_c_double]
-    wd = [0.01_c_double, 0.0_c_double]
-    call set_params(rp)
+    call reset_reference()
     call new_params(params, ierr)
 
     ! The parameter list refuses what the optimizer cannot take.
@@ -551,13 +554,9 @@ contains
   subroutine test_microbatches()
     type(shardopt_params) :: params
     type(shardopt_optimizer) :: opt
-    integer :: ierr, s, i
+    integer :: ierr, s
     character(len=8) :: at
-    rp = [(uval(999, 0, 1, i), i=1, NTOTAL)]
-    rm = 0
-    lr = [0.05_c_double, 0.02_c_double]
-    wd = [0.01_c_double, 0.0_c_double]
-    call set_params(rp)
+    call reset_reference()
     call new_params(params, ierr)
     call shardopt_optimizer_create(comm, params, specs(SGD), opt, stage=2, bucket_mb=2e-4_c_double, ierr=ierr)
     call check(ierr == 0, 'micro-batches: optimizer_create: '//shardopt_error_message())

@@ -25,6 +25,25 @@ using gpu_test::check;
 using gpu_test::Mirror;
 using gpu_test::uniform;
 
+namespace {
+
+// The step of O with scalars s on the host buffers of b (the reference
+// kernel), then on the device (the CUDA kernel): b's parameters, gradient
+// and 16-bit copy at param, grad and param_out there, its states where
+// device_states(b) sets them.
+template <class O, class B, class S, class States>
+void host_then_device(B b, const S& s, float* param, const void* grad, void* param_out,
+                      States&& device_states) {
+  kernels::reference::step<O>(b, s);
+  b.param = param;
+  b.grad = grad;
+  b.param_out = param_out;
+  device_states(b);
+  kernels::cuda::step<O>(b, s, nullptr);
+}
+
+}  // namespace
+
 int main() {
   if (gpu_test::no_device()) return gpu_test::kSkip;
   std::mt19937 rng(17);
@@ -59,14 +78,12 @@ int main() {
                 const auto s =
                     kernels::make_sgd_scalars(0.01, mom ? 0.9 : 0.0, 0.0, (mode & 2) ? 0.1 : 0.0,
                                               mom && (mode & 4), maximize, step, grad_mul);
-                kernels::SgdBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
-                                      mom ? buf.host.data() : nullptr};
-                kernels::reference::step<SGD>(b, s);
-                b.param = p.dev;
-                b.grad = dg;
-                b.momentum_buffer = mom ? buf.dev : nullptr;
-                b.param_out = out ? o.dev : nullptr;
-                kernels::cuda::step<SGD>(b, s, nullptr);
+                host_then_device<SGD>(kernels::SgdBuffers{{p.host.data(), hg, gt,
+                                                           out ? o.host.data() : nullptr, ot, n},
+                                                          mom ? buf.host.data() : nullptr},
+                                      s, p.dev, dg, out ? o.dev : nullptr, [&](auto& b) {
+                                        b.momentum_buffer = mom ? buf.dev : nullptr;
+                                      });
               }
               check(p.same() && buf.same() && o.same(), "SGD " + where);
             }
@@ -75,14 +92,11 @@ int main() {
               Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const auto s = kernels::make_adagrad_scalars(0.05, 0.01, mode ? 0.1 : 0.0, 1e-10,
                                                            maximize, 3, grad_mul);
-              kernels::AdagradBuffers b{
-                  {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n}, sum.host.data()};
-              kernels::reference::step<Adagrad>(b, s);
-              b.param = p.dev;
-              b.grad = dg;
-              b.sum = sum.dev;
-              b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::step<Adagrad>(b, s, nullptr);
+              host_then_device<Adagrad>(
+                  kernels::AdagradBuffers{
+                      {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
+                      sum.host.data()},
+                  s, p.dev, dg, out ? o.dev : nullptr, [&](auto& b) { b.sum = sum.dev; });
               check(p.same() && sum.same() && o.same(), "Adagrad " + where);
             }
             if (mode < 2) {  // Lion
@@ -91,14 +105,10 @@ int main() {
               Mirror<std::uint16_t> o(std::vector<std::uint16_t>(n, 0), shift);
               const auto s =
                   kernels::make_lion_scalars(1e-3, 0.9, 0.99, mode ? 0.1 : 0.0, maximize, grad_mul);
-              kernels::LionBuffers b{{p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
-                                     m.host.data()};
-              kernels::reference::step<Lion>(b, s);
-              b.param = p.dev;
-              b.grad = dg;
-              b.exp_avg = m.dev;
-              b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::step<Lion>(b, s, nullptr);
+              host_then_device<Lion>(
+                  kernels::LionBuffers{
+                      {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n}, m.host.data()},
+                  s, p.dev, dg, out ? o.dev : nullptr, [&](auto& b) { b.exp_avg = m.dev; });
               check(p.same() && m.same() && o.same(), "Lion " + where);
             }
             if (mode < 2) {  // LAMB: the direction, the norms, then the apply pass
@@ -137,19 +147,17 @@ int main() {
               const auto s =
                   kernels::make_rmsprop_scalars(0.01, 0.99, 1e-8, (mode & 4) ? 0.1 : 0.0,
                                                 mom ? 0.9 : 0.0, centered, maximize, grad_mul);
-              kernels::RmspropBuffers b{
-                  {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
-                  sq.host.data(),
-                  centered ? ga.host.data() : nullptr,
-                  mom ? buf.host.data() : nullptr};
-              kernels::reference::step<RMSprop>(b, s);
-              b.param = p.dev;
-              b.grad = dg;
-              b.square_avg = sq.dev;
-              b.grad_avg = centered ? ga.dev : nullptr;
-              b.momentum_buffer = mom ? buf.dev : nullptr;
-              b.param_out = out ? o.dev : nullptr;
-              kernels::cuda::step<RMSprop>(b, s, nullptr);
+              host_then_device<RMSprop>(
+                  kernels::RmspropBuffers{
+                      {p.host.data(), hg, gt, out ? o.host.data() : nullptr, ot, n},
+                      sq.host.data(),
+                      centered ? ga.host.data() : nullptr,
+                      mom ? buf.host.data() : nullptr},
+                  s, p.dev, dg, out ? o.dev : nullptr, [&](auto& b) {
+                    b.square_avg = sq.dev;
+                    b.grad_avg = centered ? ga.dev : nullptr;
+                    b.momentum_buffer = mom ? buf.dev : nullptr;
+                  });
               check(p.same() && sq.same() && ga.same() && buf.same() && o.same(),
                     "RMSprop " + where);
             }

@@ -200,20 +200,23 @@ contains
     real(dp) :: q(NX)
     integer :: i
     do i = 1, NX
-      q(i) = interpolate(coef, real(i, dp)/NX)
+      q(i) = hats(coef, real(i, dp)/NX)
     end do
   end function
 
-  ! sum_j coef_j phi_j(x): the hat functions centred at j/NB (phi_0, at x = 0,
-  ! is not a coefficient: the source starts from 0 there).
-  function interpolate(coef, x) result(q)
-    real(dp), intent(in) :: coef(NB), x
-    real(dp) :: q, t
-    integer :: j
-    j = min(int(x*NB), NB - 1)
-    t = x*NB - j
-    q = t*coef(j + 1)
-    if (j >= 1) q = q + (1 - t)*coef(j)
+  ! sum_j v_j phi_j(x), j = 1..n = size(v), phi_j the hat function centred
+  ! at j/n: the piecewise-linear function through (0, 0) and the points
+  ! (j/n, v_j). It gives the source from its coefficients (v = coef, n = NB)
+  ! and the concentration between the grid nodes (v = c, n = NX).
+  function hats(v, x) result(value)
+    real(dp), intent(in) :: v(:), x
+    real(dp) :: value, t
+    integer :: n, j
+    n = size(v)
+    j = min(int(x*n), n - 1)
+    t = x*n - j
+    value = t*v(j + 1)
+    if (j >= 1) value = value + (1 - t)*v(j)
   end function
 
   ! This rank's readings: sensors rank+1, rank+1+size, ... of NOBS, at
@@ -240,20 +243,9 @@ contains
       n = n + 1
       xs(n) = 0.001_dp + 0.998_dp*u(i, 1)
       g = sqrt(-2*log(1 - u(i, 2)))*cos(2*PI*u(i, 3))
-      ds(n) = at(c, xs(n)) + NOISE*rms*g
+      ds(n) = hats(c, xs(n)) + NOISE*rms*g
     end do
   end subroutine
-
-  ! c at x, linear between the grid nodes (c(0) = 0).
-  function at(c, x) result(value)
-    real(dp), intent(in) :: c(NX), x
-    real(dp) :: value, t
-    integer :: i
-    i = min(int(x*NX), NX - 1)
-    t = x*NX - i
-    value = t*c(i + 1)
-    if (i >= 1) value = value + (1 - t)*c(i)
-  end function
 
   ! This rank's share of J and of its gradient: the forward solve, the
   ! residuals at the sensors spread back onto the grid, one transposed
@@ -268,7 +260,7 @@ contains
     rhs = 0
     misfit = 0
     do n = 1, nlocal
-      r = at(c, xs(n)) - ds(n)
+      r = hats(c, xs(n)) - ds(n)
       misfit = misfit + 0.5_dp*r**2
       i = min(int(xs(n)*NX), NX - 1)
       t = xs(n)*NX - i

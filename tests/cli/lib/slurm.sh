@@ -29,3 +29,23 @@ wait_job() {  # JOB LIMIT
     sleep 0.2
   done
 }
+
+# Whether a train-requeue.sbatch job of STEPS steps, its job_info INFO and
+# its output OUT, completed after one restart, having stopped before its end
+# by STOP (an extended regular expression: the signal's name). Sets
+# $stopped_at to the step it stopped at; otherwise fails the case NAME
+# (lib.sh's fail) and returns 1.
+stopped_and_resumed() {  # NAME INFO OUT STOP STEPS
+  local state restarts code
+  read -r state restarts code <<<"$2"
+  stopped_at=$(grep -oE "^# stopped by $4 at step [0-9]+ of $5" "$3" | grep -oE 'step [0-9]+' |
+               cut -d' ' -f2 | head -n 1)
+  if [ "$state" != COMPLETED ] || [ "$restarts" != 1 ] || [ "$code" != 0:0 ]; then
+    fail "$1: job ended as '$2' (expected COMPLETED, 1 restart, 0:0)" "$3"
+    return 1
+  fi
+  if [ -z "$stopped_at" ] || [ "$stopped_at" -ge "$5" ]; then
+    fail "$1: the run did not stop by $4 before its end" "$3"
+    return 1
+  fi
+}
