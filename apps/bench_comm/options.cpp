@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../cli.hpp"
+#include "collective.hpp"
 
 namespace bench_comm {
 namespace {

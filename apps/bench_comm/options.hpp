@@ -39,30 +39,7 @@ enum class Collective { allreduce, reduce_scatter, allgather, broadcast };
 inline constexpr Collective kAllCollectives[] = {Collective::allreduce, Collective::reduce_scatter,
                                                  Collective::allgather, Collective::broadcast};
 
-inline const char* collective_name(Collective c) {
-  constexpr const char* kNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
-  const auto i = static_cast<std::size_t>(c);
-  return i < std::size(kNames) ? kNames[i] : "?";
-}
-
-inline bool is_reduction(Collective c) {
-  return c == Collective::allreduce || c == Collective::reduce_scatter;
-}
-
-// nccl-tests' bus bandwidth factors: the fraction of the data each rank's
-// link must carry for an optimal algorithm.
-inline double busbw_factor(Collective c, int n) {
-  switch (c) {
-    case Collective::allreduce:
-      return 2.0 * (n - 1) / n;
-    case Collective::reduce_scatter:
-    case Collective::allgather:
-      return static_cast<double>(n - 1) / n;
-    case Collective::broadcast:
-      return 1.0;
-  }
-  return 1.0;
-}
+// Each one's name, bus bandwidth factor and hooks: collective.hpp.
 
 // ---------------------------------------------------------------------------
 // Options

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "../bench_mpi.hpp"
+#include "collective.hpp"
 
 namespace bench_comm {
 
