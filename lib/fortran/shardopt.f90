@@ -14,6 +14,9 @@
 !   templates in kind_wrappers.py; a new kind is a row of its KINDS.
 ! - errors.inc: strings and the module's errors, written by hand.
 ! A routine with logic of its own is written here, and made public below.
+! Over 700 lines: a Fortran module is one source file (the include lines
+! above are pieces of it); what is left here is the procedures with logic
+! of their own, each short.
 
 ! module shardopt gives Fortran codes the ZeRO optimizer and the
 ! communicator of the C API (include/shardopt/shardopt.h) with Fortran
