@@ -10,7 +10,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>

@@ -4,11 +4,8 @@
 #include "zero/reduction.hpp"
 
 #include <mpi.h>
-#include <omp.h>
-#include <sys/uio.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstring>

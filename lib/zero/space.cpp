@@ -215,37 +215,23 @@ int Space::stream_device(StreamHandle stream) const {
 HostWord Space::host_word(const char* what) const {
   HostWord w;
   w.space_ = this;
-  if (on_device()) {
-    w.word_ = static_cast<std::uint32_t*>(rt_->allocate_pinned(4, what));
-    w.copied_ = event();
-  } else {
-    w.word_ = new std::uint32_t(0);
-  }
+  w.word_ = static_cast<std::uint32_t*>(rt_->allocate_pinned(4, what));
+  w.copied_ = event();
   return w;
 }
 
 HostWord::~HostWord() {
-  if (word_ == nullptr) return;
-  if (space_->on_device())
-    space_->rt_->release_pinned(word_);
-  else
-    delete word_;
+  if (word_ != nullptr) space_->rt_->release_pinned(word_);
 }
 
 void HostWord::fetch(const std::uint32_t* word) {
-  if (!space_->on_device()) {
-    *word_ = *word;
-    return;
-  }
   space_->rt_->copy(word_, word, 4, space_->stream_);
   space_->rt_->record(copied_.e_, space_->stream_);
 }
 
 std::uint32_t HostWord::wait() {
-  if (space_->on_device()) {
-    const WatchScope waiting = space_->wait_scope();
-    space_->rt_->synchronize_event(copied_.e_);
-  }
+  const WatchScope waiting = space_->wait_scope();
+  space_->rt_->synchronize_event(copied_.e_);
   return *word_;
 }
 

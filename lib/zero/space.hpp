@@ -84,7 +84,8 @@ class SpaceEvent {
 
 // A word of pinned host memory that mirrors a word of the device: fetch()
 // enqueues the copy on the space's stream, wait() lets the host wait for it
-// and returns the value. On the host a plain word, copied at fetch().
+// and returns the value. Device spaces only: on the host the word is read
+// where it is.
 class HostWord {
  public:
   HostWord() noexcept = default;
@@ -164,8 +165,8 @@ class Space {
   void order_after(StreamHandle producer, SpaceEvent& e) const;
   // An event for order_after.
   SpaceEvent event() const;
-  // A host word that mirrors a device word (HostWord); `what` names it in
-  // an out-of-memory error.
+  // A host word that mirrors a device word (HostWord), on a device space;
+  // `what` names it in an out-of-memory error.
   HostWord host_word(const char* what) const;
   // The device `stream` belongs to (-1 on the host).
   int stream_device(StreamHandle stream) const;
