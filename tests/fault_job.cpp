@@ -10,6 +10,11 @@
 //                        step(): every rank waits in a shardopt operation,
 //                        each in its own (a hang by design, which the
 //                        watchdog reports as operations that differ).
+//   fault_job bcast R    the same stall, the others waiting in a blocking
+//                        broadcast of 1 MiB from rank R, which auto's
+//                        transport hands to MPI's own blocking MPI_Bcast
+//                        at 2 and 3 ranks: the watchdog's backstop ends
+//                        the job.
 //   fault_job die R      after 3 steps rank R prints "died at <seconds since
 //                        the epoch>" and ends at once (_exit(9), no
 //                        MPI_Finalize) while the others call step() and wait
@@ -106,7 +111,8 @@ void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect, 
 }
 
 // The other jobs (above).
-void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, bool apart, bool die) {
+void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, bool apart, bool die,
+               bool bcast) {
   std::vector<float> w(4096, 0.5f), g(4096, 0.01f);
   shardopt::ZeroRedundancyOptimizer opt(
       comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = g.data()}},
@@ -128,6 +134,11 @@ void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, boo
     if (die) _exit(9);
     sleep(600);
   }
+  if (bcast) {
+    std::vector<float> b(262144, static_cast<float>(rank));
+    comm.broadcast(b.data(), b.size(), shardopt::DType::f32, odd);
+    return;
+  }
   opt.step();
 }
 
@@ -138,6 +149,7 @@ int main(int argc, char** argv) {
   const bool desync = argc > 1 && std::strcmp(argv[1], "desync") == 0;
   const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
   const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
+  const bool bcast = argc > 1 && std::strcmp(argv[1], "bcast") == 0;
   const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
   const bool user = argc > 1 && std::strcmp(argv[1], "user") == 0;
   const bool stream = argc > 1 && std::strcmp(argv[1], "stream") == 0;
@@ -151,7 +163,7 @@ int main(int argc, char** argv) {
     if (owned || user || stream) {
       run_owned(comm, rank, user, protect, stream);
     } else {
-      run_fault(comm, rank, odd, desync, apart, die);
+      run_fault(comm, rank, odd, desync, apart, die, bcast);
     }
   } catch (const shardopt::Error& e) {
     std::fprintf(stderr, "fault_job: rank %d: %s\n", rank, e.what());

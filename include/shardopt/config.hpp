@@ -35,7 +35,9 @@ enum class DeviceComm : int { automatic = 0, nccl = 1, staged = 2, mpi = 3 };
 // CommOptions::host_comm):
 //   automatic: shm when every rank is on one node (and there are several),
 //              hier when several nodes each hold the same number (two or
-//              more) of ranks, else mpi;
+//              more) of ranks, else mpi; on one node, the blocking
+//              operations and sizes where MPI's own call was measured
+//              faster (docs/design.md) go to it, with the same bits;
 //   mpi:       Open MPI's (or the MPI's) own collectives;
 //   shm:       shardopt's collectives through memory the node's ranks all
 //              map; an error where the ranks span several nodes;

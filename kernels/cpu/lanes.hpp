@@ -4,10 +4,11 @@
 // written (kernels/element.hpp): every operator and every overload of
 // fma_op, sqrt_op, finite_op and select_op does, in each lane, the one IEEE
 // operation the scalar code does, so the lanes compute bitwise what the
-// reference kernel computes element by element. Loads and stores convert
-// 16-bit buffers exactly as kernels/cpu/float_vectors.hpp does (F16C for
-// f16, integer rounding for bf16) and decode and encode parameter
-// remainders (kernels/element.hpp) in integer arithmetic.
+// reference kernel computes element by element. Loads and stores of 16-bit
+// buffers are kernels/cpu/float_vectors.hpp's (the one family of
+// conversions, which cast, finite and the reductions use too); written here
+// is only the encoding of parameter remainders (kernels/element.hpp), which
+// only the optimizers store, in integer arithmetic.
 //
 // The functions carry their unit's target attribute but are not forced
 // inline: the element functions that call them are generic code, into which

@@ -228,8 +228,9 @@ std::string ask_peers(State& s, const WatchChannel& ch, double grace) {
   std::string out;
   if (!silent.empty()) {
     out += "\n  waiting for: " + name_list(silent) + ": no answer within " + g +
-           " s, so not inside any shardopt operation (computing, in I/O, in the application's "
-           "own MPI calls, stopped, or dead)";
+           " s, so not inside any shardopt operation that answers (computing, in I/O, in a "
+           "blocking MPI call: the application's own, or one of shardopt's that MPI does "
+           "faster blocking; stopped, or dead)";
   }
   if (!idle.empty()) {
     out += "\n  waiting for: " + name_list(idle) +

@@ -8,6 +8,10 @@
 #   4, the timeout, the exit status, and the rank it waits for: the stalled
 #   one, by rank, host and pid, as not inside any shardopt operation; at 3
 #   ranks the other waiting rank as waiting in the same operation.
+# The same stall with the others in a blocking broadcast that auto's
+# transport hands to MPI's blocking call (1 MiB, 2 and 3 ranks): the job
+# ends in the same time, and a waiting rank's message names the broadcast
+# and says the other ranks could not be asked (the watchdog's backstop).
 # Then every rank inside a shardopt operation, but not the same one (rank R
 # in a barrier, the others in step 4): the messages name the other rank's
 # operation, and no rank as silent.
@@ -108,6 +112,20 @@ stall_case() {  # RANKS STALL-RANK
   ok "$n ranks, rank $stall stalls: the job ended $took s after the stall, exit status 86, $waiting rank(s) said why"
 }
 
+bcast_case() {  # RANKS STALL-RANK
+  local n=$1 stall=$2 out="$tmp/bcast-$1-$2.out" rc took what
+  what="$n ranks, rank $stall stalls, the others in a broadcast through MPI"
+  watched_job "$n" bcast "$stall" "$out"
+  ended_in_time "$what" "$out" || return
+  if ! grep -q "^shardopt watchdog on rank [0-9]* .*: broadcast of 262144 f32 over $n rank(s) has not completed" "$out" ||
+     ! grep -q "the other ranks could not be asked from inside this blocking call" "$out"; then
+    fail "$what: no waiting rank printed the backstop's message naming the broadcast" "$out"
+    return
+  fi
+  left_running bcast "$stall" "$what" "$out" || return
+  ok "$what: the job ended $took s after the stall, exit status 86, named the broadcast"
+}
+
 apart_case() {  # RANKS ODD-RANK
   local n=$1 odd=$2 out="$tmp/apart-$1-$2.out" rc
   watched_job "$n" apart "$odd" "$out"
@@ -165,7 +183,7 @@ desync_case() {  # RANKS ODD-RANK
 
 # Each case at 2 ranks with the last rank as the odd one, and at 3 ranks
 # with rank 0: the odd rank on either side of the others.
-for case in stall_case apart_case desync_case; do
+for case in stall_case bcast_case apart_case desync_case; do
   "$case" 2 1
   "$case" 3 0
 done

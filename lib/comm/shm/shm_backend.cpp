@@ -9,6 +9,11 @@
 // worker has finished what was issued before. The worker never calls MPI
 // unless MPI provides MPI_THREAD_MULTIPLE: hier's non-blocking operations,
 // which need MPI across nodes, otherwise complete before they return.
+//
+// On one node, with the transport chosen by auto, the blocking operations
+// and sizes where MPI's own collective was measured faster than the node's
+// slots go to the MPI backend underneath (mpi_is_faster);
+// SHARDOPT_HOST_COMM=shm keeps every operation on shared memory.
 #include "comm/shm/shm_backend.hpp"
 
 #include <mpi.h>
@@ -86,14 +91,16 @@ class ShmBackend final : public Backend {
   // node: the node's channel; inter: the ranks of the other nodes with this
   // rank's place in its node (MPI_COMM_NULL on one node), ordered by node;
   // rank_at[m * L + l]: the communicator's rank on node m at place l.
+  // per_size: whether operations MPI does faster go to it (auto's choice).
   ShmBackend(std::unique_ptr<Backend> mpi, std::shared_ptr<NodeChannel> node, MPI_Comm inter,
-             std::vector<int> rank_at, int nodes)
+             std::vector<int> rank_at, int nodes, bool per_size)
       : mpi_(std::move(mpi)),
         node_(std::move(node)),
         inter_(inter),
         rank_at_(std::move(rank_at)),
         nodes_(nodes),
-        local_(node_->ranks()) {
+        local_(node_->ranks()),
+        per_size_(per_size && nodes == 1) {
     watch = mpi_->watch;
     if (inter_ != MPI_COMM_NULL)
       SHARDOPT_CHECK_MPI(MPI_Comm_rank(inter_, &node_index_), "querying the node's index");
@@ -110,7 +117,8 @@ class ShmBackend final : public Backend {
                                << local_ << " ranks per node through "
                                << node_->segment_bytes() / 1024 << " KiB of shared memory"
                                << (node_->single_copy() ? " (large blocks in a single copy)" : "")
-                               << (nodes_ > 1 ? ", MPI across nodes" : ""));
+                               << (nodes_ > 1 ? ", MPI across nodes" : "")
+                               << (per_size_ ? "; MPI's own where it was measured faster" : ""));
   }
   ~ShmBackend() override { stop_worker(); }
 
@@ -142,7 +150,12 @@ class ShmBackend final : public Backend {
   }
 
   std::unique_ptr<PendingOp> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                       ReduceOp op, bool blocking, StreamHandle) override {
+                                       ReduceOp op, bool blocking, StreamHandle stream) override {
+    if (blocking &&
+        mpi_is_faster(Collective::allreduce, count * dtype_size(dtype), send == recv, dtype, op)) {
+      return through_mpi(
+          [&] { return mpi_->allreduce(send, recv, count, dtype, op, true, stream); });
+    }
     return issue(blocking, nodes_ > 1, [=, this] {
       node_->set_operation("allreduce");
       if (nodes_ == 1) return node_->allreduce(send, recv, count, dtype, op);
@@ -165,7 +178,12 @@ class ShmBackend final : public Backend {
   }
 
   std::unique_ptr<PendingOp> allgather(const void* send, void* recv, std::size_t count, DType dtype,
-                                       bool in_place, bool blocking, StreamHandle) override {
+                                       bool in_place, bool blocking, StreamHandle stream) override {
+    if (blocking && mpi_is_faster(Collective::allgather, count * size() * dtype_size(dtype),
+                                  in_place, dtype, ReduceOp::sum)) {
+      return through_mpi(
+          [&] { return mpi_->allgather(send, recv, count, dtype, in_place, true, stream); });
+    }
     const void* own =
         in_place ? static_cast<const char*>(recv) + rank() * count * dtype_size(dtype) : send;
     return issue(blocking, nodes_ > 1, [=, this] {
@@ -178,6 +196,10 @@ class ShmBackend final : public Backend {
                                        bool blocking, StreamHandle stream) override {
     // Across nodes through MPI: its own order on its own communicator.
     if (nodes_ > 1) return mpi_->broadcast(buf, count, dtype, root, blocking, stream);
+    if (blocking && mpi_is_faster(Collective::broadcast, count * dtype_size(dtype), true, dtype,
+                                  ReduceOp::sum)) {
+      return through_mpi([&] { return mpi_->broadcast(buf, count, dtype, root, true, stream); });
+    }
     return issue(blocking, false, [=, this] {
       node_->set_operation("broadcast");
       node_->broadcast(buf, count * dtype_size(dtype), root);
@@ -193,6 +215,61 @@ class ShmBackend final : public Backend {
   }
 
  private:
+  enum class Collective { allreduce, allgather, broadcast };
+
+  // Whether MPI's own blocking collective moves `bytes` (the whole result on
+  // each rank) faster than the node's slots: the rows of shardopt-bench-comm at
+  // 2-4 ranks where shared memory lost by more than 10% in every round
+  // (docs/benchmarks.md, "Where the transport's choice loses to MPI"):
+  // - broadcast at 2 ranks from 64 KiB (MPI's single copy was as fast from
+  //   64 to 256 KiB and faster above), and at 3 or more ranks up to 1 MiB
+  //   (every rank waits for every other at each of the slots' steps, where
+  //   MPI's tree waits only for the rank it receives from);
+  // - in-place allreduce at 2 ranks from 256 KiB to 16 MiB: MPI's exchange
+  //   reads the other rank's buffer once, the slots' two steps copy twice.
+  //   Only where the two give the same bits: a sum of two values is the
+  //   same in either order, but MPI's average of 16-bit floats rounds the
+  //   sum before it divides, where shared memory rounds once;
+  // - allgather at 4 or more ranks of 64 to 256 KiB in all.
+  // Every other row, reduce-scatter's all, stays on shared memory. Measured
+  // on a 2-core virtual machine at 2-4 ranks (3 and 4 oversubscribed); where
+  // a node measures otherwise, SHARDOPT_HOST_COMM=shm keeps every operation
+  // on shared memory.
+  bool mpi_is_faster(Collective c, std::size_t bytes, bool in_place, DType t,
+                     ReduceOp op) const noexcept {
+    if (!per_size_) return false;
+    constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+    const int ranks = size();
+    switch (c) {
+      case Collective::broadcast:
+        return ranks == 2 ? bytes >= 64 * KiB : bytes <= MiB;
+      case Collective::allreduce: {
+        const bool half = t == DType::bf16 || t == DType::f16;
+        return ranks == 2 && in_place && bytes >= 256 * KiB && bytes <= 16 * MiB &&
+               !(half && op == ReduceOp::avg);
+      }
+      case Collective::allgather:
+        return ranks >= 4 && bytes >= 64 * KiB && bytes <= 256 * KiB;
+    }
+    return false;
+  }
+
+  // A blocking operation through the MPI backend, on the caller's thread
+  // (the worker may not call MPI), as MPI's blocking call: its non-blocking
+  // form, which the watchdog could poll, was slower than shared memory
+  // (Open MPI's in-place iallreduce of 4 MiB at 2 ranks took 2.7 times its
+  // allreduce). The watchdog's backstop reports a stall in it. It needs no
+  // wait for the worker's operations: those use the node's channel, the MPI
+  // communicator keeps its own order, the same on every rank.
+  template <class Issue>
+  std::unique_ptr<PendingOp> through_mpi(Issue&& issue_mpi) {
+    {
+      std::lock_guard lk(m_);
+      if (!broken_.empty()) throw_broken();
+    }
+    return issue_mpi();
+  }
+
   // Reduce-scatter over every rank: within the node (each place gets the
   // node's sums of the blocks of the ranks at its place on every node),
   // then across nodes among the ranks at one place: each sends every other
@@ -447,6 +524,7 @@ class ShmBackend final : public Backend {
   std::vector<int> rank_at_;
   std::vector<int> blocks_;
   int nodes_, local_;
+  bool per_size_;       // mpi_is_faster's choice in use
   int node_index_ = 0;  // this rank's node: its rank across nodes
   bool background_ = true;
   std::vector<char> scratch_;
@@ -561,7 +639,7 @@ std::unique_ptr<Backend> make_host_backend(std::unique_ptr<Backend> mpi, const N
     rank_at[static_cast<std::size_t>(m) * nodes.local_ranks + seen_on[m]++] = r;
   }
   return std::make_unique<ShmBackend>(std::move(mpi), std::move(channel), inter, std::move(rank_at),
-                                      nodes.nodes);
+                                      nodes.nodes, choice == HostComm::automatic);
 }
 
 }  // namespace shardopt::detail
