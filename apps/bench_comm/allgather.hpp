@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "../bench_mpi.hpp"
+#include "../support/bench_mpi.hpp"
 
 namespace bench_comm {
 

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "../bench_mpi.hpp"
+#include "../support/bench_mpi.hpp"
 
 namespace bench_comm {
 

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "../bench_mpi.hpp"
-#include "../report.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/report.hpp"
 #include "collective.hpp"
 #include "data.hpp"
 #include "options.hpp"

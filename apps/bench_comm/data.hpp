@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../optim_steps.hpp"
+#include "../support/optim_steps.hpp"
 #include "options.hpp"
 
 namespace bench_comm {

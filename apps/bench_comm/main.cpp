@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "../bench_mpi.hpp"
-#include "../cli.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/cli.hpp"
 #include "bench.hpp"
 #include "options.hpp"
 #include "output.hpp"

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <utility>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 #include "collective.hpp"
 
 namespace bench_comm {

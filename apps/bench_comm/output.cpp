@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "../bench_mpi.hpp"
+#include "../support/bench_mpi.hpp"
 #include "collective.hpp"
 
 namespace bench_comm {

@@ -13,8 +13,8 @@
 #include <utility>
 #include <variant>
 
-#include "../bench_mpi.hpp"
-#include "../machine.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/machine.hpp"
 
 namespace bench_step {
 

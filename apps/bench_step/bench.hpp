@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../report.hpp"
+#include "../support/report.hpp"
 #include "options.hpp"
 
 namespace bench_step {

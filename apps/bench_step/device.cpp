@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../report.hpp"
+#include "../support/report.hpp"
 #include "bench.hpp"
 
 namespace bench_step {

@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "../bench_mpi.hpp"
-#include "../cli.hpp"
-#include "../machine.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/cli.hpp"
+#include "../support/machine.hpp"
 #include "bench.hpp"
 #include "device.hpp"
 #include "options.hpp"

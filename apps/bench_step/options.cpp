@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 
 namespace bench_step {
 

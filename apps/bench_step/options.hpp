@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "../optim_steps.hpp"
+#include "../support/optim_steps.hpp"
 #include "shardopt/shardopt.hpp"
 #include "shardopt/zero.hpp"
 

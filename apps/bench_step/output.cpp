@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <string>
 
-#include "../bench_mpi.hpp"
-#include "../cli.hpp"
-#include "../machine.hpp"
-#include "../report.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/cli.hpp"
+#include "../support/machine.hpp"
+#include "../support/report.hpp"
 
 namespace bench_step {
 namespace {

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "../cli.hpp"
-#include "../machine.hpp"
-#include "../report.hpp"
+#include "../support/cli.hpp"
+#include "../support/machine.hpp"
+#include "../support/report.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "shardopt/agree.hpp"

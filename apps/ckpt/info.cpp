@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 

@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <string>
 
-#include "optim_steps.hpp"
 #include "plan/plan.hpp"
 #include "shardopt/config.hpp"
+#include "support/optim_steps.hpp"
 
 namespace plan {
 

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <string>
 
-#include "cli.hpp"
 #include "plan/plan.hpp"
 #include "shardopt/error.hpp"
+#include "support/cli.hpp"
 
 namespace {
 

@@ -8,11 +8,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "cli.hpp"
 #include "plan/plan.hpp"
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/optimizers.hpp"
+#include "support/cli.hpp"
 
 namespace plan {
 

@@ -2,9 +2,9 @@
 #include <cmath>
 #include <string>
 
-#include "cli.hpp"
 #include "plan/plan.hpp"
 #include "shardopt/zero.hpp"
+#include "support/cli.hpp"
 
 namespace plan {
 

@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "optim_steps.hpp"
 #include "plan/plan.hpp"
+#include "support/optim_steps.hpp"
 
 namespace plan {
 

@@ -1,5 +1,5 @@
 // shardopt-train --device cuda: the student's forward and backward passes on
-// a CUDA device, the passes of train::Mlp (train_model.hpp) with its matmuls
+// a CUDA device, the passes of train::Mlp (mlp.hpp) with its matmuls
 // through cuBLAS and its element-wise work in small kernels
 // (device_net.cu; device_net_none.cpp in a build without CUDA).
 //
@@ -14,7 +14,7 @@
 #include <memory>
 #include <span>
 
-#include "../train_model.hpp"
+#include "mlp.hpp"
 
 namespace train {
 

@@ -33,7 +33,7 @@
 #include <exception>
 #include <string>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 #include "files.hpp"
 #include "options.hpp"
 #include "output.hpp"

@@ -1,7 +1,7 @@
 // shardopt-train: the model and the data of a run: the student's tensors
 // (the parameters and gradients the optimizer works on), the teacher it
 // learns to reproduce, the batches of samples and the loss on them. The
-// network's passes are train_model.hpp's.
+// network's passes are mlp.hpp's.
 #pragma once
 
 #include <array>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "../train_model.hpp"
+#include "mlp.hpp"
 #include "options.hpp"
 #include "shardopt/shardopt.hpp"
 

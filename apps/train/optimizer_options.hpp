@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace train {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "../cli.hpp"
+#include "../support/cli.hpp"
 
 namespace train {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "../report.hpp"
+#include "../support/report.hpp"
 
 namespace train {
 namespace {

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "../cli.hpp"
-#include "../report.hpp"
+#include "../support/cli.hpp"
+#include "../support/report.hpp"
 #include "device_net.hpp"
 #include "files.hpp"
 #include "model.hpp"

@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "../support/cli.hpp"
+#include "../support/machine.hpp"
+#include "../support/report.hpp"
 #include "comm/mpi/mpi_types.hpp"
-#include "machine.hpp"
-#include "report.hpp"
 #include "shardopt/build_info.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/memory.hpp"

@@ -2,7 +2,7 @@
 // their memory limit.
 //
 // The device counterpart of shardopt-bench-optim: the same optimizers, the
-// same bytes per parameter (apps/optim_steps.hpp) and the same JSON keys.
+// same bytes per parameter (apps/support/optim_steps.hpp) and the same JSON keys.
 // For each optimizer, precision and parameter count it times one step
 // through the public functional API on device buffers (on
 // StepOptions::stream; the call returns when the step is done) and,
@@ -19,7 +19,7 @@
 // and no MPI_Init: the functional API is local. Uses only the public API of
 // shardopt, the CUDA runtime and the standard library. The options, the
 // sweep, the timing, the table and the goal are shared with
-// shardopt-bench-optim (bench_optim_harness.hpp, over the optimizer table of
+// shardopt-bench-optim (harness.hpp, over the optimizer table of
 // optim_steps.hpp); this file holds what is the device's: the arrays in
 // device memory, the CUDA memory-only kernels and fills, the events that
 // time them and the device-to-device copy.
@@ -37,11 +37,11 @@
 #include <utility>
 #include <vector>
 
-#include "bench_optim_harness.hpp"
-#include "cli.hpp"
-#include "optim_steps.hpp"
+#include "../support/cli.hpp"
+#include "../support/optim_steps.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/types.hpp"
+#include "sweep.hpp"
 
 namespace {
 

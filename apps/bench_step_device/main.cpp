@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "bench_mpi.hpp"
-#include "cli.hpp"
-#include "report.hpp"
+#include "../support/bench_mpi.hpp"
+#include "../support/cli.hpp"
+#include "../support/report.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace {

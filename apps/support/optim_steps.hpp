@@ -143,7 +143,7 @@ struct Precision {
 };
 
 // Every precision the benchmarks know; a program offers those its
-// memory-only kernel handles (bench::precisions(), bench_optim_harness.hpp).
+// memory-only kernel handles (bench::precisions(), bench_optim/harness.hpp).
 inline constexpr Precision kPrecisions[] = {
     {"fp32", DType::f32, false, DType::bf16, false, true, "f32 grads, no copy"},
     {"bf16", DType::bf16, true, DType::bf16, false, true,

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "optim_steps.hpp"
+#include "../support/optim_steps.hpp"
 
 namespace train {
 
