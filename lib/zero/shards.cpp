@@ -13,7 +13,7 @@ std::size_t ShardLayout::bucket_elements(double bucket_mb, std::size_t elem_byte
 }
 
 ShardLayout::ShardLayout(const std::vector<std::size_t>& numel, int ranks, int rank, int stage,
-                         std::size_t bucket) {
+                         std::size_t bucket, const std::vector<std::size_t>& unit_starts) {
   const std::size_t n = static_cast<std::size_t>(ranks);
   const std::size_t np = numel.size();
   flat.resize(np);
@@ -21,17 +21,31 @@ ShardLayout::ShardLayout(const std::vector<std::size_t>& numel, int ranks, int r
     flat[i] = total;
     total += numel[i];
   }
-  const std::size_t unit = kShardAlign * n;
-  bucket_elems = std::min(bucket, std::max(unit, (total + unit - 1) / unit * unit));
-  for (std::size_t begin = 0; begin < total; begin += bucket_elems) {
-    BucketRange b;
-    b.begin = begin;
-    b.len = std::min(bucket_elems, total - begin);
-    b.padded = (b.len + unit - 1) / unit * unit;
-    b.shard_offset = shard;
-    shard += b.padded / n;
-    buckets.push_back(b);
+  const std::size_t align = kShardAlign * n;
+  bucket_elems = std::min(bucket, std::max(align, (total + align - 1) / align * align));
+  // The units, each cut into buckets of at most B elements.
+  std::vector<std::size_t> starts = unit_starts;
+  if (starts.empty() || starts.front() != 0) starts.insert(starts.begin(), 0);
+  for (std::size_t u = 0; u < starts.size() && starts[u] < np; ++u) {
+    UnitRange r;
+    r.first_param = starts[u];
+    r.end_param = u + 1 < starts.size() ? std::min(starts[u + 1], np) : np;
+    r.begin = flat[r.first_param];
+    r.end = r.end_param < np ? flat[r.end_param] : total;
+    r.first_bucket = buckets.size();
+    for (std::size_t begin = r.begin; begin < r.end; begin += bucket_elems) {
+      BucketRange b;
+      b.begin = begin;
+      b.len = std::min(bucket_elems, r.end - begin);
+      b.padded = (b.len + align - 1) / align * align;
+      b.shard_offset = shard;
+      shard += b.padded / n;
+      buckets.push_back(b);
+    }
+    r.end_bucket = buckets.size();
+    units.push_back(r);
   }
+  if (np == 0) units.push_back({});
   storage = stage == 0 ? shard * n : shard;
   // Segments: bucket by bucket, rank by rank, parameter by parameter.
   std::size_t first = 0;  // the first parameter that may overlap the bucket

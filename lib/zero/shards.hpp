@@ -14,6 +14,13 @@
 // aligned to kShardAlign elements. Stage 0 keeps every rank's shard: its
 // state buffers hold N * S elements, rank q's shard at q * S.
 //
+// Units (ZeRO stage 3's gather granularity: consecutive parameters that a
+// code uses together) end buckets: a bucket never crosses the start of a
+// unit, so that a unit's buckets hold its parameters alone and gathering it
+// is the allgather of those buckets. A unit longer than B takes several
+// buckets. Without units (one unit of everything) the buckets are cut at
+// multiples of B alone.
+//
 // A segment is the part of one parameter inside one rank's piece of one
 // bucket: the unit of every kernel call and every partial sum, identical in
 // all stages, which is why the stages agree bitwise (the norms are summed
@@ -40,6 +47,14 @@ struct Segment {
   std::size_t bucket = 0;
 };
 
+// A unit: parameters [first_param, end_param), flat elements [begin, end),
+// buckets [first_bucket, end_bucket).
+struct UnitRange {
+  std::size_t first_param = 0, end_param = 0;
+  std::size_t begin = 0, end = 0;
+  std::size_t first_bucket = 0, end_bucket = 0;
+};
+
 struct BucketRange {
   std::size_t begin = 0;                       // flat index
   std::size_t len = 0;                         // elements of parameters
@@ -52,11 +67,13 @@ struct BucketRange {
 // order) on `ranks` ranks, as rank `rank` sees it (every rank's segments,
 // and which of them this rank updates), for `stage` and buckets of
 // `bucket_elems` elements (bucket_elements(): a multiple of
-// ranks * kShardAlign; capped here at the padded total).
+// ranks * kShardAlign; capped here at the padded total). unit_starts: the
+// parameters that start a unit, ascending (parameter 0 always does; empty:
+// one unit of every parameter).
 struct ShardLayout {
   ShardLayout() = default;
   ShardLayout(const std::vector<std::size_t>& numel, int ranks, int rank, int stage,
-              std::size_t bucket_elems);
+              std::size_t bucket_elems, const std::vector<std::size_t>& unit_starts = {});
 
   // The elements of a bucket of `bucket_mb` MiB of `elem_bytes`-byte
   // reduced gradients, rounded down to a multiple of ranks * kShardAlign
@@ -69,6 +86,7 @@ struct ShardLayout {
   std::size_t shard = 0;          // S
   std::size_t storage = 0;        // S, or N * S in stage 0
   std::vector<BucketRange> buckets;
+  std::vector<UnitRange> units;   // in parameter order; one without unit_starts
   std::vector<Segment> segments;  // every rank's, by bucket, rank, parameter
   std::vector<std::size_t> mine;  // indices of the segments this rank updates
   std::vector<ShardRange> owned;  // the same, as the public ShardRange
