@@ -355,10 +355,10 @@ TEST_CASE("ZeRO: bad arguments are errors on every rank", "[zero][errors][argume
          p.group = 1;
          return construct({param("a", 0, 10, 0), p}, {Adam{}, SGD{.lr = 0.1}});
        }},
-      {"stage 3",
+      {"stage 4",
        invalid,
        {"stage"},
-       [&] { return construct({param("a", 0, 10, 0)}, adam, ZeroOptions{.stage = 3}); }},
+       [&] { return construct({param("a", 0, 10, 0)}, adam, ZeroOptions{.stage = 4}); }},
       {"stage -1",
        invalid,
        {"stage"},

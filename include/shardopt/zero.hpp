@@ -55,6 +55,12 @@ struct Param {
   // ZeroOptions::stream_grads, there is none (see there).
   void* grad = nullptr;
   int group = 0;  // index into the optimizer's parameter groups
+  // The unit (ZeRO stage 3's gather granularity): consecutive parameters
+  // with the same unit index form one unit; -1 (the default) makes the
+  // parameter a unit of its own at stage 3. Units end gradient buckets at
+  // every stage when any parameter sets one, so that the stages agree
+  // bitwise with the same units.
+  int unit = -1;
   // The tensor's shape, written to checkpoints and exports (its product is
   // numel); empty: one dimension of numel.
   std::vector<std::size_t> shape = {};
@@ -128,7 +134,7 @@ struct LossScaler {
 };
 
 struct ZeroOptions {
-  int stage = 1;  // 0, 1 or 2
+  int stage = 1;  // 0, 1, 2 or 3
   // Gradient bucket size in MiB (of reduced gradients). 0 takes
   // SHARDOPT_BUCKET_MB (default 25).
   double bucket_mb = 0.0;
@@ -529,6 +535,18 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   // Collective: writes the parameters only (tensor "<name>" each) as a plain
   // safetensors file, for inference, in parallel and atomically as save().
   void export_params(const std::string& path, const ExportOptions& options = {});
+
+  // Stage 3. Units in registration order (Param::unit). Collective:
+  // gathers unit u's parameters from the shards into a buffer of the
+  // optimizer's; data(i) then points at parameter i of it until
+  // release(u) (local). Until then the parameters are read only.
+  std::size_t num_units() const;
+  void gather(std::size_t unit);
+  void release(std::size_t unit);
+  // Parameter i's whole values: the registered buffer at stages 0-2; at
+  // stage 3 the gathered unit's buffer, null while it is not gathered.
+  // Local.
+  const void* data(std::size_t i) const;
 
   // Collective: whether every rank's parameter buffers hold the same bytes
   // (one 64-bit checksum per parameter, compared across ranks), and if not,

@@ -89,8 +89,22 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
     }
   };
   const ErrorCode bad = ErrorCode::invalid_argument;
-  if (opt_.stage < 0 || opt_.stage > 2)
-    fail(bad, "ZeroOptions::stage is " + std::to_string(opt_.stage) + "; use 0, 1 or 2");
+  if (opt_.stage < 0 || opt_.stage > 3)
+    fail(bad, "ZeroOptions::stage is " + std::to_string(opt_.stage) + "; use 0, 1, 2 or 3");
+  // Units: consecutive parameters with one index; an index met again after
+  // another one is a unit split in two.
+  for (std::size_t i = 1; i < params_.size(); ++i) {
+    const int u = params_[i].unit;
+    if (u < 0 || u == params_[i - 1].unit) continue;
+    for (std::size_t j = 0; j + 1 < i; ++j)
+      if (params_[j].unit == u) {
+        fail(bad, "parameter " + index_text(i) + " ('" + params_[i].name + "') is in unit " +
+                      std::to_string(u) + ", which ended before it (at parameter " + index_text(j) +
+                      ", '" + params_[j].name +
+                      "'); a unit is consecutive parameters: register them together");
+        break;
+      }
+  }
   if (!(opt_.bucket_mb >= 0.0) || !std::isfinite(opt_.bucket_mb))
     fail(bad, "ZeroOptions::bucket_mb is " + num(opt_.bucket_mb) +
                   "; use a size in MiB > 0, or 0 for SHARDOPT_BUCKET_MB");
@@ -224,8 +238,8 @@ void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
       break;
     }
   }
-  if (opt_.stream_grads && opt_.stage != 2)
-    fail(bad, "ZeroOptions::stream_grads needs stage 2 (stage " + std::to_string(opt_.stage) +
+  if (opt_.stream_grads && opt_.stage < 2)
+    fail(bad, "ZeroOptions::stream_grads needs stage 2 or 3 (stage " + std::to_string(opt_.stage) +
                   " keeps whole gradients); set stage = 2 or leave stream_grads off");
   if (opt_.param_remainders) {
     if (dtype_ != DType::bf16)
@@ -385,18 +399,44 @@ void ZeroEngine::build_layout() {
   remainders_ = opt_.param_remainders;
   std::vector<std::size_t> numel(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) numel[i] = params_[i].numel;
-  layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_);
+  // Units: where Param::unit changes (or is -1), when any parameter sets
+  // one; at stage 3 each parameter is its own unit by default.
+  std::vector<std::size_t> starts;
+  const bool units = opt_.stage == 3 || std::any_of(params_.begin(), params_.end(),
+                                                    [](const Param& p) { return p.unit >= 0; });
+  for (std::size_t i = 0; units && i < params_.size(); ++i)
+    if (i == 0 || params_[i].unit < 0 || params_[i].unit != params_[i - 1].unit)
+      starts.push_back(i);
+  layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_, starts);
+  unit_of_.assign(params_.size(), 0);
+  for (std::size_t u = 0; u < layout_.units.size(); ++u)
+    for (std::size_t i = layout_.units[u].first_param; i < layout_.units[u].end_param; ++i)
+      unit_of_[i] = u;
 }
 
 void ZeroEngine::allocate() {
+  // Stage 3: this rank's pieces of the parameters, from the registered
+  // buffers; the gradients are reduced as at stage 2.
+  reducer_opt_ = opt_;
+  if (opt_.stage == 3) {
+    reducer_opt_.stage = 2;
+    param_shard_ = space_.allocate(layout_.shard * elem_, "the parameter shard");
+    for (std::size_t si : layout_.mine) {
+      const Segment& s = layout_.segments[si];
+      space_.copy(param_shard_.as<std::byte>() + s.storage * elem_,
+                  static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_,
+                  s.count * elem_);
+    }
+    gathered_.resize(layout_.units.size());
+  }
   reducer_ = std::make_unique<GradReducer>(
-      comm_, ctl_, space_, params_, layout_, opt_, dtype_, reduce_type_,
+      comm_, ctl_, space_, params_, layout_, reducer_opt_, dtype_, reduce_type_,
       [this](const char* what, std::size_t bucket, bool after_update) {
         watch(what, bucket, after_update);
       },
       kind_ != kind_of<Lamb>() && kind_ != kCustomKind);
   shard_ = std::make_unique<ShardState>(comm_, space_, params_, groups_, layout_, opt_.stage,
-                                        dtype_, remainders_);
+                                        dtype_, remainders_, param_shard_.as<std::byte>());
   if (opt_.loss_scaler) {
     scale_ = opt_.loss_scaler->init_scale;
     hysteresis_left_ = opt_.loss_scaler->hysteresis;

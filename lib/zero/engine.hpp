@@ -83,6 +83,12 @@ class ZeroEngine {
   // Parameters identical on every rank (lib/zero/sync.cpp).
   SyncReport check_sync();
 
+  // Stage 3 (lib/zero/units.cpp).
+  std::size_t num_units() const noexcept { return layout_.units.size(); }
+  void gather(std::size_t unit);
+  void release(std::size_t unit);
+  const void* data(std::size_t i) const;
+
  private:
   // Construction.
   void validate_locally(std::string& error, ErrorCode& code) const;
@@ -153,6 +159,13 @@ class ZeroEngine {
   bool remainders_ = false;
   ShardLayout layout_;
   std::size_t bucket_elems_ = 0;
+  // Stage 3: this rank's pieces of the parameters (S elements of dtype_),
+  // each unit's gathered buffer (empty when released), each parameter's
+  // unit, and the options the gradient reducer sees (stage 2's).
+  SpaceBuffer param_shard_;
+  std::vector<SpaceBuffer> gathered_;
+  std::vector<std::size_t> unit_of_;
+  ZeroOptions reducer_opt_;
   Space space_;  // the host, or the parameters' device  // B asked for (agreed), before the layout
                  // caps it
 

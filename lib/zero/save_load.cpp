@@ -445,7 +445,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   // Everything is read and verified on every rank: commit.
   reducer().discard();
   shard().load(staging, loaded);
-  if (opt_.stage > 0) reducer().gather_params();
+  if (opt_.stage == 1 || opt_.stage == 2) reducer().gather_params();
   steps_ = report.step;
   if (scaler_tensor) {
     scale_ = scaler[0];

@@ -21,7 +21,7 @@ namespace shardopt::detail {
 
 ShardState::ShardState(Communicator& comm, const Space& space, const std::vector<Param>& params,
                        const std::vector<OptimizerConfig>& groups, const ShardLayout& layout,
-                       int stage, DType dtype, bool remainders)
+                       int stage, DType dtype, bool remainders, std::byte* param_shard)
     : comm_(comm),
       space_(space),
       params_(params),
@@ -34,7 +34,8 @@ ShardState::ShardState(Communicator& comm, const Space& space, const std::vector
       remainders_(remainders),
       kind_(groups.empty() ? 0 : groups[0].index()),
       rank_(comm.rank()),
-      nranks_(comm.size()) {
+      nranks_(comm.size()),
+      param_shard_(param_shard) {
   slots_ = state_slots(groups_);
   // The sizes of lib/zero/buffers.hpp, which plan_memory() adds up.
   master_buf_ =
@@ -70,6 +71,7 @@ void ShardState::init() {
 }
 
 std::byte* ShardState::user_param(const Segment& s) const {
+  if (param_shard_ != nullptr) return param_shard_ + s.storage * elem_;
   return static_cast<std::byte*>(params_[s.param].data) + s.offset * elem_;
 }
 

