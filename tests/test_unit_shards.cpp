@@ -121,7 +121,8 @@ TEST_CASE("the sharded layout places every element where the bucket arithmetic s
         ++seen[x];
         const std::size_t bi = expected_bucket(unit_begin, total, x, l.bucket_elems);
         const Place want = expected_place(l, x, bi, ranks, stage);
-        placed = placed && want.rank == s.rank && want.storage == s.storage + k && s.bucket == bi;
+        placed = placed && want.rank == s.rank && want.storage == s.storage + k && s.bucket == bi &&
+                 l.bucket_of(x) == bi;
       }
     }
     CHECK(in_parameter);

@@ -294,14 +294,12 @@ void GradReducer::grad_ready(std::size_t i, const void* grad,
   marked_any_ = true;
   open_ = true;
   ready_[i] = 1;
-  // Buckets start at multiples of the bucket size: those the parameter
-  // spans, from its last to its first, as they launch. Each one launches as
-  // soon as it is complete, before the next is filled: a parameter that
-  // spans many buckets streams through the two bucket buffers, one filling
-  // while the one before is in flight.
-  const std::size_t first = layout_.flat[i] / layout_.bucket_elems;
-  for (std::size_t b = p.numel > 0 ? (layout_.flat[i] + p.numel - 1) / layout_.bucket_elems + 1
-                                   : first;
+  // The buckets the parameter spans, from its last to its first, as they
+  // launch. Each one launches as soon as it is complete, before the next is
+  // filled: a parameter that spans many buckets streams through the two
+  // bucket buffers, one filling while the one before is in flight.
+  const std::size_t first = p.numel > 0 ? layout_.bucket_of(layout_.flat[i]) : 0;
+  for (std::size_t b = p.numel > 0 ? layout_.bucket_of(layout_.flat[i] + p.numel - 1) + 1 : first;
        b-- > first;) {
     if (streamed_[i] != 0) stream_grad(b, i, static_cast<const std::byte*>(grad));
     const auto [s, e] = overlap(i, buckets_[b].begin, buckets_[b].begin + buckets_[b].len);

@@ -12,6 +12,13 @@ std::size_t ShardLayout::bucket_elements(double bucket_mb, std::size_t elem_byte
   return std::max(unit, b / unit * unit);
 }
 
+std::size_t ShardLayout::bucket_of(std::size_t x) const {
+  const auto after =
+      std::upper_bound(buckets.begin(), buckets.end(), x,
+                       [](std::size_t v, const BucketRange& b) { return v < b.begin; });
+  return static_cast<std::size_t>(after - buckets.begin()) - 1;
+}
+
 ShardLayout::ShardLayout(const std::vector<std::size_t>& numel, int ranks, int rank, int stage,
                          std::size_t bucket, const std::vector<std::size_t>& unit_starts) {
   const std::size_t n = static_cast<std::size_t>(ranks);

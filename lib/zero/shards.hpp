@@ -79,6 +79,8 @@ struct ShardLayout {
   // reduced gradients, rounded down to a multiple of ranks * kShardAlign
   // (at least one such unit).
   static std::size_t bucket_elements(double bucket_mb, std::size_t elem_bytes, int ranks);
+  // The bucket holding flat element x (x < total).
+  std::size_t bucket_of(std::size_t x) const;
 
   std::vector<std::size_t> flat;  // flat index of each parameter
   std::size_t total = 0;          // T
