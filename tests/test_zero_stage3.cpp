@@ -190,3 +190,33 @@ TEST_CASE("stage 3 with streamed gradients gives stage 2's parameters bitwise", 
     CHECK(all_ranks_true(same));
   }
 }
+
+TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]") {
+  Communicator& c = world();
+  Run three = make(c, DType::f32, 3, Adam{});
+  // Different units at the same point: every rank names each rank's unit.
+  if (c.size() > 1) {
+    const std::size_t mine = c.rank() == 0 ? 0 : 1;
+    CHECK(all_ranks_true(throws_error([&] { three.opt->gather(mine); }, ErrorCode::invalid_state,
+                                      "rank 1: unit 1 ('p2'")));
+  }
+  CHECK(all_ranks_true(
+      throws_error([&] { three.opt->gather(99); }, ErrorCode::invalid_argument, "5 units")));
+  // Gathered twice; step() while gathered; release without a gather.
+  three.opt->gather(2);
+  CHECK(all_ranks_true(
+      throws_error([&] { three.opt->gather(2); }, ErrorCode::invalid_state, "gathered already")));
+  CHECK(all_ranks_true(
+      throws_error([&] { three.opt->step(); }, ErrorCode::invalid_state, "still gathered")));
+  three.opt->release(2);
+  CHECK(all_ranks_true(
+      throws_error([&] { three.opt->release(2); }, ErrorCode::invalid_state, "not gathered")));
+  // Stages 0-2 have no units to gather.
+  Run two = make(c, DType::f32, 2, Adam{});
+  CHECK(all_ranks_true(
+      throws_error([&] { two.opt->gather(0); }, ErrorCode::invalid_state, "stage 3's")));
+  // And the optimizer still steps.
+  backward(three, DType::f32, c.rank(), 0);
+  three.opt->step();
+  CHECK(three.opt->steps() == 1);
+}

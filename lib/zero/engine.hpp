@@ -88,6 +88,9 @@ class ZeroEngine {
   void gather(std::size_t unit);
   void release(std::size_t unit);
   const void* data(std::size_t i) const;
+  // Collective: throws on every rank when some rank holds a unit gathered
+  // (stage 3), naming `what`.
+  void check_released(const char* what);
 
  private:
   // Construction.

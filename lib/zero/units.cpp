@@ -1,8 +1,11 @@
 // shardopt: ZeRO stage 3's units (internal): a unit's parameters gathered
 // from every rank's shard into a buffer of the engine's, and released.
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "comm/agree.hpp"
 #include "common/check.hpp"
 #include "zero/engine.hpp"
 
@@ -24,15 +27,43 @@ namespace {
 void ZeroEngine::gather(std::size_t u) {
   require_comm("gather()");
   if (opt_.stage != 3) not_stage3("gather()", opt_.stage);
-  if (u >= layout_.units.size())
-    throw_error(ErrorCode::invalid_argument,
-                "gather(" + std::to_string(u) + "): there are " +
-                    std::to_string(layout_.units.size()) + " units",
-                "pass a unit index below num_units()", __FILE__, __LINE__);
-  if (gathered_[u].size() > 0)
-    throw_error(ErrorCode::invalid_state,
-                "gather(" + std::to_string(u) + "): the unit is gathered already",
-                "release() it before gathering it again", __FILE__, __LINE__);
+  // Agreed first, so that ranks that gather different units, or one that
+  // cannot gather, fail together instead of leaving the others in the
+  // allgather: each rank's unit, and whether it holds it gathered already.
+  const std::size_t units = layout_.units.size();
+  const std::int64_t mine[2] = {static_cast<std::int64_t>(std::min<std::size_t>(u, INT64_MAX)),
+                                u < units && gathered_[u].size() > 0 ? 1 : 0};
+  std::vector<std::int64_t> all(2 * std::size_t(nranks_));
+  ctl_.allgather(mine, all.data(), 2, DType::i64);
+  const auto unit_text = [&](std::int64_t v) {
+    std::string t = std::to_string(v);
+    if (v >= 0 && std::size_t(v) < units)
+      t += " ('" + params_[layout_.units[std::size_t(v)].first_param].name + "'...)";
+    return t;
+  };
+  std::string each;
+  bool differ = false;
+  for (int q = 0; q < nranks_; ++q) {
+    differ = differ || all[2 * std::size_t(q)] != all[0];
+    each += (q ? ", rank " : "rank ") + std::to_string(q) + ": unit " +
+            unit_text(all[2 * std::size_t(q)]);
+  }
+  if (differ)
+    throw_agreed(ctl_, ErrorCode::invalid_state,
+                 "gather(): the ranks gather different units at the same point (" + each + ")",
+                 "every rank gathers the same units in the same order (the model's layers as "
+                 "its forward pass uses them)",
+                 __FILE__, __LINE__);
+  if (u >= units)
+    throw_agreed(ctl_, ErrorCode::invalid_argument,
+                 "gather(" + std::to_string(u) + "): there are " + std::to_string(units) + " units",
+                 "pass a unit index below num_units()", __FILE__, __LINE__);
+  for (int q = 0; q < nranks_; ++q)
+    if (all[2 * std::size_t(q) + 1] != 0)
+      throw_agreed(ctl_, ErrorCode::invalid_state,
+                   "gather(" + unit_text(all[0]) + "): rank " + std::to_string(q) +
+                       " holds the unit gathered already",
+                   "release() a unit before gathering it again", __FILE__, __LINE__);
   const UnitRange& r = layout_.units[u];
   // The unit's elements and the padding of its last bucket's last piece.
   std::size_t elems = 0;
@@ -69,6 +100,29 @@ const void* ZeroEngine::data(std::size_t i) const {
   const std::size_t u = unit_of_[i];
   if (gathered_[u].size() == 0) return nullptr;
   return gathered_[u].as<std::byte>() + (layout_.flat[i] - layout_.units[u].begin) * elem_;
+}
+
+}  // namespace shardopt::detail
+
+namespace shardopt::detail {
+
+void ZeroEngine::check_released(const char* what) {
+  if (opt_.stage != 3) return;
+  std::int64_t held = 0, first = -1;
+  for (std::size_t u = 0; u < gathered_.size(); ++u)
+    if (gathered_[u].size() > 0) {
+      ++held;
+      if (first < 0) first = static_cast<std::int64_t>(u);
+    }
+  std::int64_t most[2] = {held, first};
+  ctl_.allreduce(most, most, 2, DType::i64, ReduceOp::max);
+  if (most[0] > 0)
+    throw_agreed(ctl_, ErrorCode::invalid_state,
+                 std::string(what) + " with " + std::to_string(most[0]) +
+                     " unit(s) still gathered on some rank (unit " + std::to_string(most[1]) +
+                     " among them)",
+                 "release() every gathered unit before the step: its parameters change in it",
+                 __FILE__, __LINE__);
 }
 
 }  // namespace shardopt::detail

@@ -171,6 +171,7 @@ void ZeroEngine::settle() {
 StepInfo ZeroEngine::step() {
   require_comm("step()");
   settle();  // the previous step's verdict, normally reached long ago
+  check_released("step()");
   StepInfo info;
   const double t0 = MPI_Wtime();
   watch("step(): agreeing that every gradient was reduced");
