@@ -220,3 +220,24 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   three.opt->step();
   CHECK(three.opt->steps() == 1);
 }
+
+TEST_CASE("stage 3's memory report counts the parameter shard and the gathered units",
+          "[zero][stage3]") {
+  Communicator& c = world();
+  Run three = make(c, DType::bf16, 3, Adam{});
+  Run two = make(c, DType::bf16, 2, Adam{});
+  const MemoryReport m3 = three.opt->memory_report(), m2 = two.opt->memory_report();
+  // The shard: this rank's pieces of every bucket, as many elements as the
+  // master weights' fp32 shard.
+  CHECK(m3.param_shard == m3.master_params / 2);
+  CHECK(m3.gathered_units == 0);
+  CHECK(m2.param_shard == 0);
+  CHECK(m3.master_params == m2.master_params);
+  CHECK(m3.optimizer_state == m2.optimizer_state);
+  three.opt->gather(2);
+  const MemoryReport g = three.opt->memory_report();
+  CHECK(g.gathered_units >= (2048 + 300) * 2);  // unit 2: 'p3' and 'p4', in bf16
+  CHECK(g.allocated() == m3.allocated() + g.gathered_units);
+  three.opt->release(2);
+  CHECK(three.opt->memory_report().gathered_units == 0);
+}

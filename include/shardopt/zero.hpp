@@ -232,6 +232,8 @@ struct MemoryReport {
   std::size_t reduced_grads = 0;    // full fp32 gradients (reduce_in_fp32, 16-bit, stages 0/1)
   std::size_t owned_grads = 0;      // gradient buffers the optimizer owns (Param::grad null)
   std::size_t buckets = 0;          // communication buckets and scratch
+  std::size_t param_shard = 0;      // stage 3: this rank's pieces of the parameters
+  std::size_t gathered_units = 0;   // stage 3: the buffers of the units gathered now
   std::size_t user_params = 0;      // the registered parameter buffers
   std::size_t user_grads = 0;       // registered gradient buffers (not owned ones)
   // Where allocated() is: in device memory (parameters on a device) and in
@@ -248,7 +250,8 @@ struct MemoryReport {
   std::size_t node_shared = 0;
   // Everything shardopt allocated.
   std::size_t allocated() const noexcept {
-    return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets;
+    return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets +
+           param_shard + gathered_units;
   }
 };
 

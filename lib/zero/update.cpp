@@ -467,6 +467,8 @@ MemoryReport ZeroEngine::memory_report() const {
   MemoryReport m;
   shard().add_memory(m);
   reducer().add_memory(m);
+  m.param_shard = param_shard_.size();
+  for (const SpaceBuffer& g : gathered_) m.gathered_units += g.size();
   for (const Param& p : params_) {
     m.user_params += p.numel * elem_;
     if (p.grad != nullptr) m.user_grads += p.numel * elem_;
