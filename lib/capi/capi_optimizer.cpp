@@ -18,6 +18,12 @@ ZeroOptions zero_options(const shardopt_zero_options_t* o) {
   ZeroOptions z;
   if (!o) return z;
   z.stage = o->stage;
+  if (o->stage == 3)
+    SHARDOPT_THROW(
+        invalid_argument,
+        "ZeroOptions::stage is 3: stage 3's gather and release of units are not in the C "
+        "API (nor Fortran) yet",
+        "use stage 0, 1 or 2 from C and Fortran; stage 3 from C++");
   z.bucket_mb = o->bucket_mb;
   if (o->reduce_sum != 0 && o->reduce_sum != 1)
     SHARDOPT_THROW(invalid_argument, "options->reduce_sum is " + std::to_string(o->reduce_sum),
