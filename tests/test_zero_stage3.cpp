@@ -215,6 +215,8 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   Run two = make(c, DType::f32, 2, Adam{});
   CHECK(all_ranks_true(
       throws_error([&] { two.opt->gather(0); }, ErrorCode::invalid_state, "stage 3's")));
+  CHECK(all_ranks_true(
+      throws_error([&] { three.opt->check_sync(); }, ErrorCode::unsupported, "stage 3")));
   // And the optimizer still steps.
   backward(three, DType::f32, c.rank(), 0);
   three.opt->step();

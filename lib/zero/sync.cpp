@@ -50,6 +50,17 @@ std::string by_value(const std::vector<T>& per_rank, Text text) {
 
 SyncReport ZeroEngine::check_sync() {
   require_comm("check_sync()");
+  // Stage 3 holds no whole parameter between gathers: what it compares
+  // across ranks is still to be built (the persistent parameters, a digest
+  // per gathered unit). Refused rather than reporting registered buffers
+  // that stage 3 never writes.
+  if (opt_.stage == 3)
+    throw_error(ErrorCode::unsupported,
+                "check_sync() at stage 3: the parameters are sharded, and the comparison of "
+                "stage 3's replicated parts is not there yet",
+                "call check_sync() at stages 0-2, and leave ZeroOptions::check_sync_every and "
+                "SHARDOPT_CHECK_SYNC unset at stage 3",
+                __FILE__, __LINE__);
   const int nranks = ctl_.size();
   std::vector<std::int64_t> sums(params_.size());
   // On a device, each parameter is read through host memory.
