@@ -70,8 +70,12 @@ Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool str
 
 // The gradients, from the parameters as the step sees them.
 void backward(Run& r, DType t, int rank, int step) {
+  // Stage 3: unit 0 gathered, each later one prefetched (igather) while the
+  // one before it is used.
+  const bool three = r.opt->stage() == 3;
+  if (three) r.opt->gather(0);
   for (std::size_t u = 0; u < r.opt->num_units(); ++u) {
-    if (r.opt->stage() == 3) r.opt->gather(u);
+    if (three && u + 1 < r.opt->num_units()) r.opt->igather(u + 1);
     for (std::size_t i = 0; i < kNumel.size(); ++i) {
       if (kUnit[i] != int(u)) continue;
       const auto* p = static_cast<const std::byte*>(r.opt->data(i));
@@ -79,7 +83,7 @@ void backward(Run& r, DType t, int rank, int step) {
         store(t, r.grads[i].data(), k,
               0.1f * std::cos(3.0f * value(t, p, k) + float(rank) + 0.1f * float(step)));
     }
-    if (r.opt->stage() == 3) r.opt->release(u);
+    if (three) r.opt->release(u);
   }
 }
 

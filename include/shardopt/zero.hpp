@@ -545,6 +545,10 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
   // release(u) (local). Until then the parameters are read only.
   std::size_t num_units() const;
   void gather(std::size_t unit);
+  // Collective: as gather(), returning once the allgathers are issued, so
+  // that they move while the caller computes (prefetch the next unit);
+  // data(i) and release(unit) wait for them.
+  void igather(std::size_t unit);
   void release(std::size_t unit);
   // Parameter i's whole values: the registered buffer at stages 0-2; at
   // stage 3 the gathered unit's buffer, null while it is not gathered.

@@ -428,6 +428,7 @@ void ZeroEngine::allocate() {
                   s.count * elem_);
     }
     gathered_.resize(layout_.units.size());
+    pending_.resize(layout_.units.size());
   }
   reducer_ = std::make_unique<GradReducer>(
       comm_, ctl_, space_, params_, layout_, reducer_opt_, dtype_, reduce_type_,

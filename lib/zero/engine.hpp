@@ -86,8 +86,11 @@ class ZeroEngine {
   // Stage 3 (lib/zero/units.cpp).
   std::size_t num_units() const noexcept { return layout_.units.size(); }
   void gather(std::size_t unit);
+  void igather(std::size_t unit);
   void release(std::size_t unit);
   const void* data(std::size_t i) const;
+  // Waits for unit u's allgathers in flight (igather).
+  void finish_gather(std::size_t u) const;
   // Collective: throws on every rank when some rank holds a unit gathered
   // (stage 3), naming `what`.
   void check_released(const char* what);
@@ -167,6 +170,7 @@ class ZeroEngine {
   // unit, and the options the gradient reducer sees (stage 2's).
   SpaceBuffer param_shard_;
   std::vector<SpaceBuffer> gathered_;
+  mutable std::vector<std::vector<Request>> pending_;  // igather's, per unit
   std::vector<std::size_t> unit_of_;
   ZeroOptions reducer_opt_;
   Space space_;  // the host, or the parameters' device  // B asked for (agreed), before the layout

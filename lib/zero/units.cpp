@@ -25,6 +25,11 @@ namespace {
 }  // namespace
 
 void ZeroEngine::gather(std::size_t u) {
+  igather(u);
+  finish_gather(u);
+}
+
+void ZeroEngine::igather(std::size_t u) {
   require_comm("gather()");
   if (opt_.stage != 3) not_stage3("gather()", opt_.stage);
   // Agreed first, so that ranks that gather different units, or one that
@@ -75,10 +80,16 @@ void ZeroEngine::gather(std::size_t u) {
   const std::size_t n = static_cast<std::size_t>(nranks_);
   for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi) {
     const BucketRange& b = layout_.buckets[bi];
-    comm_.allgather(param_shard_.as<std::byte>() + b.shard_offset * elem_,
-                    gathered_[u].as<std::byte>() + (b.begin - r.begin) * elem_, b.padded / n,
-                    dtype_);
+    pending_[u].push_back(comm_.iallgather(
+        param_shard_.as<std::byte>() + b.shard_offset * elem_,
+        gathered_[u].as<std::byte>() + (b.begin - r.begin) * elem_, b.padded / n, dtype_));
   }
+}
+
+void ZeroEngine::finish_gather(std::size_t u) const {
+  // In issue order: a bucket's padding is overwritten by the next one's.
+  for (Request& r : pending_[u]) r.wait();
+  pending_[u].clear();
 }
 
 void ZeroEngine::release(std::size_t u) {
@@ -87,6 +98,7 @@ void ZeroEngine::release(std::size_t u) {
     throw_error(ErrorCode::invalid_state,
                 "release(" + std::to_string(u) + "): the unit is not gathered",
                 "release a unit once after each gather()", __FILE__, __LINE__);
+  finish_gather(u);
   gathered_[u] = SpaceBuffer();
 }
 
@@ -99,6 +111,7 @@ const void* ZeroEngine::data(std::size_t i) const {
   if (opt_.stage != 3) return params_[i].data;
   const std::size_t u = unit_of_[i];
   if (gathered_[u].size() == 0) return nullptr;
+  finish_gather(u);
   return gathered_[u].as<std::byte>() + (layout_.flat[i] - layout_.units[u].begin) * elem_;
 }
 

@@ -68,6 +68,7 @@ void ZeroRedundancyOptimizer::export_params(const std::string& path, const Expor
 SyncReport ZeroRedundancyOptimizer::check_sync() { return engine(engine_).check_sync(); }
 std::size_t ZeroRedundancyOptimizer::num_units() const { return engine(engine_).num_units(); }
 void ZeroRedundancyOptimizer::gather(std::size_t unit) { engine(engine_).gather(unit); }
+void ZeroRedundancyOptimizer::igather(std::size_t unit) { engine(engine_).igather(unit); }
 void ZeroRedundancyOptimizer::release(std::size_t unit) { engine(engine_).release(unit); }
 const void* ZeroRedundancyOptimizer::data(std::size_t i) const { return engine(engine_).data(i); }
 
