@@ -55,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "shardopt/shardopt.hpp"
@@ -110,21 +111,21 @@ void run_owned(shardopt::Communicator& comm, int rank, bool user, bool protect, 
                 static_cast<unsigned long long>(h));
 }
 
-// The other jobs (above).
-void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, bool apart, bool die,
-               bool bcast) {
+// The other jobs (above), by mode: stall, apart, die, desync or bcast.
+void run_fault(shardopt::Communicator& comm, int rank, int odd, std::string_view mode) {
+  const bool die = mode == "die";
   std::vector<float> w(4096, 0.5f), g(4096, 0.01f);
   shardopt::ZeroRedundancyOptimizer opt(
       comm, {{.name = "w", .data = w.data(), .numel = w.size(), .grad = g.data()}},
       shardopt::Adam{.lr = 1e-3}, {.stage = 2});
   for (int s = 0; s < 3; ++s) opt.step();
-  if (desync) {
+  if (mode == "desync") {
     std::vector<double> x(3 * static_cast<std::size_t>(comm.size()), 1.0);
     if (rank == odd)
       comm.allreduce(x.data(), x.data(), 3, shardopt::DType::f64, shardopt::ReduceOp::sum);
     else
       comm.allgather(x.data() + 3 * rank, x.data(), 3, shardopt::DType::f64);
-  } else if (apart && rank == odd) {
+  } else if (mode == "apart" && rank == odd) {
     comm.barrier();
   } else if (rank == odd) {
     const double now =
@@ -134,7 +135,7 @@ void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, boo
     if (die) _exit(9);
     sleep(600);
   }
-  if (bcast) {
+  if (mode == "bcast") {
     std::vector<float> b(262144, static_cast<float>(rank));
     comm.broadcast(b.data(), b.size(), shardopt::DType::f32, odd);
     return;
@@ -146,13 +147,11 @@ void run_fault(shardopt::Communicator& comm, int rank, int odd, bool desync, boo
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const bool desync = argc > 1 && std::strcmp(argv[1], "desync") == 0;
-  const bool apart = argc > 1 && std::strcmp(argv[1], "apart") == 0;
-  const bool die = argc > 1 && std::strcmp(argv[1], "die") == 0;
-  const bool bcast = argc > 1 && std::strcmp(argv[1], "bcast") == 0;
-  const bool owned = argc > 1 && std::strcmp(argv[1], "owned") == 0;
-  const bool user = argc > 1 && std::strcmp(argv[1], "user") == 0;
-  const bool stream = argc > 1 && std::strcmp(argv[1], "stream") == 0;
+  const std::string_view mode = argc > 1 ? argv[1] : "";
+  const bool die = mode == "die";
+  const bool owned = mode == "owned";
+  const bool user = mode == "user";
+  const bool stream = mode == "stream";
   if (user && argc > 2 && std::strcmp(argv[2], "nodump") == 0) prctl(PR_SET_DUMPABLE, 0);
   const bool protect = user && argc > 2 && std::strcmp(argv[2], "protect") == 0;
   const int odd = argc > 2 ? std::atoi(argv[2]) : 0;
@@ -163,7 +162,7 @@ int main(int argc, char** argv) {
     if (owned || user || stream) {
       run_owned(comm, rank, user, protect, stream);
     } else {
-      run_fault(comm, rank, odd, desync, apart, die, bcast);
+      run_fault(comm, rank, odd, mode);
     }
   } catch (const shardopt::Error& e) {
     std::fprintf(stderr, "fault_job: rank %d: %s\n", rank, e.what());

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,7 +29,6 @@ using shardopt::DType;
 // kernels use (the widest present, capped by SHARDOPT_CPU_ISA).
 
 using shardopt::kernels::cpu::detail::Isa;
-using shardopt::kernels::cpu::detail::isa_name;
 
 // The widest vector unit present (the kernels' own detection), capped as
 // the optimizer kernels cap it (SHARDOPT_CPU_ISA): the limit kernels run on
@@ -39,6 +39,9 @@ Isa used_isa() {
                                   static_cast<Isa>(static_cast<int>(shardopt::settings().cpu_isa)));
   return isa;
 }
+
+// The kernels' parts: this file's own.
+namespace {
 
 // Opaque to the compiler, so the limit kernel's arithmetic is not folded away.
 volatile float g_zero = 0.0f;
@@ -388,6 +391,8 @@ void touch_with_states(const Streams& s, int k) {
       return touch_with_copy<G, 3>(s);
   }
 }
+
+}  // namespace
 
 // The memory-only limit kernel of a step with k state arrays (two passes
 // when s.scratch is set).

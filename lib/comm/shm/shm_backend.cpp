@@ -153,8 +153,8 @@ class ShmBackend final : public Backend {
                                        ReduceOp op, bool blocking, StreamHandle stream) override {
     if (blocking &&
         mpi_is_faster(Collective::allreduce, count * dtype_size(dtype), send == recv, dtype, op)) {
-      return through_mpi(
-          [&] { return mpi_->allreduce(send, recv, count, dtype, op, true, stream); });
+      throw_if_broken();
+      return mpi_->allreduce(send, recv, count, dtype, op, true, stream);
     }
     return issue(blocking, nodes_ > 1, [=, this] {
       node_->set_operation("allreduce");
@@ -181,8 +181,8 @@ class ShmBackend final : public Backend {
                                        bool in_place, bool blocking, StreamHandle stream) override {
     if (blocking && mpi_is_faster(Collective::allgather, count * size() * dtype_size(dtype),
                                   in_place, dtype, ReduceOp::sum)) {
-      return through_mpi(
-          [&] { return mpi_->allgather(send, recv, count, dtype, in_place, true, stream); });
+      throw_if_broken();
+      return mpi_->allgather(send, recv, count, dtype, in_place, true, stream);
     }
     const void* own =
         in_place ? static_cast<const char*>(recv) + rank() * count * dtype_size(dtype) : send;
@@ -198,7 +198,8 @@ class ShmBackend final : public Backend {
     if (nodes_ > 1) return mpi_->broadcast(buf, count, dtype, root, blocking, stream);
     if (blocking && mpi_is_faster(Collective::broadcast, count * dtype_size(dtype), true, dtype,
                                   ReduceOp::sum)) {
-      return through_mpi([&] { return mpi_->broadcast(buf, count, dtype, root, true, stream); });
+      throw_if_broken();
+      return mpi_->broadcast(buf, count, dtype, root, true, stream);
     }
     return issue(blocking, false, [=, this] {
       node_->set_operation("broadcast");
@@ -254,20 +255,17 @@ class ShmBackend final : public Backend {
     return false;
   }
 
-  // A blocking operation through the MPI backend, on the caller's thread
-  // (the worker may not call MPI), as MPI's blocking call: its non-blocking
-  // form, which the watchdog could poll, was slower than shared memory
-  // (Open MPI's in-place iallreduce of 4 MiB at 2 ranks took 2.7 times its
-  // allreduce). The watchdog's backstop reports a stall in it. It needs no
+  // The operations mpi_is_faster() picks run as the MPI backend's blocking
+  // call, on the caller's thread (the worker may not call MPI): its
+  // non-blocking form, which the watchdog could poll, was slower than shared
+  // memory (Open MPI's in-place iallreduce of 4 MiB at 2 ranks took 2.7
+  // times its allreduce); the watchdog's backstop reports a stall in it. No
   // wait for the worker's operations: those use the node's channel, the MPI
-  // communicator keeps its own order, the same on every rank.
-  template <class Issue>
-  std::unique_ptr<PendingOp> through_mpi(Issue&& issue_mpi) {
-    {
-      std::lock_guard lk(m_);
-      if (!broken_.empty()) throw_broken();
-    }
-    return issue_mpi();
+  // communicator keeps its own order, the same on every rank. They fail as
+  // the others do once an operation has failed.
+  void throw_if_broken() {
+    std::lock_guard lk(m_);
+    if (!broken_.empty()) throw_broken();
   }
 
   // Reduce-scatter over every rank: within the node (each place gets the
