@@ -2,6 +2,9 @@
 // parameters, bitwise, as stage 2 with the same units, at every rank count,
 // in fp32 and bf16, with every optimizer, with clipping; a checkpoint saved
 // at stage 3 loads at stage 2 and back.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -46,7 +49,24 @@ struct Run {
   std::unique_ptr<ZeroRedundancyOptimizer> opt;
 };
 
-Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool stream = false) {
+// Stage 3's own options, from the defaults.
+struct Three {
+  std::size_t persist = 0;  // ZeroOptions::persist_below_bytes
+  bool prefetch = true;
+  bool reshard = true;  // reshard_after_forward
+  std::size_t limit = 0;
+};
+// The variants the bitwise tests rotate through: every unit gathered, with
+// prefetch; some whole (p2, p5-p7), the rest kept for backward; prefetch off
+// in a pool of two units (the largest is 9.4 KB in fp32); the defaults,
+// under which every unit of this small model stays whole.
+const Three kVariants[] = {{},
+                           {.persist = 1024, .reshard = false},
+                           {.prefetch = false, .limit = 20000},
+                           {.persist = 65536}};
+
+Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool stream = false,
+         Three v = {}) {
   Run r;
   std::vector<Param> ps;
   for (std::size_t i = 0; i < kNumel.size(); ++i) {
@@ -63,28 +83,65 @@ Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool str
                   .grad = stream ? nullptr : r.grads[i].data(),
                   .unit = kUnit[i]});
   }
-  r.opt = std::make_unique<ZeroRedundancyOptimizer>(
-      c, ps, o, ZeroOptions{.stage = stage, .bucket_mb = 0.002, .stream_grads = stream});
+  r.opt = std::make_unique<ZeroRedundancyOptimizer>(c, ps, o,
+                                                    ZeroOptions{.stage = stage,
+                                                                .bucket_mb = 0.002,
+                                                                .stream_grads = stream,
+                                                                .gather_limit_bytes = v.limit,
+                                                                .prefetch = v.prefetch,
+                                                                .reshard_after_forward = v.reshard,
+                                                                .persist_below_bytes = v.persist});
   return r;
 }
 
-// The gradients, from the parameters as the step sees them.
-void backward(Run& r, DType t, int rank, int step) {
-  // Stage 3: unit 0 gathered, each later one prefetched (igather) while the
-  // one before it is used.
+// The forward pass reads every unit in `order` (default: ascending), the
+// backward pass in reverse computes the gradients from the parameters as
+// the step sees them. At stage 3 each unit is gathered before use and
+// released after; with `manual`, each next one is prefetched by the code
+// (igather) while the one before it is used.
+void pass(Run& r, DType t, int rank, int step, bool manual = true,
+          std::vector<std::size_t> order = {}) {
   const bool three = r.opt->stage() == 3;
-  if (three) r.opt->gather(0);
-  for (std::size_t u = 0; u < r.opt->num_units(); ++u) {
-    if (three && u + 1 < r.opt->num_units()) r.opt->igather(u + 1);
-    for (std::size_t i = 0; i < kNumel.size(); ++i) {
-      if (kUnit[i] != int(u)) continue;
-      const auto* p = static_cast<const std::byte*>(r.opt->data(i));
-      for (std::size_t k = 0; k < kNumel[i]; ++k)
-        store(t, r.grads[i].data(), k,
-              0.1f * std::cos(3.0f * value(t, p, k) + float(rank) + 0.1f * float(step)));
+  if (order.empty())
+    for (std::size_t u = 0; u < r.opt->num_units(); ++u) order.push_back(u);
+  const std::size_t n = order.size();
+  float sum = 0;
+  for (int backward = 0; backward < 2; ++backward) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t u = order[backward ? n - 1 - k : k];
+      const std::size_t next = k + 1 < n ? order[backward ? n - 2 - k : k + 1] : SIZE_MAX;
+      if (three && k == 0) r.opt->gather(u);
+      if (three && manual && next != SIZE_MAX) r.opt->igather(next);
+      for (std::size_t i = 0; i < kNumel.size(); ++i) {
+        if (kUnit[i] != int(u)) continue;
+        const auto* p = static_cast<const std::byte*>(r.opt->data(i));
+        REQUIRE((p != nullptr || kNumel[i] == 0));
+        for (std::size_t e = 0; e < kNumel[i]; ++e)
+          if (backward)
+            store(t, r.grads[i].data(), e,
+                  0.1f * std::cos(3.0f * value(t, p, e) + float(rank) + 0.1f * float(step)));
+          else
+            sum += value(t, p, e);
+      }
+      if (three) r.opt->release(u);
+      if (three && !manual && next != SIZE_MAX) r.opt->gather(next);
     }
-    if (three) r.opt->release(u);
   }
+  CHECK(std::isfinite(sum));
+}
+
+// Whether stage 3's parameters, gathered unit by unit, are `two`'s bytes.
+bool same_params(Run& three, const Run& two, DType t) {
+  bool same = true;
+  for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
+    three.opt->gather(u);
+    for (std::size_t i = 0; i < kNumel.size(); ++i)
+      if (kUnit[i] == int(u) && kNumel[i] > 0)
+        same = same && std::memcmp(three.opt->data(i), two.params[i].data(),
+                                   kNumel[i] * dtype_size(t)) == 0;
+    three.opt->release(u);
+  }
+  return same;
 }
 
 }  // namespace
@@ -98,29 +155,24 @@ TEST_CASE("stage 3 gives stage 2's parameters bitwise, with the same units", "[z
     every.push_back(o);
   });
   every.push_back(SGD{.lr = 0.05, .momentum = 0.9});
+  int run = 0;
   for (DType t : {DType::f32, DType::bf16}) {
     for (const OptimizerConfig& o : every) {
-      INFO(dtype_name(t) << ", optimizer " << o.index());
-      Run two = make(c, t, 2, o), three = make(c, t, 3, o);
+      const Three v = kVariants[run++ % 4];
+      INFO(dtype_name(t) << ", optimizer " << o.index() << ", persist_below_bytes " << v.persist
+                         << ", prefetch " << v.prefetch << ", reshard_after_forward " << v.reshard
+                         << ", gather_limit_bytes " << v.limit);
+      Run two = make(c, t, 2, o), three = make(c, t, 3, o, false, v);
       REQUIRE(three.opt->num_units() == 5);
       for (int s = 0; s < 4; ++s) {
-        backward(two, t, c.rank(), s);
-        backward(three, t, c.rank(), s);
+        pass(two, t, c.rank(), s);
+        pass(three, t, c.rank(), s, run % 2 == 0);
         CHECK(two.opt->clip_grad_norm(0.5) == three.opt->clip_grad_norm(0.5));
         two.opt->step();
         three.opt->step();
       }
-      bool same = true;
-      for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
-        three.opt->gather(u);
-        for (std::size_t i = 0; i < kNumel.size(); ++i)
-          if (kUnit[i] == int(u) && kNumel[i] > 0)
-            same = same && std::memcmp(three.opt->data(i), two.params[i].data(),
-                                       kNumel[i] * dtype_size(t)) == 0;
-        three.opt->release(u);
-        CHECK(three.opt->data(three.opt->num_params() - 1) == nullptr);
-      }
-      CHECK(all_ranks_true(same));
+      CHECK(all_ranks_true(same_params(three, two, t)));
+      CHECK(three.opt->data(three.opt->num_params() - 1) == nullptr);
     }
   }
 }
@@ -131,40 +183,27 @@ TEST_CASE("a checkpoint saved at stage 3 loads at stage 2 and back", "[zero][sta
   const std::string path = dir.file("s3.safetensors");
   const OptimizerConfig adam = Adam{.lr = 1e-2};
   for (DType t : {DType::f32, DType::bf16}) {
-    Run three = make(c, t, 3, adam);
+    Run three = make(c, t, 3, adam, false, kVariants[1]);
     for (int s = 0; s < 2; ++s) {
-      backward(three, t, c.rank(), s);
+      pass(three, t, c.rank(), s);
       three.opt->step();
     }
     three.opt->save(path);
     // Stage 2 from the file, then both take two more steps.
     Run two = make(c, t, 2, adam);
     two.opt->load(path);
-    bool same = true;
     for (int s = 2; s < 4; ++s) {
-      backward(two, t, c.rank(), s);
-      backward(three, t, c.rank(), s);
+      pass(two, t, c.rank(), s);
+      pass(three, t, c.rank(), s);
       two.opt->step();
       three.opt->step();
     }
-    // And back: stage 3 from stage 2's file.
+    CHECK(all_ranks_true(same_params(three, two, t)));
+    // And back: stage 3 (every unit gathered) from stage 2's file.
     two.opt->save(path);
     Run back = make(c, t, 3, adam);
     back.opt->load(path);
-    for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
-      three.opt->gather(u);
-      back.opt->gather(u);
-      for (std::size_t i = 0; i < kNumel.size(); ++i)
-        if (kUnit[i] == int(u) && kNumel[i] > 0)
-          same =
-              same &&
-              std::memcmp(three.opt->data(i), two.params[i].data(), kNumel[i] * dtype_size(t)) ==
-                  0 &&
-              std::memcmp(back.opt->data(i), two.params[i].data(), kNumel[i] * dtype_size(t)) == 0;
-      three.opt->release(u);
-      back.opt->release(u);
-    }
-    CHECK(all_ranks_true(same));
+    CHECK(all_ranks_true(same_params(back, two, t)));
     CHECK(all_ranks_true(back.opt->gather_state("exp_avg", 1) ==
                          two.opt->gather_state("exp_avg", 1)));
   }
@@ -174,25 +213,81 @@ TEST_CASE("stage 3 with streamed gradients gives stage 2's parameters bitwise", 
   Communicator& c = world();
   const OptimizerConfig adam = Adam{.lr = 1e-2};
   for (DType t : {DType::f32, DType::bf16}) {
-    Run two = make(c, t, 2, adam), three = make(c, t, 3, adam, true);
+    Run two = make(c, t, 2, adam), three = make(c, t, 3, adam, true, kVariants[1]);
     for (int s = 0; s < 3; ++s) {
-      backward(two, t, c.rank(), s);
-      backward(three, t, c.rank(), s);  // into the Run's own buffers, passed below
+      pass(two, t, c.rank(), s);
+      pass(three, t, c.rank(), s);  // into the Run's own buffers, passed below
       for (std::size_t i = kNumel.size(); i-- > 0;) three.opt->grad_ready(i, three.grads[i].data());
       two.opt->step();
       three.opt->step();
     }
-    bool same = true;
-    for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
-      three.opt->gather(u);
-      for (std::size_t i = 0; i < kNumel.size(); ++i)
-        if (kUnit[i] == int(u) && kNumel[i] > 0)
-          same = same && std::memcmp(three.opt->data(i), two.params[i].data(),
-                                     kNumel[i] * dtype_size(t)) == 0;
-      three.opt->release(u);
-    }
-    CHECK(all_ranks_true(same));
+    CHECK(all_ranks_true(same_params(three, two, t)));
   }
+}
+
+TEST_CASE("stage 3 prefetches in the recorded order, and records a changed one", "[zero][stage3]") {
+  Communicator& c = world();
+  // Ten gathers a step, each made by the code as the unit before is
+  // released: steps 0-1 forward 0-4 and backward 4-0, steps 2-4 forward
+  // 0, 1, 3, 2, 4 and backward in reverse. Step 0 records; from step 1 on,
+  // prefetch gathers what the recorded order needs next as far as the pool
+  // (the whole model here) has room. Releasing: in the forward pass every
+  // gather but the first is ahead, and in the backward pass all but the
+  // first (the unit just released). Keeping units for backward: every gather
+  // but the first. Without prefetch: none. Step 2 follows the old order for
+  // two gathers, then finds what was prefetched or kept; step 3 follows the
+  // new order.
+  struct Case {
+    Three v;
+    std::int64_t ahead[5];
+  };
+  const std::vector<std::size_t> changed = {0, 1, 3, 2, 4};
+  for (const Case& k : {Case{{}, {0, 8, 5, 8, 8}}, Case{{.reshard = false}, {0, 9, 6, 9, 9}},
+                        Case{{.prefetch = false}, {0, 0, 0, 0, 0}}}) {
+    INFO("prefetch " << k.v.prefetch << ", reshard_after_forward " << k.v.reshard);
+    Run three = make(c, DType::f32, 3, Adam{}, false, k.v);
+    Run two = make(c, DType::f32, 2, Adam{});
+    for (int s = 0; s < 5; ++s) {
+      INFO("step " << s);
+      pass(two, DType::f32, c.rank(), s);
+      pass(three, DType::f32, c.rank(), s, false, s >= 2 ? changed : std::vector<std::size_t>{});
+      two.opt->step();
+      const StepInfo info = three.opt->step();
+      CHECK(info.gathers == 10);
+      CHECK(info.gathers_ahead == k.ahead[s]);
+    }
+    CHECK(all_ranks_true(same_params(three, two, DType::f32)));
+  }
+}
+
+TEST_CASE("stage 3 keeps small units whole on every rank", "[zero][stage3]") {
+  Communicator& c = world();
+  // Below 1024 bytes in fp32: units 1 (5 elements), 3 (77) and 4 (129).
+  Run three = make(c, DType::f32, 3, Adam{.lr = 1e-2}, false, {.persist = 1024});
+  Run all = make(c, DType::f32, 3, Adam{.lr = 1e-2});
+  std::size_t whole = 0;
+  for (std::size_t i : {2, 5, 6, 7}) whole += kNumel[i] * 4;
+  CHECK(three.opt->memory_report().persistent_params >= whole);
+  CHECK(all.opt->memory_report().persistent_params == 0);
+  // Gathering a whole unit moves nothing: it is held at once.
+  for (int s = 0; s < 2; ++s) {
+    pass(three, DType::f32, c.rank(), s);
+    pass(all, DType::f32, c.rank(), s);
+    three.opt->step();
+    all.opt->step();
+  }
+  bool same = true;
+  for (std::size_t u = 0; u < 5; ++u) {
+    three.opt->gather(u);
+    all.opt->gather(u);
+    for (std::size_t i = 0; i < kNumel.size(); ++i)
+      if (kUnit[i] == int(u) && kNumel[i] > 0)
+        same = same && std::memcmp(three.opt->data(i), all.opt->data(i), kNumel[i] * 4) == 0;
+    three.opt->release(u);
+    all.opt->release(u);
+    CHECK(three.opt->data(2) == nullptr);  // whole, yet not readable outside gather/release
+  }
+  CHECK(all_ranks_true(same));
 }
 
 TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]") {
@@ -202,7 +297,7 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   if (c.size() > 1) {
     const std::size_t mine = c.rank() == 0 ? 0 : 1;
     CHECK(all_ranks_true(throws_error([&] { three.opt->gather(mine); }, ErrorCode::invalid_state,
-                                      "rank 1: unit 1 ('p2'")));
+                                      "rank 1: unit 1 ('p2')")));
   }
   CHECK(all_ranks_true(
       throws_error([&] { three.opt->gather(99); }, ErrorCode::invalid_argument, "5 units")));
@@ -215,6 +310,13 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   three.opt->release(2);
   CHECK(all_ranks_true(
       throws_error([&] { three.opt->release(2); }, ErrorCode::invalid_state, "not gathered")));
+  if (c.size() > 1) {
+    three.opt->gather(1);
+    const std::size_t mine = c.rank() == 0 ? 1 : 0;
+    CHECK(all_ranks_true(throws_error([&] { three.opt->release(mine); }, ErrorCode::invalid_state,
+                                      "rank 1: unit 0 ('p0'...)")));
+    three.opt->release(1);
+  }
   // Stages 0-2 have no units to gather.
   Run two = make(c, DType::f32, 2, Adam{});
   CHECK(all_ranks_true(
@@ -222,28 +324,91 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   CHECK(all_ranks_true(
       throws_error([&] { three.opt->check_sync(); }, ErrorCode::unsupported, "stage 3")));
   // And the optimizer still steps.
-  backward(three, DType::f32, c.rank(), 0);
+  pass(three, DType::f32, c.rank(), 0);
   three.opt->step();
   CHECK(three.opt->steps() == 1);
 }
 
-TEST_CASE("stage 3's memory report counts the parameter shard and the gathered units",
+TEST_CASE("stage 3's gathers past the limit are an error on every rank", "[zero][stage3][errors]") {
+  Communicator& c = world();
+  // Unit 2 (2348 fp32 elements, 9.4 KB) does not fit a pool of 8000 bytes.
+  CHECK(all_ranks_true(throws_error([&] { make(c, DType::f32, 3, Adam{}, false, {.limit = 8000}); },
+                                    ErrorCode::invalid_config, "unit 2 ('p3'...)")));
+  // 12000 bytes hold unit 2, not unit 2 and unit 0 (1037 elements) too.
+  Run three = make(c, DType::f32, 3, Adam{}, false, {.prefetch = false, .limit = 12000});
+  three.opt->gather(2);
+  CHECK(all_ranks_true(throws_error([&] { three.opt->gather(0); }, ErrorCode::invalid_state,
+                                    "gathers past the limit")));
+  three.opt->release(2);
+  three.opt->gather(0);  // and fits once unit 2 is released
+  three.opt->release(0);
+  pass(three, DType::f32, c.rank(), 0, false);
+  three.opt->step();
+  CHECK(three.opt->steps() == 1);
+}
+
+TEST_CASE("stage 3's memory report counts the parameter shard, the pool and the whole units",
           "[zero][stage3]") {
   Communicator& c = world();
-  Run three = make(c, DType::bf16, 3, Adam{});
+  Run three = make(c, DType::bf16, 3, Adam{}, false, {.persist = 1024, .limit = 65536});
   Run two = make(c, DType::bf16, 2, Adam{});
   const MemoryReport m3 = three.opt->memory_report(), m2 = two.opt->memory_report();
   // The shard: this rank's pieces of every bucket, as many elements as the
   // master weights' fp32 shard.
   CHECK(m3.param_shard == m3.master_params / 2);
-  CHECK(m3.gathered_units == 0);
+  // SHARDOPT_CHECK_ARGS gives each unit whole pages, and a page more each.
+  if (c.checks_arguments())
+    CHECK(m3.gather_pool > 65536);
+  else
+    CHECK(m3.gather_pool == 65536);
+  CHECK(m3.user_params == 0);
+  // Units 1, 3 and 4 are whole (below 1024 bytes in bf16).
+  std::size_t whole = 0;
+  for (std::size_t i : {2, 5, 6, 7}) whole += kNumel[i] * 2;
+  CHECK(m3.persistent_params >= whole);
   CHECK(m2.param_shard == 0);
+  CHECK(m2.gather_pool + m2.persistent_params == 0);
   CHECK(m3.master_params == m2.master_params);
   CHECK(m3.optimizer_state == m2.optimizer_state);
+  // A gather takes its room in the pool: nothing more is allocated.
   three.opt->gather(2);
-  const MemoryReport g = three.opt->memory_report();
-  CHECK(g.gathered_units >= (2048 + 300) * 2);  // unit 2: 'p3' and 'p4', in bf16
-  CHECK(g.allocated() == m3.allocated() + g.gathered_units);
+  CHECK(three.opt->memory_report().allocated() == m3.allocated());
   three.opt->release(2);
-  CHECK(three.opt->memory_report().gathered_units == 0);
+}
+
+TEST_CASE("stage 3 under SHARDOPT_CHECK_ARGS: a released unit read ends the process, naming it",
+          "[zero][stage3][errors]") {
+  Communicator checked(world().mpi_comm(), CommOptions{.check_arguments = true});
+  Run three = make(checked, DType::f32, 3, Adam{});
+  three.opt->gather(2);
+  const auto* p3 = static_cast<const float*>(three.opt->data(3));
+  const float before = p3[100];  // readable while gathered
+  three.opt->release(2);
+  // A child process reads it after the release, its output into a pipe.
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(out[0]);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(out[1], STDERR_FILENO);
+    const volatile float read = p3[100];
+    _exit(read == before ? 0 : 1);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+  close(out[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO(text);
+  CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(text.find("shardopt: unit 2 ('p3'...) read or written after its release()") !=
+        std::string::npos);
+  // Gathered again, the unit is readable, with the same values.
+  three.opt->gather(2);
+  CHECK(static_cast<const float*>(three.opt->data(3))[100] == before);
+  three.opt->release(2);
 }

@@ -169,6 +169,24 @@ struct ZeroOptions {
   // engine orders its work on, the one the gradients are computed on; null:
   // the device's default stream. docs/gpu.md says when the host waits.
   void* stream = nullptr;
+
+  // Stage 3 (docs/zero.md, "Stage 3"). The most bytes of gathered units
+  // a rank holds at once: those the code holds between gather() and
+  // release(), those prefetched and those kept for backward. One pool of
+  // this size is allocated at construction. 0: automatic, three times the
+  // largest unit and at least 64 MiB, at most the whole model.
+  std::size_t gather_limit_bytes = 0;
+  // Gather the next units of the recorded order (the gathers of the last
+  // step) ahead of the code's gather() calls, as far as the pool has room.
+  bool prefetch = true;
+  // true: release() frees the unit. false: a unit released that the
+  // recorded order gathers again later in the step (after the forward
+  // pass, for backward) is kept until then, while the pool has room.
+  bool reshard_after_forward = true;
+  // Units of fewer bytes stay whole on every rank (allgathered once after
+  // each step): their gather would cost more in latency than their memory
+  // saves. 0: none.
+  std::size_t persist_below_bytes = 65536;
 };
 
 // What step() did.
@@ -186,6 +204,11 @@ struct StepInfo {
   // gradients are finite, the ordinary case. steps(), skipped_steps(),
   // loss_scale() and the next step() wait for the verdict and count it.
   bool pending = false;
+  // Stage 3: the code's gather() calls since the last step, and of them
+  // those whose unit the engine had gathered ahead (prefetched, or kept
+  // from the forward pass: ZeroOptions::prefetch, reshard_after_forward).
+  std::int64_t gathers = 0;
+  std::int64_t gathers_ahead = 0;
   // Wall seconds of this call's phases on this rank: finishing the gradient
   // reduction (waits included), the update (norm, checks, fused kernels),
   // and the allgather of the parameters (stages 1 and 2).
@@ -226,16 +249,17 @@ struct SyncReport {
 // optimizer works on (not allocated by shardopt), for comparison with the
 // ZeRO formula (docs/zero.md).
 struct MemoryReport {
-  std::size_t master_params = 0;    // fp32 master weights (or remainders)
-  std::size_t optimizer_state = 0;  // moments, momentum buffers, ...
-  std::size_t grad_shard = 0;       // stage 2: the fp32 gradient shard
-  std::size_t reduced_grads = 0;    // full fp32 gradients (reduce_in_fp32, 16-bit, stages 0/1)
-  std::size_t owned_grads = 0;      // gradient buffers the optimizer owns (Param::grad null)
-  std::size_t buckets = 0;          // communication buckets and scratch
-  std::size_t param_shard = 0;      // stage 3: this rank's pieces of the parameters
-  std::size_t gathered_units = 0;   // stage 3: the buffers of the units gathered now
-  std::size_t user_params = 0;      // the registered parameter buffers
-  std::size_t user_grads = 0;       // registered gradient buffers (not owned ones)
+  std::size_t master_params = 0;      // fp32 master weights (or remainders)
+  std::size_t optimizer_state = 0;    // moments, momentum buffers, ...
+  std::size_t grad_shard = 0;         // stage 2: the fp32 gradient shard
+  std::size_t reduced_grads = 0;      // full fp32 gradients (reduce_in_fp32, 16-bit, stages 0/1)
+  std::size_t owned_grads = 0;        // gradient buffers the optimizer owns (Param::grad null)
+  std::size_t buckets = 0;            // communication buckets and scratch
+  std::size_t param_shard = 0;        // stage 3: this rank's pieces of the parameters
+  std::size_t gather_pool = 0;        // stage 3: the gathered units' pool (and any overflow)
+  std::size_t persistent_params = 0;  // stage 3: the units kept whole (persist_below_bytes)
+  std::size_t user_params = 0;        // the registered parameter buffers
+  std::size_t user_grads = 0;         // registered gradient buffers (not owned ones)
   // Where allocated() is: in device memory (parameters on a device) and in
   // host memory. The pinned slots of a communicator's staged backend (3 x
   // SHARDOPT_STAGED_CHUNK_KB KiB x ranks per communicator) and the shared
@@ -251,7 +275,7 @@ struct MemoryReport {
   // Everything shardopt allocated.
   std::size_t allocated() const noexcept {
     return master_params + optimizer_state + grad_shard + reduced_grads + owned_grads + buckets +
-           param_shard + gathered_units;
+           param_shard + gather_pool + persistent_params;
   }
 };
 

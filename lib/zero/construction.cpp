@@ -79,7 +79,14 @@ ZeroEngine::ZeroEngine(Communicator& comm, std::vector<Param> params,
   }
 }
 
-ZeroEngine::~ZeroEngine() = default;
+ZeroEngine::~ZeroEngine() {
+  // Stage 3: prefetched units' allgathers still write into the pool.
+  for (Unit& u : units_)
+    for (Request& r : u.pending) try {
+        r.wait();
+      } catch (const std::exception&) {  // a failed communicator: nothing more arrives
+      }
+}
 
 void ZeroEngine::validate_locally(std::string& error, ErrorCode& code) const {
   const auto fail = [&](ErrorCode c, std::string msg) {
@@ -427,8 +434,7 @@ void ZeroEngine::allocate() {
                   static_cast<const std::byte*>(params_[s.param].data) + s.offset * elem_,
                   s.count * elem_);
     }
-    gathered_.resize(layout_.units.size());
-    pending_.resize(layout_.units.size());
+    setup_units();
   }
   reducer_ = std::make_unique<GradReducer>(
       comm_, ctl_, space_, params_, layout_, reducer_opt_, dtype_, reduce_type_,

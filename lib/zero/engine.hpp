@@ -29,8 +29,10 @@
 #include "shardopt/error.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/zero.hpp"
+#include "zero/gather_pool.hpp"
 #include "zero/optimizer_config.hpp"
 #include "zero/reduction.hpp"
+#include "zero/released_guard.hpp"
 #include "zero/shard_state.hpp"
 #include "zero/shards.hpp"
 #include "zero/space.hpp"
@@ -89,11 +91,15 @@ class ZeroEngine {
   void igather(std::size_t unit);
   void release(std::size_t unit);
   const void* data(std::size_t i) const;
-  // Waits for unit u's allgathers in flight (igather).
-  void finish_gather(std::size_t u) const;
   // Collective: throws on every rank when some rank holds a unit gathered
-  // (stage 3), naming `what`.
+  // (stage 3), naming `what`; then drops the units prefetched and kept.
   void check_released(const char* what);
+  // check_released, then this step's gathers recorded as the order to
+  // prefetch by.
+  void end_gathers(const char* what);
+  // Collective: the units kept whole, allgathered from the parameter shard
+  // (after the update, after a load).
+  void refresh_persistent();
 
  private:
   // Construction.
@@ -139,6 +145,23 @@ class ZeroEngine {
   // check_sync every check_sync_every_ steps (when the count is known).
   void after_step();
 
+  // Stage 3's units (lib/zero/units.cpp).
+  void setup_units();
+  std::byte* unit_base(std::size_t u) const;
+  // Collective over the ranks' agreement words: {unit, whether held}.
+  void agree_on_unit(const char* call, std::size_t u);
+  // Reserves unit u's bytes in the pool (an overflow buffer when the room
+  // is in pieces); false when the pool has no room even so.
+  bool place(std::size_t u, bool for_prefetch);
+  // Frees engine-held (prefetched, kept) units, the furthest needed first,
+  // until `bytes` more fit the limit; whether they do.
+  bool make_room(std::size_t bytes);
+  void issue(std::size_t u);
+  void finish(std::size_t u) const;
+  void drop(std::size_t u);
+  void prefetch_after();
+  std::string unit_text(std::size_t u) const;
+
   // Checkpoints.
   std::map<std::string, std::string> checkpoint_metadata(const char* content) const;
   void add_pieces(std::size_t first, std::size_t bytes,
@@ -166,11 +189,27 @@ class ZeroEngine {
   ShardLayout layout_;
   std::size_t bucket_elems_ = 0;
   // Stage 3: this rank's pieces of the parameters (S elements of dtype_),
-  // each unit's gathered buffer (empty when released), each parameter's
-  // unit, and the options the gradient reducer sees (stage 2's).
+  // the units' state and the pool they are gathered in, the gathers
+  // recorded (the last step's, and this step's so far), and the options
+  // the gradient reducer sees (stage 2's).
   SpaceBuffer param_shard_;
-  std::vector<SpaceBuffer> gathered_;
-  mutable std::vector<std::vector<Request>> pending_;  // igather's, per unit
+  struct Unit {
+    enum class State : std::uint8_t { released, prefetched, held, kept };
+    State state = State::released;
+    bool persistent = false;
+    std::size_t bytes = 0;          // gathered: the elements to the last bucket's padding
+    std::size_t offset = SIZE_MAX;  // in the pool; SIZE_MAX: in `own`
+    SpaceBuffer own;                // a persistent unit's buffer, or an overflow one
+    std::vector<Request> pending;   // allgathers in flight
+  };
+  mutable std::vector<Unit> units_;
+  SpaceBuffer pool_buf_;
+  FirstFit pool_;
+  std::unique_ptr<ReleasedGuard> guard_;  // SHARDOPT_CHECK_ARGS on the host
+  std::vector<std::size_t> order_, trace_;
+  bool following_ = false;  // this step's gathers so far are order_'s first ones
+  bool overflow_logged_ = false;
+  std::int64_t gathers_ahead_ = 0;  // this step's gathers of units prefetched or kept
   std::vector<std::size_t> unit_of_;
   ZeroOptions reducer_opt_;
   Space space_;  // the host, or the parameters' device  // B asked for (agreed), before the layout

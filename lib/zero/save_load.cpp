@@ -367,6 +367,7 @@ std::vector<Want> match_tensors(const ckpt::Header& h, const std::vector<Param>&
 LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   require_comm("load()");
   settle();
+  check_released("load()");  // stage 3: a gathered unit would keep the old values
   if (!all_equal(ctl_, {o.strict ? 1 : 0, o.hyper_parameters ? 1 : 0}))
     agree_or_throw(ctl_, "LoadOptions differ between ranks", ErrorCode::invalid_argument,
                    "pass the same LoadOptions on every rank");
@@ -446,6 +447,7 @@ LoadReport ZeroEngine::load(const std::string& path, const LoadOptions& o) {
   reducer().discard();
   shard().load(staging, loaded);
   if (opt_.stage == 1 || opt_.stage == 2) reducer().gather_params();
+  refresh_persistent();
   steps_ = report.step;
   if (scaler_tensor) {
     scale_ = scaler[0];

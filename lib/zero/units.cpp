@@ -1,12 +1,25 @@
-// shardopt: ZeRO stage 3's units (internal): a unit's parameters gathered
-// from every rank's shard into a buffer of the engine's, and released.
+// shardopt: ZeRO stage 3's units (internal). A unit's parameters are
+// gathered from every rank's shard into the engine's pool (FirstFit,
+// lib/zero/gather_pool.hpp) and released; units below persist_below_bytes
+// stay whole in a buffer of their own, allgathered after each step.
+//
+// A unit is released (its parameters only in the shards), held (between the
+// code's gather() and release()), prefetched (gathered by the engine ahead of
+// the code's gather(), in the order recorded in the last step) or kept
+// (released by the code, kept for the gather that the recorded order makes
+// later in the step: reshard_after_forward off). The engine frees prefetched
+// and kept units when the pool needs their room, and at step(). Every
+// change of state is the same on every rank: gather() and release() agree on
+// the unit first, and the rest follows from what the ranks agreed on.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/log.hpp"
 #include "zero/engine.hpp"
 
 namespace shardopt::detail {
@@ -22,84 +35,290 @@ namespace {
       __FILE__, __LINE__);
 }
 
-}  // namespace
+constexpr std::size_t kAutoLimitFloor = std::size_t(64) << 20;
 
-void ZeroEngine::gather(std::size_t u) {
-  igather(u);
-  finish_gather(u);
+std::string bytes_text(std::size_t b) {
+  std::string t = std::to_string(b);
+  t += " bytes";
+  return t;
 }
 
-void ZeroEngine::igather(std::size_t u) {
-  require_comm("gather()");
-  if (opt_.stage != 3) not_stage3("gather()", opt_.stage);
-  // Agreed first, so that ranks that gather different units, or one that
-  // cannot gather, fail together instead of leaving the others in the
-  // allgather: each rank's unit, and whether it holds it gathered already.
-  const std::size_t units = layout_.units.size();
+}  // namespace
+
+std::string ZeroEngine::unit_text(std::size_t u) const {
+  std::string t = "unit ";
+  t += std::to_string(u);
+  if (u < layout_.units.size()) {
+    t += " ('";
+    t += params_[layout_.units[u].first_param].name;
+    t += layout_.units[u].end_param - layout_.units[u].first_param > 1 ? "'...)" : "')";
+  }
+  return t;
+}
+
+// Construction, at stage 3: the units' sizes, which stay whole, the pool.
+void ZeroEngine::setup_units() {
+  units_.resize(layout_.units.size());
+  std::size_t largest = 0, whole = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const UnitRange& r = layout_.units[u];
+    std::size_t elems = 0;  // to the last bucket's padding, which its allgather writes
+    for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi)
+      elems = std::max(elems, layout_.buckets[bi].begin - r.begin + layout_.buckets[bi].padded);
+    Unit& x = units_[u];
+    x.bytes = std::max<std::size_t>(elems, 1) * elem_;
+    x.persistent = (r.end - r.begin) * elem_ < opt_.persist_below_bytes;
+    if (x.persistent) {
+      x.own = space_.allocate(x.bytes, "a persistent unit");
+      for (std::size_t i = r.first_param; i < r.end_param; ++i)
+        space_.copy(x.own.as<std::byte>() + (layout_.flat[i] - r.begin) * elem_, params_[i].data,
+                    params_[i].numel * elem_);
+    } else {
+      largest = std::max(largest, x.bytes);
+      whole += FirstFit::charge(x.bytes);
+    }
+  }
+  std::size_t limit = opt_.gather_limit_bytes;
+  if (limit == 0) limit = std::min(whole, std::max(3 * largest, kAutoLimitFloor));
+  if (limit < largest) {
+    std::size_t u = 0;
+    while (units_[u].persistent || units_[u].bytes != largest) ++u;
+    throw_agreed(ctl_, ErrorCode::invalid_config,
+                 "ZeroOptions::gather_limit_bytes is " + std::to_string(limit) + ", below the " +
+                     bytes_text(largest) + " that " + unit_text(u) + " gathers",
+                 "raise gather_limit_bytes to at least the largest unit (twice it, for prefetch), "
+                 "or 0 for the automatic limit",
+                 __FILE__, __LINE__);
+  }
+  // Under SHARDOPT_CHECK_ARGS, host units take whole pages, so that a
+  // released one can be made inaccessible: a page more per unit.
+  const bool guarded = comm_.checks_arguments() && !space_.on_device() && limit > 0;
+  limit = FirstFit::charge(limit);
+  const std::size_t align = guarded ? ReleasedGuard::page() : FirstFit::kCharge;
+  std::size_t bytes = limit;
+  if (guarded) bytes = (bytes + align - 1) / align * align + align * units_.size();
+  if (bytes > 0) pool_buf_ = space_.allocate(bytes, "the pool of gathered units");
+  pool_ = FirstFit(bytes, align, limit);
+  if (guarded) {
+    std::vector<std::string> names;
+    for (std::size_t u = 0; u < units_.size(); ++u) names.push_back(unit_text(u));
+    guard_ = std::make_unique<ReleasedGuard>(pool_buf_.as<std::byte>(), bytes, std::move(names));
+  }
+  following_ = false;
+}
+
+std::byte* ZeroEngine::unit_base(std::size_t u) const {
+  const Unit& x = units_[u];
+  return x.offset == SIZE_MAX ? const_cast<std::byte*>(x.own.as<std::byte>())
+                              : const_cast<std::byte*>(pool_buf_.as<std::byte>()) + x.offset;
+}
+
+// The next gather of unit u in the recorded order, from this step's place in
+// it: SIZE_MAX when none.
+namespace {
+std::size_t next_use(const std::vector<std::size_t>& order, std::size_t from, std::size_t u) {
+  for (std::size_t p = from; p < order.size(); ++p)
+    if (order[p] == u) return p;
+  return SIZE_MAX;
+}
+}  // namespace
+
+bool ZeroEngine::make_room(std::size_t bytes) {
+  while (!pool_.within(bytes)) {
+    // Kept units before prefetched ones, the one needed last first.
+    std::size_t victim = SIZE_MAX, victim_use = 0;
+    bool victim_kept = false;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const Unit::State s = units_[u].state;
+      if (units_[u].offset == SIZE_MAX) continue;
+      if (s != Unit::State::kept && s != Unit::State::prefetched) continue;
+      const bool kept = s == Unit::State::kept;
+      const std::size_t use = next_use(order_, trace_.size(), u);
+      if (victim == SIZE_MAX || (kept && !victim_kept) ||
+          (kept == victim_kept && use >= victim_use)) {
+        victim = u;
+        victim_use = use;
+        victim_kept = kept;
+      }
+    }
+    if (victim == SIZE_MAX) return false;
+    drop(victim);
+  }
+  return true;
+}
+
+bool ZeroEngine::place(std::size_t u, bool for_prefetch) {
+  Unit& x = units_[u];
+  if (!pool_.within(x.bytes) && (for_prefetch || !make_room(x.bytes))) return false;
+  if (const auto at = pool_.take(x.bytes)) {
+    x.offset = *at;
+    if (guard_) guard_->open(x.offset, pool_.rounded(x.bytes));
+    return true;
+  }
+  if (for_prefetch) return false;
+  // Within the limit, but the free room is in pieces: a buffer of its own
+  // for this gather (freed at its release).
+  if (!overflow_logged_)
+    SHARDOPT_LOG(info, "ZeRO stage 3: the pool of gathered units has "
+                           << pool_.limit() - pool_.charged() << " bytes free, in pieces none of "
+                           << "which holds " << unit_text(u)
+                           << "; it is gathered in a buffer of its own (counted in "
+                              "memory_report().gather_pool; said once)");
+  overflow_logged_ = true;
+  x.own = space_.allocate(x.bytes, "a gathered unit");
+  x.offset = SIZE_MAX;
+  return true;
+}
+
+// Bucket by bucket, ascending: each allgather lays the bucket's pieces out in
+// flat order; its padding is overwritten by the next bucket's.
+void ZeroEngine::issue(std::size_t u) {
+  const UnitRange& r = layout_.units[u];
+  const std::size_t n = static_cast<std::size_t>(nranks_);
+  std::byte* base = unit_base(u);
+  for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi) {
+    const BucketRange& b = layout_.buckets[bi];
+    units_[u].pending.push_back(
+        comm_.iallgather(param_shard_.as<std::byte>() + b.shard_offset * elem_,
+                         base + (b.begin - r.begin) * elem_, b.padded / n, dtype_));
+  }
+}
+
+void ZeroEngine::finish(std::size_t u) const {
+  // In issue order: a bucket's padding is overwritten by the next one's.
+  for (Request& r : units_[u].pending) r.wait();
+  units_[u].pending.clear();
+}
+
+void ZeroEngine::drop(std::size_t u) {
+  Unit& x = units_[u];
+  finish(u);
+  x.state = Unit::State::released;
+  if (x.persistent) return;
+  if (x.offset == SIZE_MAX) {
+    x.own = SpaceBuffer();
+    return;
+  }
+  const std::size_t n = pool_.rounded(x.bytes);
+  if (guard_) {
+    guard_->close(x.offset, n, u);
+  } else if (space_.on_device() && comm_.checks_arguments()) {
+    // Poisoned: a read after release gives NaN (all bits set in any dtype).
+    float nan;
+    const std::uint32_t ones = 0xFFFFFFFFu;
+    std::memcpy(&nan, &ones, 4);
+    space_.fill(reinterpret_cast<float*>(pool_buf_.as<std::byte>() + x.offset), n / 4, nan);
+  }
+  pool_.give(x.offset, x.bytes);
+  x.offset = SIZE_MAX;
+}
+
+void ZeroEngine::agree_on_unit(const char* call, std::size_t u) {
+  require_comm(call);
+  if (opt_.stage != 3) not_stage3(call, opt_.stage);
+  // Agreed first, so that ranks that name different units, or one that
+  // cannot go on, fail together instead of leaving the others in a
+  // collective: each rank's unit, and whether it holds it gathered.
+  const std::size_t units = units_.size();
   const std::int64_t mine[2] = {static_cast<std::int64_t>(std::min<std::size_t>(u, INT64_MAX)),
-                                u < units && gathered_[u].size() > 0 ? 1 : 0};
+                                u < units && units_[u].state == Unit::State::held ? 1 : 0};
   std::vector<std::int64_t> all(2 * std::size_t(nranks_));
   ctl_.allgather(mine, all.data(), 2, DType::i64);
-  const auto unit_text = [&](std::int64_t v) {
-    std::string t = std::to_string(v);
-    if (v >= 0 && std::size_t(v) < units)
-      t += " ('" + params_[layout_.units[std::size_t(v)].first_param].name + "'...)";
-    return t;
+  const auto text = [&](std::int64_t v) {
+    return v >= 0 && std::size_t(v) < units ? unit_text(std::size_t(v))
+                                            : "unit " + std::to_string(v);
   };
-  std::string each;
+  std::string each, name = call;
+  name.pop_back();  // "gather(" + unit + ")"
+  name += std::to_string(u) + ")";
   bool differ = false;
   for (int q = 0; q < nranks_; ++q) {
     differ = differ || all[2 * std::size_t(q)] != all[0];
-    each += (q ? ", rank " : "rank ") + std::to_string(q) + ": unit " +
-            unit_text(all[2 * std::size_t(q)]);
+    each += (q ? ", rank " : "rank ") + std::to_string(q) + ": " + text(all[2 * std::size_t(q)]);
   }
   if (differ)
-    throw_agreed(ctl_, ErrorCode::invalid_state,
-                 "gather(): the ranks gather different units at the same point (" + each + ")",
-                 "every rank gathers the same units in the same order (the model's layers as "
-                 "its forward pass uses them)",
-                 __FILE__, __LINE__);
+    throw_agreed(
+        ctl_, ErrorCode::invalid_state,
+        std::string(call) + ": the ranks name different units at the same point (" + each + ")",
+        "every rank gathers and releases the same units in the same order (the "
+        "model's layers as its forward and backward passes use them)",
+        __FILE__, __LINE__);
   if (u >= units)
     throw_agreed(ctl_, ErrorCode::invalid_argument,
-                 "gather(" + std::to_string(u) + "): there are " + std::to_string(units) + " units",
+                 name + ": there are " + std::to_string(units) + " units",
                  "pass a unit index below num_units()", __FILE__, __LINE__);
+  const bool gathering = std::strcmp(call, "gather()") == 0;
   for (int q = 0; q < nranks_; ++q)
-    if (all[2 * std::size_t(q) + 1] != 0)
-      throw_agreed(ctl_, ErrorCode::invalid_state,
-                   "gather(" + unit_text(all[0]) + "): rank " + std::to_string(q) +
-                       " holds the unit gathered already",
-                   "release() a unit before gathering it again", __FILE__, __LINE__);
-  const UnitRange& r = layout_.units[u];
-  // The unit's elements and the padding of its last bucket's last piece.
-  std::size_t elems = 0;
-  for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi)
-    elems = std::max(elems, layout_.buckets[bi].begin - r.begin + layout_.buckets[bi].padded);
-  gathered_[u] = space_.allocate(std::max<std::size_t>(elems, 1) * elem_, "a gathered unit");
-  // Bucket by bucket, ascending: each allgather lays the bucket's pieces
-  // out in flat order; its padding is overwritten by the next bucket's.
-  const std::size_t n = static_cast<std::size_t>(nranks_);
-  for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi) {
-    const BucketRange& b = layout_.buckets[bi];
-    pending_[u].push_back(comm_.iallgather(
-        param_shard_.as<std::byte>() + b.shard_offset * elem_,
-        gathered_[u].as<std::byte>() + (b.begin - r.begin) * elem_, b.padded / n, dtype_));
-  }
+    if ((all[2 * std::size_t(q) + 1] != 0) == gathering) {
+      std::string what = "gather(" + unit_text(u) + "): rank " + std::to_string(q);
+      if (gathering)
+        throw_agreed(ctl_, ErrorCode::invalid_state, what + " holds the unit gathered already",
+                     "release() a unit before gathering it again", __FILE__, __LINE__);
+      what.replace(0, 6, "release");
+      throw_agreed(ctl_, ErrorCode::invalid_state, what + " has not gathered the unit",
+                   "release a unit once after each gather()", __FILE__, __LINE__);
+    }
 }
 
-void ZeroEngine::finish_gather(std::size_t u) const {
-  // In issue order: a bucket's padding is overwritten by the next one's.
-  for (Request& r : pending_[u]) r.wait();
-  pending_[u].clear();
+void ZeroEngine::gather(std::size_t u) {
+  igather(u);
+  finish(u);
+}
+
+void ZeroEngine::igather(std::size_t u) {
+  agree_on_unit("gather()", u);
+  following_ = following_ && trace_.size() < order_.size() && order_[trace_.size()] == u;
+  trace_.push_back(u);
+  Unit& x = units_[u];
+  if (x.state == Unit::State::prefetched || x.state == Unit::State::kept) {
+    ++gathers_ahead_;
+    if (guard_ && x.state == Unit::State::kept) guard_->open(x.offset, pool_.rounded(x.bytes));
+  } else if (!x.persistent) {
+    if (!place(u, false)) {
+      std::string held;
+      for (std::size_t v = 0; v < units_.size(); ++v)
+        if (units_[v].state == Unit::State::held && !units_[v].persistent)
+          held += (held.empty() ? "" : ", ") + unit_text(v);
+      throw_agreed(ctl_, ErrorCode::invalid_state,
+                   "gather(" + unit_text(u) + "): gathers past the limit: the pool holds " +
+                       bytes_text(pool_.charged()) + " of units gathered and not released (" +
+                       held + "), and this unit needs " + bytes_text(FirstFit::charge(x.bytes)) +
+                       " more of ZeroOptions::gather_limit_bytes's " + bytes_text(pool_.limit()),
+                   "release() units once they are used, or raise gather_limit_bytes", __FILE__,
+                   __LINE__);
+    }
+    issue(u);
+  }
+  x.state = Unit::State::held;
+  if (opt_.prefetch && following_) prefetch_after();
+}
+
+// The units the recorded order gathers next, gathered now while the pool
+// has free room, in order: the first that does not fit ends it.
+void ZeroEngine::prefetch_after() {
+  for (std::size_t p = trace_.size(); p < order_.size(); ++p) {
+    const std::size_t v = order_[p];
+    Unit& y = units_[v];
+    if (y.persistent || y.state != Unit::State::released) continue;
+    if (!place(v, true)) break;
+    issue(v);
+    y.state = Unit::State::prefetched;
+  }
 }
 
 void ZeroEngine::release(std::size_t u) {
-  if (opt_.stage != 3) not_stage3("release()", opt_.stage);
-  if (u >= layout_.units.size() || gathered_[u].size() == 0)
-    throw_error(ErrorCode::invalid_state,
-                "release(" + std::to_string(u) + "): the unit is not gathered",
-                "release a unit once after each gather()", __FILE__, __LINE__);
-  finish_gather(u);
-  gathered_[u] = SpaceBuffer();
+  agree_on_unit("release()", u);
+  Unit& x = units_[u];
+  const bool later = following_ && next_use(order_, trace_.size(), u) != SIZE_MAX;
+  if (!opt_.reshard_after_forward && later && !x.persistent) {
+    x.state = Unit::State::kept;
+    if (guard_) {
+      finish(u);
+      guard_->close(x.offset, pool_.rounded(x.bytes), u);
+    }
+    return;
+  }
+  drop(u);
 }
 
 const void* ZeroEngine::data(std::size_t i) const {
@@ -110,20 +329,16 @@ const void* ZeroEngine::data(std::size_t i) const {
                 "pass a parameter index below num_params()", __FILE__, __LINE__);
   if (opt_.stage != 3) return params_[i].data;
   const std::size_t u = unit_of_[i];
-  if (gathered_[u].size() == 0) return nullptr;
-  finish_gather(u);
-  return gathered_[u].as<std::byte>() + (layout_.flat[i] - layout_.units[u].begin) * elem_;
+  if (units_[u].state != Unit::State::held) return nullptr;
+  finish(u);
+  return unit_base(u) + (layout_.flat[i] - layout_.units[u].begin) * elem_;
 }
-
-}  // namespace shardopt::detail
-
-namespace shardopt::detail {
 
 void ZeroEngine::check_released(const char* what) {
   if (opt_.stage != 3) return;
   std::int64_t held = 0, first = -1;
-  for (std::size_t u = 0; u < gathered_.size(); ++u)
-    if (gathered_[u].size() > 0) {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].state == Unit::State::held) {
       ++held;
       if (first < 0) first = static_cast<std::int64_t>(u);
     }
@@ -132,10 +347,35 @@ void ZeroEngine::check_released(const char* what) {
   if (most[0] > 0)
     throw_agreed(ctl_, ErrorCode::invalid_state,
                  std::string(what) + " with " + std::to_string(most[0]) +
-                     " unit(s) still gathered on some rank (unit " + std::to_string(most[1]) +
-                     " among them)",
+                     " unit(s) still gathered on some rank (" +
+                     unit_text(static_cast<std::size_t>(most[1])) + " among them)",
                  "release() every gathered unit before the step: its parameters change in it",
                  __FILE__, __LINE__);
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].state != Unit::State::released) drop(u);
+}
+
+void ZeroEngine::end_gathers(const char* what) {
+  if (opt_.stage != 3) return;
+  check_released(what);
+  if (trace_ != order_) {
+    if (!order_.empty())
+      SHARDOPT_LOG(info, "ZeRO stage 3: the gathers before step "
+                             << steps_ + 1 << " differ from those recorded (" << trace_.size()
+                             << " gathers, " << order_.size()
+                             << " before); prefetching follows the new order");
+    order_ = trace_;
+  }
+  trace_.clear();
+  gathers_ahead_ = 0;
+  following_ = !order_.empty();
+}
+
+void ZeroEngine::refresh_persistent() {
+  if (opt_.stage != 3) return;
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].persistent) issue(u);
+  for (std::size_t u = 0; u < units_.size(); ++u) finish(u);
 }
 
 }  // namespace shardopt::detail

@@ -171,8 +171,10 @@ void ZeroEngine::settle() {
 StepInfo ZeroEngine::step() {
   require_comm("step()");
   settle();  // the previous step's verdict, normally reached long ago
-  check_released("step()");
   StepInfo info;
+  info.gathers = static_cast<std::int64_t>(trace_.size());
+  info.gathers_ahead = gathers_ahead_;
+  end_gathers("step()");
   const double t0 = MPI_Wtime();
   watch("step(): agreeing that every gradient was reduced");
   check_hyper_parameters();
@@ -234,6 +236,7 @@ StepInfo ZeroEngine::step() {
   reducer().release_fused(read_error);
   const double t2 = MPI_Wtime();
   if (opt_.stage == 1 || opt_.stage == 2) reducer().gather_params();
+  if (opt_.stage == 3) refresh_persistent();
   const double t3 = MPI_Wtime();
   if (!deferred && opt_.loss_scaler) update_scaler(true);
   info.reduce_seconds = t1 - t0;
@@ -468,9 +471,11 @@ MemoryReport ZeroEngine::memory_report() const {
   shard().add_memory(m);
   reducer().add_memory(m);
   m.param_shard = param_shard_.size();
-  for (const SpaceBuffer& g : gathered_) m.gathered_units += g.size();
+  m.gather_pool = pool_buf_.size();
+  for (const Unit& u : units_) (u.persistent ? m.persistent_params : m.gather_pool) += u.own.size();
   for (const Param& p : params_) {
-    m.user_params += p.numel * elem_;
+    // Stage 3 reads the registered parameter buffers at construction only.
+    if (opt_.stage != 3) m.user_params += p.numel * elem_;
     if (p.grad != nullptr) m.user_grads += p.numel * elem_;
   }
   // Every buffer of the engine is in its space.
