@@ -38,6 +38,9 @@ std::string differences(const MemoryReport& plan, const MemoryReport& got) {
   field("device_bytes", plan.device_bytes, got.device_bytes);
   field("host_bytes", plan.host_bytes, got.host_bytes);
   field("node_shared", plan.node_shared, got.node_shared);
+  field("param_shard", plan.param_shard, got.param_shard);
+  field("gather_pool", plan.gather_pool, got.gather_pool);
+  field("persistent_params", plan.persistent_params, got.persistent_params);
   return out;
 }
 
@@ -86,11 +89,11 @@ TEST_CASE("plan_memory equals memory_report for every stage, precision and gradi
   for (std::size_t c = 0; c < cases.size(); ++c)
     for (Precision p : precisions)
       for (bool fp32_reduce : {false, true})
-        for (int stage = 0; stage <= 2; ++stage)
+        for (int stage = 0; stage <= 3; ++stage)
           for (GradForm grads : {GradForm::user, GradForm::owned, GradForm::streamed})
             for (bool contiguous : {true, false}) {
               if (fp32_reduce && p == Precision::f32) continue;
-              if (grads == GradForm::streamed && stage != 2) continue;
+              if (grads == GradForm::streamed && stage < 2) continue;
               const OptimizerConfig optimizer = optimizer_of(k++);
               ZeroOptions options;
               options.stage = stage;
@@ -100,6 +103,9 @@ TEST_CASE("plan_memory equals memory_report for every stage, precision and gradi
               options.stream_grads = grads == GradForm::streamed;
               // Predivision makes every bucket pack its gradients.
               options.predivide_factor = k % 5 == 0 ? 2.0 : 1.0;
+              // Stage 3: a given gather limit, and units below 4 KiB whole.
+              if (k % 3 == 0) options.gather_limit_bytes = 1 << 20;
+              options.persist_below_bytes = k % 2 == 0 ? 4096 : 0;
               const DType t = param_dtype(p);
               Model model(make_layout(cases[c].sizes), t, contiguous, grads != GradForm::user, 17);
               MemoryPlan plan;
@@ -207,15 +213,21 @@ TEST_CASE("plan_memory equals memory_report after steps, whatever the buckets a 
     } device_scratch{sim::runtime().allocate(host.size(), "a test gradient")};
     scratch = device_scratch.p;
 #endif
-    for (int stage = 0; stage <= 2; ++stage)
+    // Units (ending buckets at every stage; stage 3's gathers): the small
+    // ones stay whole at stage 3 (persist_below_bytes).
+    const std::vector<int> units = {0, 0, 1, -1, 2, 2, 3};
+    for (int stage = 0; stage <= 3; ++stage)
       for (GradForm grads : {GradForm::user, GradForm::owned, GradForm::streamed})
         for (bool contiguous : {true, false}) {
-          if (grads == GradForm::streamed && stage != 2) continue;
+          if (grads == GradForm::streamed && stage < 2) continue;
           options.stage = stage;
           options.stream_grads = grads == GradForm::streamed;
           Model model(layout, t, contiguous, grads != GradForm::user, 23);
+          std::vector<Param> params = model.params();
+          for (std::size_t i = 0; i < params.size(); ++i) params[i].unit = units[i];
           MemoryPlan plan = probe;
           plan.numel = sizes;
+          plan.units = units;
           plan.groups = {Adam{}};
           plan.options = options;
           plan.rank = world_rank();
@@ -225,9 +237,13 @@ TEST_CASE("plan_memory equals memory_report after steps, whatever the buckets a 
           plan.contiguous = contiguous;
           std::string failure;
           const bool ran = no_throw([&] {
-            ZeroRedundancyOptimizer opt(world(), model.params(), Adam{}, options);
+            ZeroRedundancyOptimizer opt(world(), params, Adam{}, options);
             for (int step = 0; step < 3; ++step) {
               opt.zero_grad();
+              for (std::size_t u = 0; stage == 3 && u < opt.num_units(); ++u) {
+                opt.gather(u);
+                opt.release(u);
+              }
               for (std::size_t i = sizes.size(); i-- > 0;) {
                 void* g = grads == GradForm::streamed ? host.data()
                           : grads == GradForm::owned  ? opt.grad(i)
@@ -306,10 +322,18 @@ TEST_CASE("plan_memory: impossible inputs are errors that name the field", "[zer
   CHECK(bad([](MemoryPlan& p) { p.ranks = 0; }, "ranks is 0"));
   CHECK(bad([](MemoryPlan& p) { p.rank = 4; }, "rank is 4 of 4 ranks"));
   CHECK(bad([](MemoryPlan& p) { p.nodes = 3; }, "nodes is 3 for 4 ranks"));
-  CHECK(bad([](MemoryPlan& p) { p.options.stage = 3; }, "options.stage is 3"));
+  CHECK(bad([](MemoryPlan& p) { p.options.stage = 4; }, "options.stage is 4"));
+  CHECK(bad([](MemoryPlan& p) { p.units = {0}; }, "units has 1 entries for 2 parameters"));
   CHECK(bad([](MemoryPlan& p) { p.options.bucket_mb = -1; }, "options.bucket_mb is -1"));
   CHECK(bad([](MemoryPlan& p) { p.groups.clear(); }, "no parameter group"));
   CHECK(bad([](MemoryPlan& p) { p.options.stream_grads = true; }, "stream_grads needs stage 2"));
+  CHECK(bad(
+      [](MemoryPlan& p) {
+        p.options.stage = 3;
+        p.options.persist_below_bytes = 0;
+        p.options.gather_limit_bytes = 100;
+      },
+      "gather_limit_bytes is 100"));
   CHECK(bad([](MemoryPlan& p) { p.options.param_remainders = true; }, "needs bf16"));
   CHECK(bad([](MemoryPlan& p) { p.dtype = DType::f64; }, "dtype is f64"));
   CHECK(bad([](MemoryPlan& p) { p.groups = {Adam{}, SGD{}}; }, "different kinds"));

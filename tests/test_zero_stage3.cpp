@@ -1,10 +1,15 @@
 // ZeRO stage 3 (parameters sharded, gathered a unit at a time): the same
 // parameters, bitwise, as stage 2 with the same units, at every rank count,
-// in fp32 and bf16, with every optimizer, with clipping; a checkpoint saved
-// at stage 3 loads at stage 2 and back.
+// in fp32 and bf16, with every optimizer, with clipping, with prefetch and
+// units kept for backward or whole; a checkpoint saved at stage 3 loads at
+// stage 2 and back; prefetch follows the recorded order; misuse is an error
+// on every rank; a released unit is inaccessible (host) or poisoned
+// (device) under SHARDOPT_CHECK_ARGS. Also run on the simulated device
+// (test_zero_device).
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -16,9 +21,11 @@
 #include "mpi_test.hpp"
 #include "shardopt/half.hpp"
 #include "shardopt/zero.hpp"
+#include "zero_reference.hpp"
 
 using namespace shardopt;
 using namespace shardopt::test;
+using namespace shardopt::test::zero;
 
 namespace {
 
@@ -44,9 +51,18 @@ void store(DType t, std::byte* p, std::size_t k, float x) {
   }
 }
 
-struct Run {
-  std::vector<std::vector<std::byte>> params, grads;
+// The parameters (host or device memory: Model) and the optimizer.
+struct Job {
+  std::unique_ptr<Model> model;
   std::unique_ptr<ZeroRedundancyOptimizer> opt;
+  bool stream = false;
+  DType t = DType::f32;
+  // Parameter i as the optimizer has it (data(i)), in host memory.
+  std::vector<std::byte> values(std::size_t i) const {
+    std::vector<std::byte> h(kNumel[i] * dtype_size(t));
+    Model::download(h.data(), opt->data(i), h.size());
+    return h;
+  }
 };
 
 // Stage 3's own options, from the defaults.
@@ -65,23 +81,16 @@ const Three kVariants[] = {{},
                            {.prefetch = false, .limit = 20000},
                            {.persist = 65536}};
 
-Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool stream = false,
+Job make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool stream = false,
          Three v = {}) {
-  Run r;
-  std::vector<Param> ps;
-  for (std::size_t i = 0; i < kNumel.size(); ++i) {
-    r.params.emplace_back(kNumel[i] * dtype_size(t));
-    r.grads.emplace_back(kNumel[i] * dtype_size(t));
-    for (std::size_t k = 0; k < kNumel[i]; ++k)
-      store(t, r.params[i].data(), k, std::sin(0.37f * float(i) + 0.011f * float(k)));
-    std::string name = "p";
-    name += std::to_string(i);
-    ps.push_back({.name = name,
-                  .data = r.params[i].data(),
-                  .numel = kNumel[i],
-                  .dtype = t,
-                  .grad = stream ? nullptr : r.grads[i].data(),
-                  .unit = kUnit[i]});
+  Job r;
+  r.t = t;
+  r.stream = stream;
+  r.model = std::make_unique<Model>(make_layout(kNumel), t, true, false, 41);
+  std::vector<Param> ps = r.model->params();
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    ps[i].unit = kUnit[i];
+    if (stream) ps[i].grad = nullptr;  // passed to grad_ready instead
   }
   r.opt = std::make_unique<ZeroRedundancyOptimizer>(c, ps, o,
                                                     ZeroOptions{.stage = stage,
@@ -99,7 +108,7 @@ Run make(Communicator& c, DType t, int stage, const OptimizerConfig& o, bool str
 // the step sees them. At stage 3 each unit is gathered before use and
 // released after; with `manual`, each next one is prefetched by the code
 // (igather) while the one before it is used.
-void pass(Run& r, DType t, int rank, int step, bool manual = true,
+void pass(Job& r, DType t, int rank, int step, bool manual = true,
           std::vector<std::size_t> order = {}) {
   const bool three = r.opt->stage() == 3;
   if (order.empty())
@@ -114,14 +123,19 @@ void pass(Run& r, DType t, int rank, int step, bool manual = true,
       if (three && manual && next != SIZE_MAX) r.opt->igather(next);
       for (std::size_t i = 0; i < kNumel.size(); ++i) {
         if (kUnit[i] != int(u)) continue;
-        const auto* p = static_cast<const std::byte*>(r.opt->data(i));
-        REQUIRE((p != nullptr || kNumel[i] == 0));
+        REQUIRE((r.opt->data(i) != nullptr || kNumel[i] == 0));
+        const std::vector<std::byte> p = r.values(i);
+        auto* g = static_cast<std::byte*>(r.model->grad_host(i));
         for (std::size_t e = 0; e < kNumel[i]; ++e)
           if (backward)
-            store(t, r.grads[i].data(), e,
-                  0.1f * std::cos(3.0f * value(t, p, e) + float(rank) + 0.1f * float(step)));
+            store(t, g, e,
+                  0.1f * std::cos(3.0f * value(t, p.data(), e) + float(rank) + 0.1f * float(step)));
           else
-            sum += value(t, p, e);
+            sum += value(t, p.data(), e);
+        if (backward) {
+          Model::upload(r.model->grad_data(i), g, kNumel[i] * dtype_size(t));
+          if (r.stream) r.opt->grad_ready(i, r.model->grad_data(i));
+        }
       }
       if (three) r.opt->release(u);
       if (three && !manual && next != SIZE_MAX) r.opt->gather(next);
@@ -130,16 +144,17 @@ void pass(Run& r, DType t, int rank, int step, bool manual = true,
   CHECK(std::isfinite(sum));
 }
 
-// Whether stage 3's parameters, gathered unit by unit, are `two`'s bytes.
-bool same_params(Run& three, const Run& two, DType t) {
+// Whether stage 3's parameters, gathered unit by unit, are `other`'s bytes.
+bool same_params(Job& three, Job& other) {
   bool same = true;
+  const bool gathers = other.opt->stage() == 3;
   for (std::size_t u = 0; u < three.opt->num_units(); ++u) {
     three.opt->gather(u);
+    if (gathers) other.opt->gather(u);
     for (std::size_t i = 0; i < kNumel.size(); ++i)
-      if (kUnit[i] == int(u) && kNumel[i] > 0)
-        same = same && std::memcmp(three.opt->data(i), two.params[i].data(),
-                                   kNumel[i] * dtype_size(t)) == 0;
+      if (kUnit[i] == int(u)) same = same && three.values(i) == other.values(i);
     three.opt->release(u);
+    if (gathers) other.opt->release(u);
   }
   return same;
 }
@@ -162,7 +177,7 @@ TEST_CASE("stage 3 gives stage 2's parameters bitwise, with the same units", "[z
       INFO(dtype_name(t) << ", optimizer " << o.index() << ", persist_below_bytes " << v.persist
                          << ", prefetch " << v.prefetch << ", reshard_after_forward " << v.reshard
                          << ", gather_limit_bytes " << v.limit);
-      Run two = make(c, t, 2, o), three = make(c, t, 3, o, false, v);
+      Job two = make(c, t, 2, o), three = make(c, t, 3, o, false, v);
       REQUIRE(three.opt->num_units() == 5);
       for (int s = 0; s < 4; ++s) {
         pass(two, t, c.rank(), s);
@@ -171,7 +186,7 @@ TEST_CASE("stage 3 gives stage 2's parameters bitwise, with the same units", "[z
         two.opt->step();
         three.opt->step();
       }
-      CHECK(all_ranks_true(same_params(three, two, t)));
+      CHECK(all_ranks_true(same_params(three, two)));
       CHECK(three.opt->data(three.opt->num_params() - 1) == nullptr);
     }
   }
@@ -183,14 +198,14 @@ TEST_CASE("a checkpoint saved at stage 3 loads at stage 2 and back", "[zero][sta
   const std::string path = dir.file("s3.safetensors");
   const OptimizerConfig adam = Adam{.lr = 1e-2};
   for (DType t : {DType::f32, DType::bf16}) {
-    Run three = make(c, t, 3, adam, false, kVariants[1]);
+    Job three = make(c, t, 3, adam, false, kVariants[1]);
     for (int s = 0; s < 2; ++s) {
       pass(three, t, c.rank(), s);
       three.opt->step();
     }
     three.opt->save(path);
     // Stage 2 from the file, then both take two more steps.
-    Run two = make(c, t, 2, adam);
+    Job two = make(c, t, 2, adam);
     two.opt->load(path);
     for (int s = 2; s < 4; ++s) {
       pass(two, t, c.rank(), s);
@@ -198,12 +213,12 @@ TEST_CASE("a checkpoint saved at stage 3 loads at stage 2 and back", "[zero][sta
       two.opt->step();
       three.opt->step();
     }
-    CHECK(all_ranks_true(same_params(three, two, t)));
+    CHECK(all_ranks_true(same_params(three, two)));
     // And back: stage 3 (every unit gathered) from stage 2's file.
     two.opt->save(path);
-    Run back = make(c, t, 3, adam);
+    Job back = make(c, t, 3, adam);
     back.opt->load(path);
-    CHECK(all_ranks_true(same_params(back, two, t)));
+    CHECK(all_ranks_true(same_params(back, two)));
     CHECK(all_ranks_true(back.opt->gather_state("exp_avg", 1) ==
                          two.opt->gather_state("exp_avg", 1)));
   }
@@ -213,15 +228,14 @@ TEST_CASE("stage 3 with streamed gradients gives stage 2's parameters bitwise", 
   Communicator& c = world();
   const OptimizerConfig adam = Adam{.lr = 1e-2};
   for (DType t : {DType::f32, DType::bf16}) {
-    Run two = make(c, t, 2, adam), three = make(c, t, 3, adam, true, kVariants[1]);
+    Job two = make(c, t, 2, adam), three = make(c, t, 3, adam, true, kVariants[1]);
     for (int s = 0; s < 3; ++s) {
       pass(two, t, c.rank(), s);
-      pass(three, t, c.rank(), s);  // into the Run's own buffers, passed below
-      for (std::size_t i = kNumel.size(); i-- > 0;) three.opt->grad_ready(i, three.grads[i].data());
+      pass(three, t, c.rank(), s);  // each gradient passed to grad_ready
       two.opt->step();
       three.opt->step();
     }
-    CHECK(all_ranks_true(same_params(three, two, t)));
+    CHECK(all_ranks_true(same_params(three, two)));
   }
 }
 
@@ -245,8 +259,8 @@ TEST_CASE("stage 3 prefetches in the recorded order, and records a changed one",
   for (const Case& k : {Case{{}, {0, 8, 5, 8, 8}}, Case{{.reshard = false}, {0, 9, 6, 9, 9}},
                         Case{{.prefetch = false}, {0, 0, 0, 0, 0}}}) {
     INFO("prefetch " << k.v.prefetch << ", reshard_after_forward " << k.v.reshard);
-    Run three = make(c, DType::f32, 3, Adam{}, false, k.v);
-    Run two = make(c, DType::f32, 2, Adam{});
+    Job three = make(c, DType::f32, 3, Adam{}, false, k.v);
+    Job two = make(c, DType::f32, 2, Adam{});
     for (int s = 0; s < 5; ++s) {
       INFO("step " << s);
       pass(two, DType::f32, c.rank(), s);
@@ -256,15 +270,15 @@ TEST_CASE("stage 3 prefetches in the recorded order, and records a changed one",
       CHECK(info.gathers == 10);
       CHECK(info.gathers_ahead == k.ahead[s]);
     }
-    CHECK(all_ranks_true(same_params(three, two, DType::f32)));
+    CHECK(all_ranks_true(same_params(three, two)));
   }
 }
 
 TEST_CASE("stage 3 keeps small units whole on every rank", "[zero][stage3]") {
   Communicator& c = world();
   // Below 1024 bytes in fp32: units 1 (5 elements), 3 (77) and 4 (129).
-  Run three = make(c, DType::f32, 3, Adam{.lr = 1e-2}, false, {.persist = 1024});
-  Run all = make(c, DType::f32, 3, Adam{.lr = 1e-2});
+  Job three = make(c, DType::f32, 3, Adam{.lr = 1e-2}, false, {.persist = 1024});
+  Job all = make(c, DType::f32, 3, Adam{.lr = 1e-2});
   std::size_t whole = 0;
   for (std::size_t i : {2, 5, 6, 7}) whole += kNumel[i] * 4;
   CHECK(three.opt->memory_report().persistent_params >= whole);
@@ -281,8 +295,7 @@ TEST_CASE("stage 3 keeps small units whole on every rank", "[zero][stage3]") {
     three.opt->gather(u);
     all.opt->gather(u);
     for (std::size_t i = 0; i < kNumel.size(); ++i)
-      if (kUnit[i] == int(u) && kNumel[i] > 0)
-        same = same && std::memcmp(three.opt->data(i), all.opt->data(i), kNumel[i] * 4) == 0;
+      if (kUnit[i] == int(u)) same = same && three.values(i) == all.values(i);
     three.opt->release(u);
     all.opt->release(u);
     CHECK(three.opt->data(2) == nullptr);  // whole, yet not readable outside gather/release
@@ -292,12 +305,12 @@ TEST_CASE("stage 3 keeps small units whole on every rank", "[zero][stage3]") {
 
 TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]") {
   Communicator& c = world();
-  Run three = make(c, DType::f32, 3, Adam{});
+  Job three = make(c, DType::f32, 3, Adam{});
   // Different units at the same point: every rank names each rank's unit.
   if (c.size() > 1) {
     const std::size_t mine = c.rank() == 0 ? 0 : 1;
     CHECK(all_ranks_true(throws_error([&] { three.opt->gather(mine); }, ErrorCode::invalid_state,
-                                      "rank 1: unit 1 ('p2')")));
+                                      "rank 1: unit 1 ('layer2.weight')")));
   }
   CHECK(all_ranks_true(
       throws_error([&] { three.opt->gather(99); }, ErrorCode::invalid_argument, "5 units")));
@@ -314,11 +327,11 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
     three.opt->gather(1);
     const std::size_t mine = c.rank() == 0 ? 1 : 0;
     CHECK(all_ranks_true(throws_error([&] { three.opt->release(mine); }, ErrorCode::invalid_state,
-                                      "rank 1: unit 0 ('p0'...)")));
+                                      "rank 1: unit 0 ('layer0.weight'...)")));
     three.opt->release(1);
   }
   // Stages 0-2 have no units to gather.
-  Run two = make(c, DType::f32, 2, Adam{});
+  Job two = make(c, DType::f32, 2, Adam{});
   CHECK(all_ranks_true(
       throws_error([&] { two.opt->gather(0); }, ErrorCode::invalid_state, "stage 3's")));
   CHECK(all_ranks_true(
@@ -333,9 +346,9 @@ TEST_CASE("stage 3's gathers past the limit are an error on every rank", "[zero]
   Communicator& c = world();
   // Unit 2 (2348 fp32 elements, 9.4 KB) does not fit a pool of 8000 bytes.
   CHECK(all_ranks_true(throws_error([&] { make(c, DType::f32, 3, Adam{}, false, {.limit = 8000}); },
-                                    ErrorCode::invalid_config, "unit 2 ('p3'...)")));
+                                    ErrorCode::invalid_config, "unit 2 ('layer3.bias'...)")));
   // 12000 bytes hold unit 2, not unit 2 and unit 0 (1037 elements) too.
-  Run three = make(c, DType::f32, 3, Adam{}, false, {.prefetch = false, .limit = 12000});
+  Job three = make(c, DType::f32, 3, Adam{}, false, {.prefetch = false, .limit = 12000});
   three.opt->gather(2);
   CHECK(all_ranks_true(throws_error([&] { three.opt->gather(0); }, ErrorCode::invalid_state,
                                     "gathers past the limit")));
@@ -350,8 +363,8 @@ TEST_CASE("stage 3's gathers past the limit are an error on every rank", "[zero]
 TEST_CASE("stage 3's memory report counts the parameter shard, the pool and the whole units",
           "[zero][stage3]") {
   Communicator& c = world();
-  Run three = make(c, DType::bf16, 3, Adam{}, false, {.persist = 1024, .limit = 65536});
-  Run two = make(c, DType::bf16, 2, Adam{});
+  Job three = make(c, DType::bf16, 3, Adam{}, false, {.persist = 1024, .limit = 65536});
+  Job two = make(c, DType::bf16, 2, Adam{});
   const MemoryReport m3 = three.opt->memory_report(), m2 = two.opt->memory_report();
   // The shard: this rank's pieces of every bucket, as many elements as the
   // master weights' fp32 shard.
@@ -376,10 +389,11 @@ TEST_CASE("stage 3's memory report counts the parameter shard, the pool and the 
   three.opt->release(2);
 }
 
+#if !SHARDOPT_TEST_DEVICE
 TEST_CASE("stage 3 under SHARDOPT_CHECK_ARGS: a released unit read ends the process, naming it",
           "[zero][stage3][errors]") {
   Communicator checked(world().mpi_comm(), CommOptions{.check_arguments = true});
-  Run three = make(checked, DType::f32, 3, Adam{});
+  Job three = make(checked, DType::f32, 3, Adam{});
   three.opt->gather(2);
   const auto* p3 = static_cast<const float*>(three.opt->data(3));
   const float before = p3[100];  // readable while gathered
@@ -405,10 +419,28 @@ TEST_CASE("stage 3 under SHARDOPT_CHECK_ARGS: a released unit read ends the proc
   REQUIRE(waitpid(child, &status, 0) == child);
   INFO(text);
   CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  CHECK(text.find("shardopt: unit 2 ('p3'...) read or written after its release()") !=
+  CHECK(text.find("shardopt: unit 2 ('layer3.bias'...) read or written after its release()") !=
         std::string::npos);
   // Gathered again, the unit is readable, with the same values.
   three.opt->gather(2);
   CHECK(static_cast<const float*>(three.opt->data(3))[100] == before);
   three.opt->release(2);
 }
+#else
+TEST_CASE("stage 3 under SHARDOPT_CHECK_ARGS: a released device unit is poisoned",
+          "[zero][stage3][errors]") {
+  Communicator checked(world().mpi_comm(), CommOptions{.check_arguments = true});
+  Job three = make(checked, DType::f32, 3, Adam{});
+  three.opt->gather(2);
+  const void* p3 = three.opt->data(3);
+  const std::vector<std::byte> before = three.values(3);
+  three.opt->release(2);
+  // Every bit set: a NaN in any floating type.
+  std::vector<std::uint32_t> after(kNumel[3]);
+  Model::download(after.data(), p3, after.size() * 4);
+  CHECK(std::all_of(after.begin(), after.end(), [](std::uint32_t w) { return w == ~0u; }));
+  three.opt->gather(2);
+  CHECK(three.values(3) == before);
+  three.opt->release(2);
+}
+#endif

@@ -283,10 +283,14 @@ struct MemoryReport {
 // plan_memory().
 struct MemoryPlan {
   std::vector<std::size_t> numel;  // each parameter's elements, in registration order
-  DType dtype = DType::f32;        // of every parameter (f32, bf16, f16)
+  // Each parameter's Param::unit (empty: -1 for every one): units end
+  // buckets at every stage, and are stage 3's gathers.
+  std::vector<int> units;
+  DType dtype = DType::f32;                        // of every parameter (f32, bf16, f16)
   std::vector<OptimizerConfig> groups = {Adam{}};  // the parameter groups' optimizers
   // stage, bucket_mb (0: SHARDOPT_BUCKET_MB), reduce_in_fp32,
-  // param_remainders, stream_grads and predivide_factor are read.
+  // param_remainders, stream_grads, predivide_factor, and at stage 3
+  // gather_limit_bytes and persist_below_bytes are read.
   ZeroOptions options = {};
   int ranks = 1;  // the communicator's size
   int rank = 0;   // whose memory

@@ -406,15 +406,10 @@ void ZeroEngine::build_layout() {
   remainders_ = opt_.param_remainders;
   std::vector<std::size_t> numel(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) numel[i] = params_[i].numel;
-  // Units: where Param::unit changes (or is -1), when any parameter sets
-  // one; at stage 3 each parameter is its own unit by default.
-  std::vector<std::size_t> starts;
-  const bool units = opt_.stage == 3 || std::any_of(params_.begin(), params_.end(),
-                                                    [](const Param& p) { return p.unit >= 0; });
-  for (std::size_t i = 0; units && i < params_.size(); ++i)
-    if (i == 0 || params_[i].unit < 0 || params_[i].unit != params_[i - 1].unit)
-      starts.push_back(i);
-  layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_, starts);
+  std::vector<int> units(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) units[i] = params_[i].unit;
+  layout_ = ShardLayout(numel, nranks_, rank_, opt_.stage, bucket_elems_,
+                        unit_starts(units, units.size(), opt_.stage));
   unit_of_.assign(params_.size(), 0);
   for (std::size_t u = 0; u < layout_.units.size(); ++u)
     for (std::size_t i = layout_.units[u].first_param; i < layout_.units[u].end_param; ++i)

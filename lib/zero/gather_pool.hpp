@@ -8,8 +8,29 @@
 #include <cstddef>
 #include <map>
 #include <optional>
+#include <vector>
+
+#include "zero/shards.hpp"
 
 namespace shardopt::detail {
+
+// Stage 3's units as the engine sizes them, from the layout: the bytes of
+// each gathered unit (its elements to its last bucket's padding, which the
+// allgathers write), which stay whole (fewer bytes of parameters than
+// persist_below_bytes), the gather limit (0 asked: automatic) and the pool's
+// bytes (under SHARDOPT_CHECK_ARGS on the host: whole pages, a page more per
+// unit). `largest`: the unit gathered of most bytes (SIZE_MAX if none).
+struct UnitSizes {
+  std::vector<std::size_t> bytes;
+  std::vector<bool> persistent;
+  std::size_t largest = SIZE_MAX;
+  std::size_t limit = 0;
+  std::size_t pool = 0;
+  std::size_t align = 0;
+  std::size_t persistent_bytes() const;
+};
+UnitSizes unit_sizes(const ShardLayout& l, std::size_t elem, std::size_t limit_asked,
+                     std::size_t persist_below, bool page_guard);
 
 class FirstFit {
  public:

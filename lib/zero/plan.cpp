@@ -13,6 +13,7 @@
 #include "shardopt/config.hpp"
 #include "shardopt/zero.hpp"
 #include "zero/buffers.hpp"
+#include "zero/gather_pool.hpp"
 #include "zero/optimizer_config.hpp"
 #include "zero/shards.hpp"
 
@@ -35,8 +36,18 @@ void check(const MemoryPlan& p) {
   if (p.nodes < 1 || p.ranks % p.nodes != 0)
     bad("nodes is " + std::to_string(p.nodes) + " for " + std::to_string(p.ranks) + " ranks",
         "pass nodes >= 1 that divides ranks (the same number of ranks on every node)");
-  if (o.stage < 0 || o.stage > 2)
-    bad("options.stage is " + std::to_string(o.stage), "use stage 0, 1 or 2");
+  if (o.stage < 0 || o.stage > 3)
+    bad("options.stage is " + std::to_string(o.stage), "use stage 0, 1, 2 or 3");
+  if (!p.units.empty() && p.units.size() != p.numel.size())
+    bad("units has " + std::to_string(p.units.size()) + " entries for " +
+            std::to_string(p.numel.size()) + " parameters",
+        "give each parameter's unit (Param::unit), or none");
+  for (std::size_t i = 1; i < p.units.size(); ++i)
+    for (std::size_t j = 0; p.units[i] >= 0 && p.units[i] != p.units[i - 1] && j + 1 < i; ++j)
+      if (p.units[j] == p.units[i])
+        bad("units: unit " + std::to_string(p.units[i]) + " is split (parameters " +
+                std::to_string(j) + " and " + std::to_string(i) + " apart)",
+            "give the parameters of a unit consecutive places");
   if (!(o.bucket_mb >= 0.0) || !std::isfinite(o.bucket_mb))
     bad("options.bucket_mb is " + detail::format_number(o.bucket_mb),
         "use a size in MiB > 0, or 0 for SHARDOPT_BUCKET_MB");
@@ -49,8 +60,8 @@ void check(const MemoryPlan& p) {
   for (const OptimizerConfig& g : p.groups)
     if (g.index() != p.groups[0].index())
       bad("the groups use different kinds of optimizer", "use one kind in every group");
-  if (o.stream_grads && o.stage != 2)
-    bad("options.stream_grads needs stage 2", "set stage = 2 or leave stream_grads off");
+  if (o.stream_grads && o.stage < 2)
+    bad("options.stream_grads needs stage 2 or 3", "set stage = 2 or leave stream_grads off");
   if (o.stream_grads && p.user_grads)
     bad("options.stream_grads with user_grads: streamed gradients have no buffer of the user's",
         "leave one of them off");
@@ -88,7 +99,8 @@ detail::ShardLayout layout_of(const MemoryPlan& p) {
   const double bucket_mb = p.options.bucket_mb > 0.0 ? p.options.bucket_mb : settings().bucket_mb;
   return detail::ShardLayout(
       p.numel, p.ranks, p.rank, p.options.stage,
-      detail::ShardLayout::bucket_elements(bucket_mb, dtype_size(reduce_type_of(p)), p.ranks));
+      detail::ShardLayout::bucket_elements(bucket_mb, dtype_size(reduce_type_of(p)), p.ranks),
+      detail::unit_starts(p.units, p.numel.size(), p.options.stage));
 }
 
 }  // namespace
@@ -113,7 +125,8 @@ MemoryReport plan_memory(const MemoryPlan& p) {
   using namespace detail;
   const ShardLayout l = layout_of(p);
   const ZeroOptions& o = p.options;
-  const int stage = o.stage;
+  // Stage 3 reduces the gradients as stage 2 does.
+  const int stage = std::min(o.stage, 2);
   const DType reduce_type = reduce_type_of(p);
   const OptKind kind = p.groups[0].index();
   const bool lamb = kind == kind_of<Lamb>(), custom = kind == kCustomKind;
@@ -162,8 +175,19 @@ MemoryReport plan_memory(const MemoryPlan& p) {
               (fused && p.user_grads ? fused_slice_bytes(threads, p.ranks, p.dtype) : 0);
   const std::size_t elem = dtype_size(p.dtype);
   for (std::size_t n : p.numel) {
-    m.user_params += n * elem;
+    if (o.stage != 3) m.user_params += n * elem;  // stage 3 reads them at construction only
     if (p.user_grads) m.user_grads += n * elem;
+  }
+  if (o.stage == 3) {
+    const UnitSizes z = unit_sizes(l, elem, o.gather_limit_bytes, o.persist_below_bytes,
+                                   settings().check_args && !p.device);
+    if (z.largest != SIZE_MAX && z.limit < z.bytes[z.largest])
+      bad("options.gather_limit_bytes is " + std::to_string(o.gather_limit_bytes) + ", below the " +
+              std::to_string(z.bytes[z.largest]) + " bytes of unit " + std::to_string(z.largest),
+          "raise gather_limit_bytes to at least the largest unit, or 0 for the automatic limit");
+    m.param_shard = l.shard * elem;
+    m.gather_pool = z.pool;
+    m.persistent_params = z.persistent_bytes();
   }
   (p.device ? m.device_bytes : m.host_bytes) = m.allocated();
   return m;

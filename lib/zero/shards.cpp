@@ -90,4 +90,14 @@ ShardLayout::ShardLayout(const std::vector<std::size_t>& numel, int ranks, int r
   }
 }
 
+std::vector<std::size_t> unit_starts(const std::vector<int>& units, std::size_t params, int stage) {
+  std::vector<std::size_t> starts;
+  const bool any =
+      stage == 3 || std::any_of(units.begin(), units.end(), [](int u) { return u >= 0; });
+  const auto unit = [&](std::size_t i) { return i < units.size() ? units[i] : -1; };
+  for (std::size_t i = 0; any && i < params; ++i)
+    if (i == 0 || unit(i) < 0 || unit(i) != unit(i - 1)) starts.push_back(i);
+  return starts;
+}
+
 }  // namespace shardopt::detail

@@ -94,4 +94,11 @@ struct ShardLayout {
   std::vector<ShardRange> owned;  // the same, as the public ShardRange
 };
 
+// The parameters that start a unit, of `params` parameters with
+// Param::unit `units` (empty: -1 for each): where the index changes or is
+// -1, when any parameter sets one; at stage 3 every parameter without one
+// is a unit of its own. Empty: no units (stages 0-2 without any
+// Param::unit).
+std::vector<std::size_t> unit_starts(const std::vector<int>& units, std::size_t params, int stage);
+
 }  // namespace shardopt::detail

@@ -35,8 +35,6 @@ namespace {
       __FILE__, __LINE__);
 }
 
-constexpr std::size_t kAutoLimitFloor = std::size_t(64) << 20;
-
 std::string bytes_text(std::size_t b) {
   std::string t = std::to_string(b);
   t += " bytes";
@@ -58,51 +56,34 @@ std::string ZeroEngine::unit_text(std::size_t u) const {
 
 // Construction, at stage 3: the units' sizes, which stay whole, the pool.
 void ZeroEngine::setup_units() {
+  const UnitSizes z = unit_sizes(layout_, elem_, opt_.gather_limit_bytes, opt_.persist_below_bytes,
+                                 comm_.checks_arguments() && !space_.on_device());
   units_.resize(layout_.units.size());
-  std::size_t largest = 0, whole = 0;
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    const UnitRange& r = layout_.units[u];
-    std::size_t elems = 0;  // to the last bucket's padding, which its allgather writes
-    for (std::size_t bi = r.first_bucket; bi < r.end_bucket; ++bi)
-      elems = std::max(elems, layout_.buckets[bi].begin - r.begin + layout_.buckets[bi].padded);
     Unit& x = units_[u];
-    x.bytes = std::max<std::size_t>(elems, 1) * elem_;
-    x.persistent = (r.end - r.begin) * elem_ < opt_.persist_below_bytes;
-    if (x.persistent) {
-      x.own = space_.allocate(x.bytes, "a persistent unit");
-      for (std::size_t i = r.first_param; i < r.end_param; ++i)
-        space_.copy(x.own.as<std::byte>() + (layout_.flat[i] - r.begin) * elem_, params_[i].data,
-                    params_[i].numel * elem_);
-    } else {
-      largest = std::max(largest, x.bytes);
-      whole += FirstFit::charge(x.bytes);
-    }
+    x.bytes = z.bytes[u];
+    x.persistent = z.persistent[u];
+    if (!x.persistent) continue;
+    const UnitRange& r = layout_.units[u];
+    x.own = space_.allocate(x.bytes, "a persistent unit");
+    for (std::size_t i = r.first_param; i < r.end_param; ++i)
+      space_.copy(x.own.as<std::byte>() + (layout_.flat[i] - r.begin) * elem_, params_[i].data,
+                  params_[i].numel * elem_);
   }
-  std::size_t limit = opt_.gather_limit_bytes;
-  if (limit == 0) limit = std::min(whole, std::max(3 * largest, kAutoLimitFloor));
-  if (limit < largest) {
-    std::size_t u = 0;
-    while (units_[u].persistent || units_[u].bytes != largest) ++u;
+  if (z.largest != SIZE_MAX && z.limit < z.bytes[z.largest])
     throw_agreed(ctl_, ErrorCode::invalid_config,
-                 "ZeroOptions::gather_limit_bytes is " + std::to_string(limit) + ", below the " +
-                     bytes_text(largest) + " that " + unit_text(u) + " gathers",
+                 "ZeroOptions::gather_limit_bytes is " + std::to_string(opt_.gather_limit_bytes) +
+                     ", below the " + bytes_text(z.bytes[z.largest]) + " that " +
+                     unit_text(z.largest) + " gathers",
                  "raise gather_limit_bytes to at least the largest unit (twice it, for prefetch), "
                  "or 0 for the automatic limit",
                  __FILE__, __LINE__);
-  }
-  // Under SHARDOPT_CHECK_ARGS, host units take whole pages, so that a
-  // released one can be made inaccessible: a page more per unit.
-  const bool guarded = comm_.checks_arguments() && !space_.on_device() && limit > 0;
-  limit = FirstFit::charge(limit);
-  const std::size_t align = guarded ? ReleasedGuard::page() : FirstFit::kCharge;
-  std::size_t bytes = limit;
-  if (guarded) bytes = (bytes + align - 1) / align * align + align * units_.size();
-  if (bytes > 0) pool_buf_ = space_.allocate(bytes, "the pool of gathered units");
-  pool_ = FirstFit(bytes, align, limit);
-  if (guarded) {
+  if (z.pool > 0) pool_buf_ = space_.allocate(z.pool, "the pool of gathered units");
+  pool_ = FirstFit(z.pool, z.align, z.limit);
+  if (z.align != FirstFit::kCharge) {
     std::vector<std::string> names;
     for (std::size_t u = 0; u < units_.size(); ++u) names.push_back(unit_text(u));
-    guard_ = std::make_unique<ReleasedGuard>(pool_buf_.as<std::byte>(), bytes, std::move(names));
+    guard_ = std::make_unique<ReleasedGuard>(pool_buf_.as<std::byte>(), z.pool, std::move(names));
   }
   following_ = false;
 }
