@@ -303,6 +303,37 @@ TEST_CASE("stage 3 keeps small units whole on every rank", "[zero][stage3]") {
   CHECK(all_ranks_true(same));
 }
 
+TEST_CASE("check_sync at stage 3 compares the units as gathered and the whole ones",
+          "[zero][stage3]") {
+  Communicator& c = world();
+  // Units 1, 3 and 4 whole; check_sync_every on every step.
+  Job three = make(c, DType::f32, 3, Adam{.lr = 1e-2}, false, {.persist = 1024});
+  for (int s = 0; s < 2; ++s) {
+    pass(three, DType::f32, c.rank(), s);
+    three.opt->step();
+  }
+  const SyncReport same = three.opt->check_sync();
+  CHECK(same.in_sync);
+  if (c.size() < 2) return;
+  // Rank 1 changes element 40 of its whole copy of parameter 5 (unit 3):
+  // found, and named, on every rank.
+  three.opt->gather(3);
+  if (c.rank() == 1) {
+    const float x = 7.0f;
+    auto* at = static_cast<std::byte*>(const_cast<void*>(three.opt->data(5))) + 40 * 4;
+    if (Model::on_device)
+      Model::upload(at, &x, 4);
+    else
+      std::memcpy(at, &x, 4);
+  }
+  three.opt->release(3);
+  const SyncReport r = three.opt->check_sync();
+  CHECK(!r.in_sync);
+  CHECK(r.param == "layer5.bias");
+  CHECK(r.element == 40);
+  CHECK(r.message.find("7 on rank 1") != std::string::npos);
+}
+
 TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]") {
   Communicator& c = world();
   Job three = make(c, DType::f32, 3, Adam{});
@@ -334,8 +365,10 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   Job two = make(c, DType::f32, 2, Adam{});
   CHECK(all_ranks_true(
       throws_error([&] { two.opt->gather(0); }, ErrorCode::invalid_state, "stage 3's")));
+  three.opt->gather(0);
   CHECK(all_ranks_true(
-      throws_error([&] { three.opt->check_sync(); }, ErrorCode::unsupported, "stage 3")));
+      throws_error([&] { three.opt->check_sync(); }, ErrorCode::invalid_state, "still gathered")));
+  three.opt->release(0);
   // And the optimizer still steps.
   pass(three, DType::f32, c.rank(), 0);
   three.opt->step();

@@ -585,7 +585,9 @@ class SHARDOPT_API ZeroRedundancyOptimizer {
 
   // Collective: whether every rank's parameter buffers hold the same bytes
   // (one 64-bit checksum per parameter, compared across ranks), and if not,
-  // the first parameter and element that differ. Call between steps.
+  // the first parameter and element that differ. Call between steps. At
+  // stage 3, with no unit gathered: each unit as a gather gives it (one at
+  // a time through the pool) and the units kept whole.
   // ZeroOptions::check_sync_every (SHARDOPT_CHECK_SYNC) runs it after steps.
   SyncReport check_sync();
 

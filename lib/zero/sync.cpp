@@ -1,6 +1,6 @@
 // shardopt: check_sync(), whether every rank's parameters hold the same
-// bytes. One XXH3-64 per parameter, compared across ranks; only when one
-// differs is more sent: that parameter's copy on rank 0, to find the first
+// bytes (stage 3: as gathered, and the whole units). One XXH3-64 per parameter, compared across
+// ranks; only when one differs is more sent: that parameter's copy on rank 0, to find the first
 // element that differs, and that element's value on every rank.
 #include <xxhash.h>
 
@@ -50,25 +50,41 @@ std::string by_value(const std::vector<T>& per_rank, Text text) {
 
 SyncReport ZeroEngine::check_sync() {
   require_comm("check_sync()");
-  // Stage 3 holds no whole parameter between gathers: what it compares
-  // across ranks is still to be built (the persistent parameters, a digest
-  // per gathered unit). Refused rather than reporting registered buffers
-  // that stage 3 never writes.
-  if (opt_.stage == 3)
-    throw_error(ErrorCode::unsupported,
-                "check_sync() at stage 3: the parameters are sharded, and the comparison of "
-                "stage 3's replicated parts is not there yet",
-                "call check_sync() at stages 0-2, and leave ZeroOptions::check_sync_every and "
-                "SHARDOPT_CHECK_SYNC unset at stage 3",
-                __FILE__, __LINE__);
+  // Stage 3: each unit as a gather gives it (the whole units as they are),
+  // gathered here one at a time into the pool, which no unit may hold.
+  check_released("check_sync()");
+  std::size_t open = SIZE_MAX;  // the unit gathered here
+  const auto close = [&] {
+    if (open != SIZE_MAX && !units_[open].persistent) drop(open);
+    open = SIZE_MAX;
+  };
+  struct Closer {
+    const decltype(close)& f;
+    ~Closer() { f(); }
+  } closer{close};
+  const auto where = [&](std::size_t i) -> const std::byte* {
+    if (opt_.stage != 3) return static_cast<const std::byte*>(params_[i].data);
+    const std::size_t u = unit_of_[i];
+    if (u != open) {
+      close();
+      if (!units_[u].persistent) {
+        place(u, false);
+        issue(u);
+        finish(u);
+      }
+      open = u;
+    }
+    return unit_base(u) + (layout_.flat[i] - layout_.units[u].begin) * elem_;
+  };
   const int nranks = ctl_.size();
   std::vector<std::int64_t> sums(params_.size());
   // On a device, each parameter is read through host memory.
   std::vector<std::byte> host;
   const auto host_view = [&](const Param& p) -> const std::byte* {
-    if (!space_.on_device()) return static_cast<const std::byte*>(p.data);
+    const std::byte* at = where(static_cast<std::size_t>(&p - params_.data()));
+    if (!space_.on_device()) return at;
     host.resize(p.numel * dtype_size(p.dtype));
-    space_.download(host.data(), p.data, host.size());
+    space_.download(host.data(), at, host.size());
     return host.data();
   };
   for (std::size_t i = 0; i < params_.size(); ++i) {
