@@ -524,14 +524,17 @@ TEST_CASE("ZeRO: memory_report against the shard sizes", "[zero][memory]") {
 // docs/zero.md's table: the ZeRO paper's accounting, except stage 2, whose
 // gradient shard is fp32 (2 Psi + 16 Psi / N, where the paper has 14 Psi / N
 // for a 16-bit shard).
-TEST_CASE("ZeRO: zero_memory_formula is docs/zero.md's table, stage 2 with an fp32 gradient shard",
-          "[zero][memory]") {
+TEST_CASE(
+    "ZeRO: zero_memory_formula is docs/zero.md's table, stages 2 and 3 with an fp32 gradient shard",
+    "[zero][memory]") {
   const double psi = 1e6;
   for (int n = 1; n <= 8; ++n) {
     INFO(n << " ranks");
     CHECK(zero_memory_formula(0, psi, n, DType::bf16, 8) == Approx(16 * psi));
     CHECK(zero_memory_formula(1, psi, n, DType::bf16, 8) == Approx(4 * psi + 12 * psi / n));
     CHECK(zero_memory_formula(2, psi, n, DType::bf16, 8) == Approx(2 * psi + 16 * psi / n));
+    CHECK(zero_memory_formula(3, psi, n, DType::bf16, 8) == Approx(18 * psi / n));
+    CHECK(zero_memory_formula(3, psi, n, DType::f32, 8) == Approx(16 * psi / n));
   }
 }
 

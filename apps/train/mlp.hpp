@@ -103,6 +103,18 @@ struct LayerTensors {
 using LayerParams = LayerTensors<const float>;
 using LayerGrads = LayerTensors<float>;
 
+// Where a pass's layers come from, one at a time (ZeRO stage 3): begin(l)
+// before a pass reads layer l's parameters (it may point params[l] at
+// them), end(l) after its last read of them.
+class LayerSource {
+ public:
+  virtual void begin(int layer) = 0;
+  virtual void end(int layer) = 0;
+
+ protected:
+  ~LayerSource() = default;
+};
+
 // Forward and backward passes over n <= max_batch samples. Keeps the
 // activations of the last forward pass for the backward pass.
 class Mlp {
@@ -124,10 +136,12 @@ class Mlp {
 
   // x: [n, inputs], which must stay valid until backward() returns. Returns
   // the output, [n, outputs], valid until the next forward().
-  const float* forward(std::span<const LayerParams> params, const float* x, int n) {
+  const float* forward(std::span<const LayerParams> params, const float* x, int n,
+                       LayerSource* source = nullptr) {
     input_ = x;
     const float* a = x;
     for (int l = 0; l < shape_.layers(); ++l) {
+      if (source != nullptr) source->begin(l);
       const int in = shape_.in(l);
       const int out = shape_.out(l);
       float* z = acts_[static_cast<std::size_t>(l) + 1].data();
@@ -142,6 +156,7 @@ class Mlp {
         const std::size_t count = static_cast<std::size_t>(n) * static_cast<std::size_t>(out);
         for (std::size_t k = 0; k < count; ++k) z[k] = std::tanh(z[k]);
       }
+      if (source != nullptr) source->end(l);
       a = z;
     }
     return a;
@@ -151,10 +166,13 @@ class Mlp {
   // output, [n, outputs]. Writes the gradients (or, with accumulate, adds
   // to them) layer by layer from the last, and calls done(l) as soon as
   // layer l's gradients are complete, before the rest of the pass, so that
-  // their reduction can overlap with it.
+  // their reduction can overlap with it. The weights are read for the
+  // input's gradient, which layer 0 does not need: source->begin(l) for
+  // layers from the last to 1.
   template <class Done>
   void backward(std::span<const LayerParams> params, std::span<const LayerGrads> grads,
-                const float* dy, int n, bool accumulate, Done&& done) {
+                const float* dy, int n, bool accumulate, Done&& done,
+                LayerSource* source = nullptr) {
     const int layers = shape_.layers();
     std::copy_n(dy, static_cast<std::size_t>(n) * static_cast<std::size_t>(shape_.out(layers - 1)),
                 delta_.data());
@@ -182,8 +200,10 @@ class Mlp {
       done(l);
       if (l > 0) {
         // dL/da of the layer below: delta W, [n, in].
+        if (source != nullptr) source->begin(l);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, delta, out,
                     params[static_cast<std::size_t>(l)].weight, in, 0.0f, delta_next_.data(), in);
+        if (source != nullptr) source->end(l);
         std::swap(delta_, delta_next_);
       }
     }

@@ -107,10 +107,12 @@ class ModelTensors {
            device_work_grads_.size();
   }
 
-  std::vector<shardopt::Param> registration() {
+  // units: each layer (its weight and bias) a unit, ZeRO stage 3's.
+  std::vector<shardopt::Param> registration(bool units = false) {
     std::vector<shardopt::Param> out;
     for (Tensor& t : tensors_) {
       shardopt::Param p;
+      if (units) p.unit = static_cast<int>(out.size() / 2);
       p.name = t.name;
       p.data = t.param;
       p.numel = t.numel;
@@ -200,6 +202,14 @@ class ModelTensors {
     }
   }
 
+  // The fp32 tensor i the passes read: the parameter itself for an fp32
+  // model, else its working copy.
+  float* fp32_param(std::size_t i) {
+    if (dtype_ == DType::f32) return static_cast<float*>(param(i));
+    if (device_) return static_cast<float*>(device_work_params_.data()) + offset(i);
+    return work_params_.data() + offset(i);
+  }
+
   // 16-bit models: writes tensor i's fp32 gradient into its gradient buffer.
   void publish_grad(std::size_t i) {
     if (dtype_ == DType::f32) return;
@@ -228,11 +238,6 @@ class ModelTensors {
     tensors_.push_back(std::move(t));
   }
 
-  float* fp32_param(std::size_t i) {
-    if (dtype_ == DType::f32) return static_cast<float*>(param(i));
-    if (device_) return static_cast<float*>(device_work_params_.data()) + offset(i);
-    return work_params_.data() + offset(i);
-  }
   float* work_grad(std::size_t i) {
     if (device_) return static_cast<float*>(device_work_grads_.data()) + offset(i);
     return work_grads_.data() + offset(i);

@@ -33,7 +33,9 @@ const char* const kUsage =
     "Optimizer and engine:\n"
     "  -o, --optimizer NAME   the optimizer (default adamw); the list and each one's flags\n"
     "                         are below\n"
-    "  -s, --stage N          ZeRO stage 0, 1 or 2 (default 2)\n"
+    "  -s, --stage N          ZeRO stage 0, 1, 2 or 3 (default 2); at stage 3 each layer is a\n"
+    "                         unit, gathered before its forward and backward passes and\n"
+    "                         released after (host only)\n"
     "  -p, --precision T      f32 bf16 f16: the type of the model's parameters and gradients\n"
     "                         (default f32); 16-bit models are computed in fp32 working copies\n"
     "      --lr X             learning rate (default per optimizer, tuned on the default\n"
@@ -195,7 +197,7 @@ void apply_option(Options& o, const OptionSpec& spec, const std::string& label,
   if (apply_optimizer_option(o.optimizer, spec, label, v)) return;
   const std::string_view name = spec.long_name;
   if (name == "stage") {
-    o.stage = parse_int(label, v, 0, 2, "0 1 2");
+    o.stage = parse_int(label, v, 0, 3, "0 1 2 3");
   } else if (name == "precision") {
     o.precision = cli::parse_choice<DType>(
         label, v, {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}});
@@ -297,6 +299,11 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "--param-remainders needs -p (--precision) bf16: the remainders complete "
         "bf16 parameters to the fp32 master"};
+  }
+  if (o.device && o.stage == 3) {
+    throw UsageError{
+        "-s 3 trains on the host: the device passes take every layer at once, and stage 3 "
+        "gathers one layer at a time; use --device host, or stage 2 on the device"};
   }
   if (o.device && o.scattered) {
     throw UsageError{

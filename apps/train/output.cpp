@@ -156,11 +156,14 @@ void print_start(const RunContext& c, const ModelTensors& m,
   const double formula = shardopt::zero_memory_formula(o.stage, psi, c.ranks, o.precision,
                                                        shardopt::state_bytes_per_param(config));
   // What the formula counts, measured: shardopt's allocations but its
-  // buckets, the model's parameters, and in stages 0 and 1 its gradients
-  // (stage 2 counts the gradient shard instead: a code that frees or reuses
-  // its gradient buffers after grad_ready needs no full ones).
-  const double comparable = static_cast<double>(mem.allocated() - mem.buckets + mem.user_params +
-                                                (o.stage < 2 ? mem.user_grads : 0));
+  // buckets (and at stage 3 the pool of the layers in use), the model's
+  // parameters (at stage 3 the optimizer's shard of them), and in stages 0
+  // and 1 its gradients (stage 2 counts the gradient shard instead: a code
+  // that frees or reuses its gradient buffers after grad_ready needs no full
+  // ones).
+  const double comparable =
+      static_cast<double>(mem.allocated() - mem.buckets - mem.gather_pool + mem.user_params +
+                          (o.stage < 2 ? mem.user_grads : 0));
   const double bucket_mb = o.bucket_mb > 0.0 ? o.bucket_mb : shardopt::settings().bucket_mb;
   const char* scaling = o.uses_scaler() ? "dynamic" : "none";
   const train::Shape shape = student_shape(o);
@@ -234,6 +237,9 @@ void print_start(const RunContext& c, const ModelTensors& m,
       b(mem.allocated()).c_str(), b(mem.master_params).c_str(), b(mem.optimizer_state).c_str(),
       b(mem.grad_shard).c_str(), b(mem.reduced_grads).c_str(), b(mem.owned_grads).c_str(),
       b(mem.buckets).c_str());
+  if (o.stage == 3)
+    std::printf("#   param shard %s, gather pool %s, whole units %s\n", b(mem.param_shard).c_str(),
+                b(mem.gather_pool).c_str(), b(mem.persistent_params).c_str());
   std::printf("#   the trainer's buffers: params %s, grads %s", b(mem.user_params).c_str(),
               b(mem.user_grads).c_str());
   if (m.working_bytes() > 0) {
@@ -242,10 +248,11 @@ void print_start(const RunContext& c, const ModelTensors& m,
   std::printf("\n");
   std::printf(
       "#   ZeRO formula (stage %d, %zu params, %d ranks, %s, %g B of state a param): %s;\n"
-      "#   measured alike (allocated less buckets, plus params%s): %s\n",
+      "#   measured alike (allocated less buckets%s, plus params%s): %s\n",
       o.stage, m.numel(), c.ranks, precision_name(o.precision),
       shardopt::state_bytes_per_param(config), format_bytes(formula).c_str(),
-      o.stage < 2 ? " and grads" : "", format_bytes(comparable).c_str());
+      o.stage == 3 ? " and the gather pool" : "", o.stage < 2 ? " and grads" : "",
+      format_bytes(comparable).c_str());
   if (most_per_node > 1) {
     // memory_report() is one rank's; a node holds the sum over its ranks
     // (each rank's about rank 0's).

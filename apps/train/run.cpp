@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <numbers>
 #include <optional>
@@ -152,7 +153,7 @@ std::optional<double> timed_collective(const RunContext& c, const std::string& w
 
 // One run on one rank, in the order run() takes its steps. The methods that
 // return false have stopped the run after an error, on every rank alike.
-class Training {
+class Training final : private train::LayerSource {
  public:
   // The model and the data: the student's tensors and initial weights, its
   // network, and the teacher, drawn from the seed alike on every rank.
@@ -193,6 +194,14 @@ class Training {
   double forward_backward(const Batch& batch, std::vector<float>& dy, double grad_scale);
   shardopt::StepInfo try_step(const Batch& batch, std::vector<float>& dy, Times& t, double& loss);
   void log_interval(const shardopt::StepInfo& info, double lr);
+  // Stage 3 (LayerSource): layer l gathered for a pass, params_[l] pointing
+  // at it (an fp32 model) or at the working copies it is converted into;
+  // released after.
+  void begin(int l) override;
+  void end(int l) override;
+  // The model's tensors (and working copies) as the optimizer has them, for
+  // evaluation and the files: at stage 3 gathered layer by layer.
+  void refresh_model();
 
   const RunContext& c_;
   ModelTensors model_;
@@ -245,7 +254,7 @@ bool Training::make_optimizer() {
   // Collective: a bad layout or argument throws the same error on every
   // rank, so every rank can stop cleanly here.
   try {
-    engine_.emplace(c_.comm, model_.registration(), config_, zopt_);
+    engine_.emplace(c_.comm, model_.registration(o.stage == 3), config_, zopt_);
   } catch (const shardopt::Error& e) {
     if (c_.rank == 0) cli::print_error(kProgram, c_.rank, e.what());
     return false;
@@ -355,7 +364,7 @@ void Training::start() {
   draw_batch(eval_, o.eval_samples,
              train::stream_key(o.seed, kEvalStream, static_cast<std::uint64_t>(c_.rank)), teacher_,
              teacher_net_);
-  model_.refresh_working();
+  refresh_model();
   initial_loss_ = mean_over_ranks(evaluate(student_, model_.host_layer_params(), eval_), c_.stats);
 
   if (c_.printer) {
@@ -428,14 +437,14 @@ double Training::forward_backward(const Batch& batch, std::vector<float>& dy, do
       const float* y_hat = device_net_->forward(params_, x, rows);
       loss += device_net_->mse(y_hat, y, count, dys, grad_scale) * rows / o.batch;
     } else {
-      const float* y_hat = student_.forward(params_, x, rows);
+      const float* y_hat = student_.forward(params_, x, rows, o.stage == 3 ? this : nullptr);
       loss += train::mse(y_hat, y, count, dys, grad_scale) * rows / o.batch;
     }
-    // Stage 2 reduces every micro-batch as its backward pass runs, into
+    // Stages 2 and 3 reduce every micro-batch as its backward pass runs, into
     // the engine's fp32 gradient shard. Stages 0 and 1 accumulate the
     // micro-batches in the gradient buffers and reduce once, in the last.
-    const bool reduce_now = o.stage == 2 || last;
-    const bool accumulate = o.stage != 2 && mb > 0;
+    const bool reduce_now = o.stage >= 2 || last;
+    const bool accumulate = o.stage < 2 && mb > 0;
     auto done = [&](int l) {
       if (!reduce_now) return;
       // The bias, then the weight: descending order, as buckets start. On
@@ -450,11 +459,45 @@ double Training::forward_backward(const Batch& batch, std::vector<float>& dy, do
     if (device)
       device_net_->backward(params_, grads_, dys, rows, accumulate, done);
     else
-      student_.backward(params_, grads_, dys, rows, accumulate, done);
-    if (o.stage == 2 && !last) opt.reduce_gradients();
+      student_.backward(params_, grads_, dys, rows, accumulate, done,
+                        o.stage == 3 ? this : nullptr);
+    if (o.stage >= 2 && !last) opt.reduce_gradients();
     first += rows;
   }
   return loss;
+}
+
+void Training::begin(int l) {
+  shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+  const auto u = static_cast<std::size_t>(l);
+  opt.gather(u);
+  const DType t = model_.dtype();
+  const float* at[2];
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::size_t i = 2 * u + k;
+    at[k] = static_cast<const float*>(opt.data(i));
+    if (t != DType::f32) {
+      shardopt::cast(opt.data(i), t, model_.fp32_param(i), DType::f32, model_.numel(i));
+      at[k] = model_.fp32_param(i);
+    }
+  }
+  params_[u] = {at[0], at[1]};
+}
+
+void Training::end(int l) { engine_->release(static_cast<std::size_t>(l)); }
+
+void Training::refresh_model() {
+  if (c_.o.stage == 3) {
+    shardopt::ZeroRedundancyOptimizer& opt = *engine_;
+    const std::size_t esize = shardopt::dtype_size(model_.dtype());
+    for (std::size_t u = 0; u < opt.num_units(); ++u) {
+      opt.gather(u);
+      for (std::size_t i = 2 * u; i < 2 * u + 2; ++i)
+        std::memcpy(model_.param(i), opt.data(i), model_.numel(i) * esize);
+      opt.release(u);
+    }
+  }
+  model_.refresh_working();
 }
 
 // One try of a step on `batch`, timed into t: the gradients, the clipping
@@ -464,7 +507,7 @@ shardopt::StepInfo Training::try_step(const Batch& batch, std::vector<float>& dy
   const Options& o = c_.o;
   shardopt::ZeroRedundancyOptimizer& opt = *engine_;
   const auto t0 = std::chrono::steady_clock::now();
-  model_.refresh_working();
+  if (o.stage != 3) model_.refresh_working();
   // The loss is multiplied by the scale, so its gradient is too; step()
   // divides it out in its fused update.
   const double loss_scale = opt.loss_scale();
@@ -605,7 +648,7 @@ int Training::finish() {
   s.start_step = start_step_;
   s.resumed = resumed_.has_value();
   s.initial_loss = initial_loss_;
-  model_.refresh_working();
+  refresh_model();
   s.final_loss = mean_over_ranks(evaluate(student_, model_.host_layer_params(), eval_), c_.stats);
   s.worst = slowest(all_, c_.stats);
   s.applied = opt.steps() - start_step_;

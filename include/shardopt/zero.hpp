@@ -361,10 +361,11 @@ inline double state_bytes_per_param(const OptimizerConfig& config) {
 // The memory per rank of the ZeRO paper for psi parameters of `dtype` on
 // `ranks` ranks with state_bytes optimizer-state bytes per parameter (Adam:
 // 8): model parameters and gradients (dtype), fp32 master weights for 16-bit
-// dtypes, the state, and in stage 2 shardopt's fp32 gradient shard (the
-// paper counts a 16-bit one). Mixed-precision Adam: stage 0: 16 psi,
-// stage 1: 4 psi + 12 psi / N, stage 2: 2 psi + 16 psi / N. Buckets are not
-// included. Local.
+// dtypes, the state, and in stages 2 and 3 shardopt's fp32 gradient shard
+// (the paper counts a 16-bit one). Mixed-precision Adam: stage 0: 16 psi,
+// stage 1: 4 psi + 12 psi / N, stage 2: 2 psi + 16 psi / N, stage 3:
+// 18 psi / N. Buckets, and at stage 3 the units gathered at a time (the
+// pool) and those kept whole, are not included. Local.
 SHARDOPT_API double zero_memory_formula(int stage, double psi, int ranks, DType dtype,
                                         double state_bytes);
 

@@ -148,8 +148,10 @@ double zero_memory_formula(int stage, double psi, int ranks, DType dtype, double
       return psi * (2 * p + master + state_bytes);
     case 1:
       return psi * 2 * p + psi * (master + state_bytes) / n;
-    default:
+    case 2:
       return psi * p + psi * (4 + master + state_bytes) / n;
+    default:
+      return psi * (p + 4 + master + state_bytes) / n;
   }
 }
 

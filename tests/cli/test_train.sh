@@ -134,6 +134,20 @@ train_case 1 - - 6 71172 "${small[@]}" -o lamb -s 1 -p bf16 --steps 200 --clip 1
 train_case 3 "$tmp/adam.bin" f16 6 71172 "${small[@]}" -o adam -s 0 -p f16 --steps 400 -m 3
 train_case 2 "$tmp/adamw.bin" bf16 6 71172 "${small[@]}" -o adamw -s 2 -p bf16 \
   --param-remainders --steps 400 --bucket-mb 0.25
+# Stage 3: each layer a unit, gathered for its passes (the first and last
+# layers, below 64 KiB, stay whole).
+train_case 3 "$tmp/s3.bin" bf16 6 71172 "${small[@]}" -o adamw -s 3 -p bf16 --steps 400 -m 2
+
+# Stage 3 gives stage 2's parameters bitwise.
+if out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" --json "${small[@]}" --steps 20 \
+           -s 2 --save-params "$tmp/two.bin" 2>&1) &&
+   out2=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$program" --json "${small[@]}" --steps 20 \
+           -s 3 --save-params "$tmp/three.bin" 2>&1) &&
+   cmp -s "$tmp/two.bin" "$tmp/three.bin"; then
+  passed=$((passed + 1)); echo "ok: stages 2 and 3 give the same parameters"
+else
+  fail "stages 2 and 3 give different parameters (or a run failed)" "$out $out2"
+fi
 
 # One buffer for all tensors or one per tensor: the engine packs the
 # scattered gradients into its buckets, and the parameters must come out
