@@ -277,6 +277,10 @@ std::string describe_options(const ZeroOptions& o, DType dtype, double bucket_mb
   s << "reduce_in_fp32=" << o.reduce_in_fp32 << "\n";
   s << "param_remainders=" << o.param_remainders << "\n";
   s << "stream_grads=" << o.stream_grads << "\n";
+  s << "gather_limit_bytes=" << o.gather_limit_bytes << "\n";
+  s << "prefetch=" << o.prefetch << "\n";
+  s << "reshard_after_forward=" << o.reshard_after_forward << "\n";
+  s << "persist_below_bytes=" << o.persist_below_bytes << "\n";
   s << "parameter dtype=" << dtype_name(dtype) << "\n";
   if (o.loss_scaler) {
     const LossScaler& l = *o.loss_scaler;
