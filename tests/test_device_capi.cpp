@@ -116,8 +116,8 @@ TEST_CASE("C API: the ZeRO optimizer on device parameters equals the C++ API on 
       good = good && ok(shardopt_zero_options_init(&o));
       o.stage = stage;
       o.stream = engine_stream;
-      const shardopt_param_t params[2] = {{"w", dp[0], sizes[0], dt, nullptr, 0, nullptr, 0},
-                                          {"b", dp[1], sizes[1], dt, nullptr, 0, nullptr, 0}};
+      const shardopt_param_t params[2] = {{"w", dp[0], sizes[0], dt, nullptr, 0, nullptr, 0, 0},
+                                          {"b", dp[1], sizes[1], dt, nullptr, 0, nullptr, 0, 0}};
       const char* spec[] = {"adamw lr=0.01 weight_decay=0.1"};
       shardopt_optimizer_t opt = nullptr;
       good = good && ok(shardopt_optimizer_create(comm, params, 2, spec, 1, &o, &opt));

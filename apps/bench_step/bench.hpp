@@ -205,13 +205,9 @@ class Bench {
   // One row: constructs the engine, times it beside the limit, and returns
   // the row (on every rank; times are the slowest rank's). Sets `differ` if
   // the ranks' parameters differ after the steps.
-
-  // One row: constructs the engine, times it beside the limit, and returns
-  // the row (on every rank; times are the slowest rank's). Sets `differ` if
-  // the ranks' parameters differ after the steps.
   Row run(int stage, DType t, Options::Grads grads, bool& differ);
 
- private:
+  // n values of type t uniform in [lo, hi), each drawn from (key, index).
   static void fill_values(void* dst, DType t, std::size_t n, std::uint64_t key, float lo,
                           float hi) {
     if (t == DType::bf16) {
@@ -225,6 +221,7 @@ class Bench {
     }
   }
 
+ private:
   const Options& o_;
   shardopt::Communicator& comm_;
   MPI_Comm raw_;     // the raw MPI collectives run here

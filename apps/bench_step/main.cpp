@@ -35,6 +35,7 @@
 #include "options.hpp"
 #include "output.hpp"
 #include "shardopt/shardopt.hpp"
+#include "units.hpp"
 
 namespace bench_step {
 namespace {
@@ -67,13 +68,17 @@ int bench_main(int argc, char** argv) {
       comm.free();
       return status;
     }
-    Bench bench(opt, comm, comms.raw, comms.timing, node);
+    // -s 3: its own table (units.hpp), after the other stages'.
+    Options rest = opt;
+    const bool units = rest.stages.back() == 3;
+    if (units) rest.stages.pop_back();
+    Bench bench(rest, comm, comms.raw, comms.timing, node);
     const bool printer = rank == 0;
-    if (printer) print_header(opt, bench, nranks, local_ranks);
+    if (printer && !rest.stages.empty()) print_header(rest, bench, nranks, local_ranks);
 
     std::vector<Row> rows;
     bool any_differ = false;
-    for (std::size_t psi : opt.params) {
+    for (std::size_t psi : rest.stages.empty() ? std::vector<std::size_t>{} : opt.params) {
       const double need = bench.bytes_needed(psi) * local_ranks;
       if (available > 0 && need > 0.9 * available) {
         if (printer) {
@@ -87,7 +92,7 @@ int bench_main(int argc, char** argv) {
       }
       bench.allocate(psi);
       for (DType t : opt.dtypes) {
-        for (int stage : opt.stages) {
+        for (int stage : rest.stages) {
           // Stage 2: a row for each -g; the others register their buffers.
           const std::vector<Options::Grads> modes =
               stage == 2 ? opt.grads : std::vector<Options::Grads>{Options::Grads::user};
@@ -111,7 +116,8 @@ int bench_main(int argc, char** argv) {
         }
       }
     }
-    if (printer) print_goals(opt, rows);
+    if (printer && !rest.stages.empty()) print_goals(rest, rows);
+    if (units && run_units(opt, comm, comms.raw, comms.timing) != 0) any_differ = true;
     comms.free();
     MPI_Comm_free(&node);
     comm.free();

@@ -27,7 +27,15 @@ std::string usage() {
       "stage needs plus the functional optimizer alone on the shard. Run it under\n"
       "mpirun/srun at any rank count; every row runs at that count.\n"
       "\n"
-      "  -s, --stages LIST      ZeRO stages, comma-separated (default 0,1,2)\n"
+      "  -s, --stages LIST      ZeRO stages, comma-separated (default 0,1,2); 3: a step of\n"
+      "                         the model in units (its blocks and head), each unit's\n"
+      "                         forward and backward computing a loop over --compute-mb,\n"
+      "                         at stage 3 (gathered a unit at a time) and stage 2 in the\n"
+      "                         same iterations, beside the limit: per unit and pass the\n"
+      "                         larger of the loop and the unit's raw communication, summed\n"
+      "                         (host memory, streamed gradients)\n"
+      "      --compute-mb X     -s 3: MiB each unit's forward and backward loop reads and\n"
+      "                         writes (default 32)\n"
       "  -p, --params LIST      parameter counts, comma-separated, with an optional K, M\n"
       "                         or G suffix (powers of 1024) (default 1M,4M,25M); 100M\n"
       "                         takes about 3.5 GiB per rank (f32 Adam, stage 0 asked)\n"
@@ -144,7 +152,7 @@ Options parse_options(int argc, char** argv) {
       {'s', "stages", true},    {'p', "params", true},    {'d', "dtype", true},
       {'o', "optimizer", true}, {'b', "bucket-mb", true}, {'w', "warmup", true},
       {'n', "iters", true},     {0, "json", false},       {'h', "help", false},
-      {0, "device", true},      {'g', "grads", true},
+      {0, "device", true},      {'g', "grads", true},     {0, "compute-mb", true},
   };
   cli::for_each_option(
       argc, argv, kSpecs,
@@ -153,7 +161,7 @@ Options parse_options(int argc, char** argv) {
         if (name == "stages") {
           o.stages.clear();
           for (std::string_view item : split(v))
-            o.stages.push_back(parse_int(label, item, 0, 2, "0 1 2"));
+            o.stages.push_back(parse_int(label, item, 0, 3, "0 1 2 3"));
         } else if (name == "params") {
           o.params.clear();
           for (std::string_view item : split(v)) {
@@ -198,6 +206,13 @@ Options parse_options(int argc, char** argv) {
                                                                  {"owned", Options::Grads::owned},
                                                                  {"user", Options::Grads::user}}));
           }
+        } else if (name == "compute-mb") {
+          char* end = nullptr;
+          const std::string s(v);
+          const double x = std::strtod(s.c_str(), &end);
+          if (s.empty() || *end != '\0' || !(x >= 0) || x > 65536)
+            bad_value(label, v, "a number of MiB >= 0 and <= 65536 (32, 0.5)");
+          o.compute_mb = x;
         } else if (name == "help") {
           o.help = true;
         }
@@ -208,6 +223,8 @@ Options parse_options(int argc, char** argv) {
     v.erase(std::unique(v.begin(), v.end()), v.end());
   };
   unique_sorted(o.stages);
+  if (o.device && o.stages.back() == 3)
+    throw cli::UsageError{"-s 3 runs on host memory: drop --device cuda, or give stages 0-2"};
   unique_sorted(o.params);
   unique_sorted(o.dtypes);
   // In the order given (owned first times it first), each once.

@@ -66,6 +66,9 @@ struct Options {
   enum class Grads { stream, owned, user };
   std::vector<Grads> grads{Grads::stream};
   bool device = false;  // --device cuda: the step on device buffers (device.hpp)
+  // -s 3 (units.hpp): the MiB each unit's forward and backward compute
+  // reads and writes.
+  double compute_mb = 32.0;
 };
 
 inline const char* grads_name(Options::Grads g) {

@@ -250,11 +250,15 @@ typedef struct shardopt_param_t {
   int group;              /* index into the groups (0-based) */
   const size_t* shape;    /* ndim sizes whose product is count; NULL: one dimension */
   int ndim;
+  /* ZeRO stage 3's unit (docs/zero.md): consecutive parameters with the
+   * same number, from 1, form a unit; 0 (a zeroed struct): a unit of its
+   * own. Units end gradient buckets at every stage when any is set. */
+  int unit;
 } shardopt_param_t;
 
 /* shardopt::ZeroOptions. */
 typedef struct shardopt_zero_options_t {
-  int stage;               /* 0, 1 or 2 (default 1) */
+  int stage;               /* 0, 1, 2 or 3 (default 1) */
   double bucket_mb;        /* 0: SHARDOPT_BUCKET_MB (default 25) */
   int reduce_sum;          /* 0: gradients averaged over ranks (default); 1: summed */
   double predivide_factor; /* default 1 */
@@ -274,6 +278,13 @@ typedef struct shardopt_zero_options_t {
   int growth_interval;   /* 2000 */
   int hysteresis;        /* 1 */
   double min_scale;      /* 1 */
+  /* Stage 3 (docs/zero.md, "Stage 3"): the pool of gathered units (0:
+   * automatic), prefetch in the recorded order, keeping a released unit
+   * gathered again in the step, units of fewer bytes kept whole. */
+  size_t gather_limit_bytes;  /* 0 */
+  int prefetch;               /* 1 */
+  int reshard_after_forward;  /* 1 */
+  size_t persist_below_bytes; /* 65536 */
 } shardopt_zero_options_t;
 
 /* Fills *options with the defaults above. */
@@ -291,6 +302,7 @@ typedef struct shardopt_step_info_t {
   uint64_t reduce_bytes, gather_bytes;
   double reduce_span_seconds, exposed_comm_seconds;
   double reduce_busbw_gbps, gather_busbw_gbps;
+  int64_t gathers, gathers_ahead; /* stage 3: the step's gathers, those prefetched or kept */
 } shardopt_step_info_t;
 
 /* shardopt::MemoryReport, in bytes. */
@@ -300,6 +312,7 @@ typedef struct shardopt_memory_report_t {
   size_t device_bytes, host_bytes;
   size_t allocated;   /* everything shardopt allocated */
   size_t node_shared; /* of allocated: this rank's part of memory its node's ranks share */
+  size_t param_shard, gather_pool, persistent_params; /* stage 3 */
 } shardopt_memory_report_t;
 
 /* Collective over comm: registers num_params parameters (the same on every
@@ -331,6 +344,22 @@ SHARDOPT_API shardopt_status_t shardopt_grad_ready_on(shardopt_optimizer_t opt, 
                                                       size_t index, const void* grad);
 /* Collective: ends a micro-batch (stage 2 reduces into the gradient shard). */
 SHARDOPT_API shardopt_status_t shardopt_reduce_gradients(shardopt_optimizer_t opt);
+/* Stage 3 (docs/zero.md, "Stage 3"; units numbered from 0 here, in
+ * registration order). Local: the number of units into *count. */
+SHARDOPT_API shardopt_status_t shardopt_num_units(shardopt_optimizer_t opt, size_t* count);
+/* Collective: gathers unit `unit`'s parameters into the optimizer's pool
+ * (shardopt_igather_unit: returns once the allgathers are issued); every
+ * rank names the same unit, or every rank gets the error naming each
+ * rank's. */
+SHARDOPT_API shardopt_status_t shardopt_gather_unit(shardopt_optimizer_t opt, size_t unit);
+SHARDOPT_API shardopt_status_t shardopt_igather_unit(shardopt_optimizer_t opt, size_t unit);
+/* Collective: the unit's parameters are no longer used. */
+SHARDOPT_API shardopt_status_t shardopt_release_unit(shardopt_optimizer_t opt, size_t unit);
+/* Local: parameter `index`'s whole values (count elements of its dtype)
+ * into *data: the registered buffer at stages 0-2; at stage 3 inside its
+ * gathered unit (waiting for an igather), NULL while it is not gathered. */
+SHARDOPT_API shardopt_status_t shardopt_param_data(shardopt_optimizer_t opt, size_t index,
+                                                   const void** data);
 /* Collective: the global gradient norm into *norm (may be NULL); the next
  * step clips to max_norm. */
 SHARDOPT_API shardopt_status_t shardopt_clip_grad_norm(shardopt_optimizer_t opt, double max_norm,

@@ -18,12 +18,11 @@ ZeroOptions zero_options(const shardopt_zero_options_t* o) {
   ZeroOptions z;
   if (!o) return z;
   z.stage = o->stage;
-  if (o->stage == 3)
-    SHARDOPT_THROW(
-        invalid_argument,
-        "ZeroOptions::stage is 3: stage 3's gather and release of units are not in the C "
-        "API (nor Fortran) yet",
-        "use stage 0, 1 or 2 from C and Fortran; stage 3 from C++");
+  if (o->stage == 3 && language() == SHARDOPT_LANGUAGE_FORTRAN)
+    SHARDOPT_THROW(invalid_argument,
+                   "ZeroOptions::stage is 3: stage 3's gather and release of units are not in "
+                   "the Fortran module yet",
+                   "use stage 0, 1 or 2 from Fortran; stage 3 from C or C++");
   z.bucket_mb = o->bucket_mb;
   if (o->reduce_sum != 0 && o->reduce_sum != 1)
     SHARDOPT_THROW(invalid_argument, "options->reduce_sum is " + std::to_string(o->reduce_sum),
@@ -45,6 +44,16 @@ ZeroOptions zero_options(const shardopt_zero_options_t* o) {
   if (o->loss_scaler)
     z.loss_scaler = LossScaler{o->init_scale,      o->growth_factor, o->backoff_factor,
                                o->growth_interval, o->hysteresis,    o->min_scale};
+  z.gather_limit_bytes = o->gather_limit_bytes;
+  for (const auto& [value, name] : {std::pair{o->prefetch, "prefetch"},
+                                    std::pair{o->reshard_after_forward, "reshard_after_forward"}})
+    if (value != 0 && value != 1)
+      SHARDOPT_THROW(invalid_argument,
+                     std::string("options->") + name + " is " + std::to_string(value),
+                     "use 1 (on) or 0 (off)");
+  z.prefetch = o->prefetch != 0;
+  z.reshard_after_forward = o->reshard_after_forward != 0;
+  z.persist_below_bytes = o->persist_below_bytes;
   return z;
 }
 
@@ -92,6 +101,10 @@ SHARDOPT_API shardopt_status_t shardopt_zero_options_init(shardopt_zero_options_
     options->growth_interval = s.growth_interval;
     options->hysteresis = s.hysteresis;
     options->min_scale = s.min_scale;
+    options->gather_limit_bytes = z.gather_limit_bytes;
+    options->prefetch = z.prefetch ? 1 : 0;
+    options->reshard_after_forward = z.reshard_after_forward ? 1 : 0;
+    options->persist_below_bytes = z.persist_below_bytes;
   });
 }
 
@@ -136,6 +149,10 @@ SHARDOPT_API shardopt_status_t shardopt_optimizer_create(shardopt_comm_t comm,
         q.dtype = dtype_of_code(p.dtype, (where + ".dtype").c_str());
         q.grad = p.grad;
         q.group = p.group;
+        if (p.unit < 0)
+          SHARDOPT_THROW(invalid_argument, where + ".unit is " + std::to_string(p.unit),
+                         "number the units from 1 (0: the parameter is a unit of its own)");
+        q.unit = p.unit - 1;
         if (p.ndim < 0 || (p.ndim > 0 && !p.shape))
           SHARDOPT_THROW(
               invalid_argument,
@@ -235,6 +252,8 @@ SHARDOPT_API shardopt_status_t shardopt_step(shardopt_optimizer_t opt, shardopt_
     info->exposed_comm_seconds = s.exposed_comm_seconds;
     info->reduce_busbw_gbps = s.reduce_busbw_gbps;
     info->gather_busbw_gbps = s.gather_busbw_gbps;
+    info->gathers = s.gathers;
+    info->gathers_ahead = s.gathers_ahead;
   });
 }
 
@@ -261,6 +280,37 @@ SHARDOPT_API shardopt_status_t shardopt_num_params(shardopt_optimizer_t opt, siz
     OptimizerObject& o = optimizer_of(opt);
     check_out(count, "count");
     *count = o.opt->num_params();
+  });
+}
+
+SHARDOPT_API shardopt_status_t shardopt_num_units(shardopt_optimizer_t opt, size_t* count) {
+  return guard("shardopt_num_units", [&] {
+    OptimizerObject& o = optimizer_of(opt);
+    check_out(count, "count");
+    *count = o.opt->num_units();
+  });
+}
+
+// The unit's range and the ranks' agreement are the engine's (collective).
+SHARDOPT_API shardopt_status_t shardopt_gather_unit(shardopt_optimizer_t opt, size_t unit) {
+  return guard("shardopt_gather_unit", [&] { optimizer_of(opt).opt->gather(unit); });
+}
+
+SHARDOPT_API shardopt_status_t shardopt_igather_unit(shardopt_optimizer_t opt, size_t unit) {
+  return guard("shardopt_igather_unit", [&] { optimizer_of(opt).opt->igather(unit); });
+}
+
+SHARDOPT_API shardopt_status_t shardopt_release_unit(shardopt_optimizer_t opt, size_t unit) {
+  return guard("shardopt_release_unit", [&] { optimizer_of(opt).opt->release(unit); });
+}
+
+SHARDOPT_API shardopt_status_t shardopt_param_data(shardopt_optimizer_t opt, size_t index,
+                                                   const void** data) {
+  return guard("shardopt_param_data", [&] {
+    OptimizerObject& o = optimizer_of(opt);
+    check_index(o, index);
+    check_out(data, "data");
+    *data = o.opt->data(index);
   });
 }
 
@@ -333,10 +383,10 @@ SHARDOPT_API shardopt_status_t shardopt_memory_report(shardopt_optimizer_t opt,
     OptimizerObject& o = optimizer_of(opt);
     check_out(report, "report");
     const MemoryReport m = o.opt->memory_report();
-    *report =
-        shardopt_memory_report_t{m.master_params, m.optimizer_state, m.grad_shard,  m.reduced_grads,
-                                 m.owned_grads,   m.buckets,         m.user_params, m.user_grads,
-                                 m.device_bytes,  m.host_bytes,      m.allocated(), m.node_shared};
+    *report = shardopt_memory_report_t{
+        m.master_params, m.optimizer_state, m.grad_shard,  m.reduced_grads, m.owned_grads,
+        m.buckets,       m.user_params,     m.user_grads,  m.device_bytes,  m.host_bytes,
+        m.allocated(),   m.node_shared,     m.param_shard, m.gather_pool,   m.persistent_params};
   });
 }
 

@@ -79,6 +79,8 @@ constexpr std::array kSpellings = std::to_array<Spelling>({
   {"ZeroOptions::stream_grads", "shardopt_zero_options_t.stream_grads",
    "shardopt_zero_options_t%stream_grads"},
   {"ZeroOptions::stream", "shardopt_zero_options_t.stream", "shardopt_zero_options_t%stream"},
+  {"ZeroOptions::gather_limit_bytes", "shardopt_zero_options_t.gather_limit_bytes",
+   "shardopt_zero_options_t%gather_limit_bytes"},
   {"LossScaler::init_scale", "shardopt_zero_options_t.init_scale",
    "shardopt_zero_options_t%init_scale"},
   {"LossScaler::growth_factor", "shardopt_zero_options_t.growth_factor",
@@ -145,6 +147,11 @@ constexpr std::array kSpellings = std::to_array<Spelling>({
   {"check_sync()", "shardopt_check_sync()", "shardopt_check_sync()"},
   {"export_params()", "shardopt_export()", "shardopt_export()"},
   {"num_params()", "shardopt_num_params()", "shardopt_num_params()"},
+  {"num_units()", "shardopt_num_units()", "shardopt_num_units()"},
+  {"gather()", "shardopt_gather_unit()", "shardopt_gather_unit()"},
+  {"release()", "shardopt_release_unit()", "shardopt_release_unit()"},
+  {"gather(", "shardopt_gather_unit(", "shardopt_gather_unit("},
+  {"release(", "shardopt_release_unit(", "shardopt_release_unit("},
   {"size()", "shardopt_comm_size()", "shardopt_comm_size()"},
 });
 // clang-format on

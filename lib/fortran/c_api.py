@@ -45,6 +45,7 @@ POINTERS = {
     "const char* const*": ("type(c_ptr), value", ""),
     "void**": ("type(c_ptr), intent(out)", ""),
     "const char**": ("type(c_ptr), intent(out)", ""),
+    "const void**": ("type(c_ptr), intent(out)", ""),
     "HANDLE": ("type(c_ptr), value", ""),
     # Create, destroy, wait: the call reads or sets the handle.
     "HANDLE*": ("type(c_ptr), intent(inout)", ""),

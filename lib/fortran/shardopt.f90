@@ -531,6 +531,7 @@ contains
       shapes(:, i) = params%e(i)%shape
       cp(i)%shape = c_loc(shapes(1, i))
       cp(i)%ndim = int(params%e(i)%ndim, c_int)
+      cp(i)%unit = 0_c_int  ! each a unit of its own: stage 3 is not in the module yet
     end do
     params_ptr = c_null_ptr
     if (params%n > 0) params_ptr = c_loc(cp)

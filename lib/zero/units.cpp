@@ -19,6 +19,7 @@
 
 #include "comm/agree.hpp"
 #include "common/check.hpp"
+#include "common/language.hpp"
 #include "common/log.hpp"
 #include "zero/engine.hpp"
 
@@ -45,7 +46,7 @@ std::string bytes_text(std::size_t b) {
 
 std::string ZeroEngine::unit_text(std::size_t u) const {
   std::string t = "unit ";
-  t += std::to_string(u);
+  t += index_text(static_cast<long long>(u));
   if (u < layout_.units.size()) {
     t += " ('";
     t += params_[layout_.units[u].first_param].name;
@@ -207,11 +208,11 @@ void ZeroEngine::agree_on_unit(const char* call, std::size_t u) {
   ctl_.allgather(mine, all.data(), 2, DType::i64);
   const auto text = [&](std::int64_t v) {
     return v >= 0 && std::size_t(v) < units ? unit_text(std::size_t(v))
-                                            : "unit " + std::to_string(v);
+                                            : "unit " + index_text(static_cast<long long>(v));
   };
   std::string each, name = call;
   name.pop_back();  // "gather(" + unit + ")"
-  name += std::to_string(u) + ")";
+  name += index_text(static_cast<long long>(u)) + ")";
   bool differ = false;
   for (int q = 0; q < nranks_; ++q) {
     differ = differ || all[2 * std::size_t(q)] != all[0];

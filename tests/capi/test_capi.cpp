@@ -394,7 +394,8 @@ std::vector<shardopt_param_t> c_params(Model& m, std::vector<std::string>& names
                                  .grad = m.grad_ptr(i),
                                  .group = static_cast<int>(i % 2),
                                  .shape = nullptr,
-                                 .ndim = 0});
+                                 .ndim = 0,
+                                 .unit = 0});
   return p;
 }
 
@@ -760,6 +761,121 @@ TEST_CASE("the C optimizer equals the C++ optimizer bitwise", "[capi][zero]") {
   REQUIRE(all_ranks_true(comm.h != nullptr));
   for (const auto& groups : all_group_pairs())
     for (const Variant& v : all_variants()) run_side_by_side(comm.h, groups, v);
+}
+
+TEST_CASE("the C API at stage 3 gives stage 2's parameters bitwise, a unit at a time",
+          "[capi][zero][stage3]") {
+  CComm comm;
+  REQUIRE(all_ranks_true(comm.h != nullptr));
+  const int rank = world_rank();
+  // Units by label from 1 (0: a unit of its own): {p0, p1}, {p2}, {p3, p4}.
+  const std::vector<std::size_t> sizes = {300, 40, 1000, 7, 513};
+  const std::vector<int> labels = {1, 1, 0, 2, 2};
+  const std::vector<std::size_t> unit_of = {0, 0, 1, 2, 2};
+  for (DType t : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(t));
+    const std::size_t es = dtype_size(t);
+    struct Side {
+      std::vector<std::vector<std::byte>> p, g;
+      COpt opt;
+    } two, three;
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::string name = "w";
+      name += std::to_string(i);
+      names.push_back(name);
+    }
+    for (Side* side : {&two, &three}) {
+      std::vector<shardopt_param_t> ps;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        side->p.emplace_back(sizes[i] * es);
+        side->g.emplace_back(sizes[i] * es);
+        for (std::size_t j = 0; j < sizes[i]; ++j)
+          store(side->p[i], t, j, std::sin(0.3f * float(i) + 0.01f * float(j)));
+        ps.push_back(shardopt_param_t{.name = names[i].c_str(),
+                                      .data = side->p[i].data(),
+                                      .count = sizes[i],
+                                      .dtype = c_dtype(t),
+                                      .grad = side->g[i].data(),
+                                      .group = 0,
+                                      .shape = nullptr,
+                                      .ndim = 0,
+                                      .unit = labels[i]});
+      }
+      shardopt_zero_options_t o;
+      C_OK(shardopt_zero_options_init(&o));
+      CHECK((o.prefetch == 1 && o.reshard_after_forward == 1 && o.persist_below_bytes == 65536 &&
+             o.gather_limit_bytes == 0));
+      o.stage = side == &two ? 2 : 3;
+      o.bucket_mb = 0.002;
+      o.persist_below_bytes = 0;
+      const char* spec = "adamw lr=0.01";
+      REQUIRE(all_ranks_true(C_OK(
+          shardopt_optimizer_create(comm.h, ps.data(), ps.size(), &spec, 1, &o, &side->opt.h))));
+    }
+    std::size_t units = 0;
+    C_OK(shardopt_num_units(three.opt.h, &units));
+    REQUIRE(units == 3);
+    // The gradients from the parameters as each stage sees them: stage 3's
+    // through shardopt_param_data inside gather and release.
+    const auto grads_of = [&](Side& side, std::size_t i, const void* values) {
+      for (std::size_t j = 0; j < sizes[i]; ++j) {
+        float x;
+        if (t == DType::f32) {
+          std::memcpy(&x, static_cast<const std::byte*>(values) + 4 * j, 4);
+        } else {
+          bfloat16 h;
+          std::memcpy(&h, static_cast<const std::byte*>(values) + 2 * j, 2);
+          x = to_float(h);
+        }
+        store(side.g[i], t, j, 0.1f * std::cos(3.0f * x + float(rank)));
+      }
+    };
+    bool ok = true;
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t u = 0; u < units; ++u) {
+        ok = C_OK(shardopt_gather_unit(three.opt.h, u)) && ok;
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          if (unit_of[i] != u) continue;
+          const void* d = nullptr;
+          ok = C_OK(shardopt_param_data(three.opt.h, i, &d)) && d != nullptr && ok;
+          if (d != nullptr) grads_of(three, i, d);
+          grads_of(two, i, two.p[i].data());
+        }
+        ok = C_OK(shardopt_release_unit(three.opt.h, u)) && ok;
+      }
+      shardopt_step_info_t info2, info3;
+      ok = C_OK(shardopt_step(two.opt.h, &info2)) && C_OK(shardopt_step(three.opt.h, &info3)) && ok;
+      CHECK(info3.gathers == 3);
+      CHECK(info2.gathers == 0);
+    }
+    bool same = true;
+    for (std::size_t u = 0; u < units; ++u) {
+      ok = C_OK(shardopt_gather_unit(three.opt.h, u)) && ok;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const void* d = nullptr;
+        ok = C_OK(shardopt_param_data(three.opt.h, i, &d)) && ok;
+        same = same && (unit_of[i] == u) == (d != nullptr);
+        if (unit_of[i] == u) same = same && std::memcmp(d, two.p[i].data(), sizes[i] * es) == 0;
+      }
+      ok = C_OK(shardopt_release_unit(three.opt.h, u)) && ok;
+    }
+    CHECK(all_ranks_true(ok && same));
+    shardopt_memory_report_t m;
+    C_OK(shardopt_memory_report(three.opt.h, &m));
+    CHECK(
+        (m.param_shard > 0 && m.gather_pool > 0 && m.persistent_params == 0 && m.user_params == 0));
+    // Ranks that name different units: an error on every rank, in C's words.
+    if (world_size() > 1) {
+      const shardopt_status_t st = shardopt_gather_unit(three.opt.h, rank == 0 ? 0 : 1);
+      const std::string what = shardopt_last_error();
+      INFO(what);
+      CHECK(all_ranks_true(st == SHARDOPT_ERR_INVALID_STATE &&
+                           what.find("shardopt_gather_unit(): the ranks name different units "
+                                     "at the same point (rank 0: unit 0 ('w0'...), rank 1: unit "
+                                     "1 ('w2')") != std::string::npos));
+    }
+  }
 }
 
 TEST_CASE("hyper-parameters through the C API are param_group()'s", "[capi][hparams]") {

@@ -714,9 +714,11 @@ static shardopt_optimizer_t test_optimizer_create(shardopt_comm_t comm) {
   o.stage = 5;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "stage");
   SPEAKS_C("shardopt_zero_options_t.stage is 5");
-  o.stage = 3;
-  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "stage");
   o.stage = 1;
+  o.prefetch = 2;
+  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "prefetch");
+  SPEAKS_C("options->prefetch is 2");
+  o.prefetch = 1;
   o.bucket_mb = -1.0;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "bucket_mb");
   SPEAKS_C("shardopt_zero_options_t.bucket_mb is -1");
@@ -754,6 +756,10 @@ static shardopt_optimizer_t test_optimizer_create(shardopt_comm_t comm) {
   p[1].group = 2;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "group");
   p[1].group = 0;
+  p[1].unit = -1;
+  EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "unit");
+  SPEAKS_C("params[1].unit is -1");
+  p[1].unit = 0;
   p[2].count = MINUS_ONE;
   EXPECT_ERR(CREATE(p, NP, groups, 2, &o), INVALID_ARGUMENT, "-1");
   p[2].count = k_counts[2];
