@@ -148,8 +148,9 @@ class ZeroEngine {
   // Stage 3's units (lib/zero/units.cpp).
   void setup_units();
   std::byte* unit_base(std::size_t u) const;
-  // Collective over the ranks' agreement words: {unit, whether held}.
-  void agree_on_unit(const char* call, std::size_t u);
+  // Collective over the ranks' agreement words: {unit, whether held}, for
+  // a gather (true) or a release.
+  void agree_on_unit(bool gathering, std::size_t u);
   // Reserves unit u's bytes in the pool (an overflow buffer when the room
   // is in pieces); false when the pool has no room even so.
   bool place(std::size_t u, bool for_prefetch);

@@ -195,7 +195,9 @@ void ZeroEngine::drop(std::size_t u) {
   x.offset = SIZE_MAX;
 }
 
-void ZeroEngine::agree_on_unit(const char* call, std::size_t u) {
+void ZeroEngine::agree_on_unit(bool gathering, std::size_t u) {
+  const char* call = gathering ? "gather()" : "release()";
+  const std::string verb = gathering ? "gather(" : "release(";
   require_comm(call);
   if (opt_.stage != 3) not_stage3(call, opt_.stage);
   // Agreed first, so that ranks that name different units, or one that
@@ -210,9 +212,8 @@ void ZeroEngine::agree_on_unit(const char* call, std::size_t u) {
     return v >= 0 && std::size_t(v) < units ? unit_text(std::size_t(v))
                                             : "unit " + index_text(static_cast<long long>(v));
   };
-  std::string each, name = call;
-  name.pop_back();  // "gather(" + unit + ")"
-  name += index_text(static_cast<long long>(u)) + ")";
+  std::string each;
+  const std::string name = verb + index_text(static_cast<long long>(u)) + ")";
   bool differ = false;
   for (int q = 0; q < nranks_; ++q) {
     differ = differ || all[2 * std::size_t(q)] != all[0];
@@ -229,14 +230,12 @@ void ZeroEngine::agree_on_unit(const char* call, std::size_t u) {
     throw_agreed(ctl_, ErrorCode::invalid_argument,
                  name + ": there are " + std::to_string(units) + " units",
                  "pass a unit index below num_units()", __FILE__, __LINE__);
-  const bool gathering = std::strcmp(call, "gather()") == 0;
   for (int q = 0; q < nranks_; ++q)
     if ((all[2 * std::size_t(q) + 1] != 0) == gathering) {
-      std::string what = "gather(" + unit_text(u) + "): rank " + std::to_string(q);
+      const std::string what = verb + unit_text(u) + "): rank " + std::to_string(q);
       if (gathering)
         throw_agreed(ctl_, ErrorCode::invalid_state, what + " holds the unit gathered already",
                      "release() a unit before gathering it again", __FILE__, __LINE__);
-      what.replace(0, 6, "release");
       throw_agreed(ctl_, ErrorCode::invalid_state, what + " has not gathered the unit",
                    "release a unit once after each gather()", __FILE__, __LINE__);
     }
@@ -248,7 +247,7 @@ void ZeroEngine::gather(std::size_t u) {
 }
 
 void ZeroEngine::igather(std::size_t u) {
-  agree_on_unit("gather()", u);
+  agree_on_unit(true, u);
   following_ = following_ && trace_.size() < order_.size() && order_[trace_.size()] == u;
   trace_.push_back(u);
   Unit& x = units_[u];
@@ -289,7 +288,7 @@ void ZeroEngine::prefetch_after() {
 }
 
 void ZeroEngine::release(std::size_t u) {
-  agree_on_unit("release()", u);
+  agree_on_unit(false, u);
   Unit& x = units_[u];
   const bool later = following_ && next_use(order_, trace_.size(), u) != SIZE_MAX;
   if (!opt_.reshard_after_forward && later && !x.persistent) {
