@@ -368,6 +368,8 @@ TEST_CASE("stage 3's misuse is an error on every rank", "[zero][stage3][errors]"
   three.opt->gather(0);
   CHECK(all_ranks_true(
       throws_error([&] { three.opt->check_sync(); }, ErrorCode::invalid_state, "still gathered")));
+  CHECK(all_ranks_true(throws_error([&] { three.opt->load("no-such-checkpoint.safetensors"); },
+                                    ErrorCode::invalid_state, "load() with 1 unit(s) still")));
   three.opt->release(0);
   // And the optimizer still steps.
   pass(three, DType::f32, c.rank(), 0);

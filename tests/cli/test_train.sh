@@ -181,6 +181,7 @@ expect_usage_error "--param-remainders needs -p (--precision) bf16" -p f16 --par
 expect_usage_error "unknown option '--bogus'" --bogus
 expect_usage_error "--scattered is a host layout: --device cuda keeps the parameters" \
   --device cuda --scattered
+expect_usage_error "-s 3 trains on the host" -s 3 --device cuda
 expect_usage_error "bad value 'gpu' for --device; accepted: host cuda" --device gpu
 
 # --device cuda where this process sees no CUDA device (this test runs
