@@ -18,11 +18,6 @@ ZeroOptions zero_options(const shardopt_zero_options_t* o) {
   ZeroOptions z;
   if (!o) return z;
   z.stage = o->stage;
-  if (o->stage == 3 && language() == SHARDOPT_LANGUAGE_FORTRAN)
-    SHARDOPT_THROW(invalid_argument,
-                   "ZeroOptions::stage is 3: stage 3's gather and release of units are not in "
-                   "the Fortran module yet",
-                   "use stage 0, 1 or 2 from Fortran; stage 3 from C or C++");
   z.bucket_mb = o->bucket_mb;
   if (o->reduce_sum != 0 && o->reduce_sum != 1)
     SHARDOPT_THROW(invalid_argument, "options->reduce_sum is " + std::to_string(o->reduce_sum),

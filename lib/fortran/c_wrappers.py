@@ -8,7 +8,8 @@ out from the C prototype (c_api.py). What the prototype says becomes:
 - a handle (shardopt_comm_t): type(shardopt_comm), passed as its ptr
   (intent(inout) where the C function takes its address: destroy);
 - int, double, const char*: integer, real(c_double), character(len=*),
-  intent(in); a flag (the row's flags) an optional logical, its default
+  intent(in); size_t: an index (a stage-3 unit), an integer from 1 as
+  Fortran numbers, passed less 1; a flag (the row's flags) an optional logical, its default
   when absent; `group` an optional group number from 1 (the row's group:
   whether absent means every group, or group 1);
 - a pointer to int, size_t, int64_t, double or a struct: intent(out),
@@ -45,6 +46,15 @@ WRAPPERS = [
     ("shardopt_zero_grad", "Local: zeroes the gradients and forgets what was marked ready.", {}),
     ("shardopt_reduce_gradients", "Collective: ends a micro-batch (stage 2 reduces into its gradient "
      "shard).", {}),
+    ("shardopt_num_units", "Local: the number of stage-3 units (docs/zero.md, \"Stage 3\"), numbered from 1 "
+     "in the order their parameters were added.", dict(rename={"count": "n"})),
+    ("shardopt_gather_unit", "Collective: gathers unit `unit`'s parameters (stage 3) into the optimizer's "
+     "pool; shardopt_param_data then points at them. Every rank names the same unit, or every rank gets the "
+     "error naming each rank's.", {}),
+    ("shardopt_igather_unit", "Collective: as shardopt_gather_unit, returning once the gathers are issued; "
+     "shardopt_param_data or shardopt_release_unit waits for them.", {}),
+    ("shardopt_release_unit", "Collective: unit `unit`'s gathered parameters are no longer used (stage 3).",
+     {}),
     ("shardopt_clip_grad_norm", "Collective: the global gradient norm (into norm, if given); the next "
      "step clips the gradients to max_norm.", dict(optional={"norm"})),
     ("shardopt_step", "Collective: one optimizer step; info (if given) says what it did.",
@@ -113,6 +123,9 @@ def wrapper(api, name, doc, row):
             after_inits = "if (.not. group_index(opt, group, .%s., '%s', group_c, ierr)) return" % (
                 str(row["group"]).lower(), name)
             passed.append("group_c")
+        elif ctype == "size_t":
+            decls.append("integer, intent(in) :: " + arg)
+            passed.append("int(%s - 1, c_size_t)" % arg)
         elif ctype in ("int", "double"):
             decls.append("%s, intent(in) :: %s" % ("integer" if ctype == "int" else "real(c_double)", arg))
             passed.append("int(%s, c_int)" % arg if ctype == "int" else arg)

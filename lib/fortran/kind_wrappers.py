@@ -73,8 +73,8 @@ COLLECTIVE_IN_PLACE = """
 # add_entry as itself, to be refused, not as a contiguous copy whose
 # address would outlive it.
 PARAMS_ADD = """
-  subroutine {name}(params, name, data, grad, group, ierr)  !@ r4
-  subroutine {name}(params, name, data, dtype, grad, group, ierr)  !@ h
+  subroutine {name}(params, name, data, grad, group, ierr, unit)  !@ r4
+  subroutine {name}(params, name, data, dtype, grad, group, ierr, unit)  !@ h
     type(shardopt_params), intent(inout) :: params
     character(len=*), intent(in) :: name
     {type}, intent(inout), target :: data{dims}
@@ -82,6 +82,7 @@ PARAMS_ADD = """
     {type}, intent(inout), target, optional :: grad{dims}
     integer, intent(in), optional :: group
     integer, intent(out), optional :: ierr
+    integer, intent(in), optional :: unit
     type(c_ptr) :: d, g
     logical :: gc
     integer(c_size_t) :: gn
@@ -97,22 +98,23 @@ PARAMS_ADD = """
       if (gc .and. size(grad) > 0) g = c_loc(grad)
     end if
     call add_entry(params, name, d, is_contiguous(data), size(data, kind=c_size_t), shape(data, kind=c_size_t), &
-                   {dtype}, present(grad), g, gc, gn, group, ierr)
+                   {dtype}, present(grad), g, gc, gn, group, ierr, unit)
   end subroutine
 """
 
 PARAMS_ADD_REFUSED = """
-  subroutine {name}(params, name, data, grad, group, ierr)
+  subroutine {name}(params, name, data, grad, group, ierr, unit)
     type(shardopt_params), intent(inout) :: params
     character(len=*), intent(in) :: name
     {type}, intent(in) :: data{dims}
     {type}, intent(in), optional :: grad{dims}
     integer, intent(in), optional :: group
     integer, intent(out), optional :: ierr
+    integer, intent(in), optional :: unit
     integer :: n
     n = size(data)
     if (present(grad)) n = max(n, size(grad))
-    call refuse_real8(name, params%n + 1, n, group, ierr)
+    call refuse_real8(name, params%n + 1, n, group, unit, ierr)
   end subroutine
 """
 
@@ -129,17 +131,18 @@ GRAD_READY = """
   end subroutine
 """
 
-PARAM_GRAD = """
-  subroutine {name}(opt, i, grad, ierr)
+# {arg}: grad (shardopt_param_grad) or data (shardopt_param_data).
+PARAM_BUFFER = """
+  subroutine {name}(opt, i, {arg}, ierr)
     type(shardopt_optimizer), intent(in) :: opt
     integer, intent(in) :: i
-    {type}, pointer, intent(out) :: grad(:)
+    {type}, pointer, intent(out) :: {arg}(:)
     integer, intent(out), optional :: ierr
     type(c_ptr) :: p
     integer(c_size_t) :: n
-    nullify (grad)
-    if (.not. grad_buffer(opt, i, {dtype}, p, n, ierr)) return
-    if (c_associated(p) .and. n > 0) call c_f_pointer(p, grad, [n])
+    nullify ({arg})
+    if (.not. param_buffer(opt, i, {dtype}, '{arg}', p, n, ierr)) return
+    if (c_associated(p) .and. n > 0) call c_f_pointer(p, {arg}, [n])
   end subroutine
 """
 
@@ -242,7 +245,10 @@ emit("shardopt_params_add", "params_add_{k}_{rank}", PARAMS_ADD, ("r4",), RANKS,
   !> parameter group `group` (from 1; default 1). The array (and grad, the
   !> gradient array the code writes, if given; otherwise the optimizer keeps
   !> one) must be contiguous, have the target attribute and outlive the
-  !> optimizer: the optimizer updates it in place.
+  !> optimizer: the optimizer updates it in place (at stages 0-2; stage 3
+  !> reads it once, at creation). `unit` (stage 3, docs/zero.md):
+  !> consecutive arrays with one number (from 1) form a unit; absent or 0,
+  !> the array is a unit of its own.
 """)
 emit("shardopt_params_add", "params_add_{k}_{rank}", PARAMS_ADD, ("h",), RANKS,
      dtype="dtype", doc="""\
@@ -266,11 +272,17 @@ emit("shardopt_grad_ready", "grad_ready_{k}_{rank}", GRAD_READY, ("r8",), RANKS,
   ! parameter's type.
 """)
 
-emit("shardopt_param_grad", "param_grad_{k}", PARAM_GRAD, ("r4", "h"), doc="""\
+emit("shardopt_param_grad", "param_grad_{k}", PARAM_BUFFER, ("r4", "h"), arg="grad", doc="""\
   !> Local: points grad at parameter i's gradient buffer (from 1), the
   !> registered or owned one, to write the gradient in place before
   !> shardopt_grad_ready(opt, i). Not associated for a streamed gradient
   !> (stage 2 with stream_grads) or an empty parameter.
+""")
+emit("shardopt_param_data", "param_data_{k}", PARAM_BUFFER, ("r4", "h"), arg="data", doc="""\
+  !> Local: points data at parameter i's whole values (from 1): the added
+  !> array at stages 0-2; at stage 3 inside its gathered unit (waiting for a
+  !> shardopt_igather_unit), not associated while the unit is released.
+  !> Read it, do not write it: a write does not reach the optimizer.
 """)
 
 emit("shardopt_gather_state", "gather_state_{rank}", GATHER_STATE, ("r4",), RANKS, doc="""\

@@ -63,6 +63,7 @@ module shardopt
     integer(c_size_t) :: count = 0
     integer(c_int) :: dtype = SHARDOPT_F32
     integer :: group = 1
+    integer :: unit = 0 ! stage 3's unit label (from 1; 0: a unit of its own)
     integer :: ndim = 1
     integer(c_size_t) :: shape(3) = 0 ! C order: the last Fortran extent first
   end type
@@ -89,6 +90,8 @@ module shardopt
   public :: shardopt_zero_grad, shardopt_grad_ready, shardopt_reduce_gradients
   public :: shardopt_clip_grad_norm, shardopt_step, shardopt_loss_scale, shardopt_steps
   public :: shardopt_num_params, shardopt_param_info, shardopt_param_grad
+  public :: shardopt_num_units, shardopt_gather_unit, shardopt_igather_unit, shardopt_release_unit
+  public :: shardopt_param_data
   public :: shardopt_set_lr, shardopt_set_hparams, shardopt_get_hparam
   public :: shardopt_memory_report, shardopt_gather_state, shardopt_check_sync
   public :: shardopt_save, shardopt_load, shardopt_load_metadata, shardopt_export
@@ -111,7 +114,8 @@ module shardopt
   end interface
 
   ! shardopt_allreduce, _reduce_scatter, _allgather, _broadcast, _params_add,
-  ! _param_grad, _gather_state and the array forms of shardopt_grad_ready.
+  ! _param_grad, _param_data, _gather_state and the array forms of
+  ! shardopt_grad_ready.
   include 'kind_interfaces.inc'
 
   interface
@@ -337,7 +341,7 @@ contains
   ! use for its whole life: the arrays must be contiguous (no temporary
   ! copy may stand in for them).
   subroutine add_entry(params, name, data, data_contiguous, count, fshape, dtype, has_grad, grad, &
-                       grad_contiguous, grad_count, group, ierr)
+                       grad_contiguous, grad_count, group, ierr, unit)
     type(shardopt_params), intent(inout) :: params
     character(len=*), intent(in) :: name
     type(c_ptr), intent(in) :: data, grad
@@ -347,6 +351,7 @@ contains
     integer, intent(in) :: dtype
     integer, intent(in), optional :: group
     integer, intent(out), optional :: ierr
+    integer, intent(in), optional :: unit
     type(param_entry), allocatable :: grown(:)
     type(param_entry) :: e
     integer :: k, nd
@@ -382,6 +387,13 @@ contains
     if (e%group < 1) then
       call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//': group = '//str(e%group)//' is not a group', &
                 'groups are numbered from 1 (the first optimizer spec) in Fortran', ierr)
+      return
+    end if
+    if (present(unit)) e%unit = unit
+    if (e%unit < 0) then
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, who//': unit = '//str(e%unit)//' is negative', &
+                'number the units from 1 (consecutive arrays with one number form a unit), or leave '// &
+                'unit out: the array is then a unit of its own', ierr)
       return
     end if
     e%name = trim(name)
@@ -420,14 +432,15 @@ contains
                             'SHARDOPT_F16 (real(4) arrays are SHARDOPT_F32)', ierr)
   end function
 
-  subroutine refuse_real8(name, position, n, group, ierr)
+  subroutine refuse_real8(name, position, n, group, unit, ierr)
     character(len=*), intent(in) :: name
     integer, intent(in) :: position, n
-    integer, intent(in), optional :: group
+    integer, intent(in), optional :: group, unit
     integer, intent(out), optional :: ierr
     character(len=:), allocatable :: where
     where = ' (number '//str(position)//' of the list'
     if (present(group)) where = where//', group '//str(group)
+    if (present(unit)) where = where//', unit '//str(unit)
     call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_params_add: parameter '''//trim(name)// &
               ''''//where//') is a real(8) array ('//str(n)// &
               ' elements): the optimizer takes real(4) '// &
@@ -457,7 +470,7 @@ contains
   !> rank, in the same order) with one optimizer spec per parameter group
   !> (groups(1) is group 1: "adamw lr=1e-3 weight_decay=0.01"; one kind for
   !> all groups). Options: a whole options value, or the common ones by
-  !> keyword (which take precedence): stage (0, 1, 2), bucket_mb,
+  !> keyword (which take precedence): stage (0 to 3), bucket_mb,
   !> reduce_sum (sum rather than average gradients over ranks),
   !> check_sync_every, non_finite (SHARDOPT_NON_FINITE_*), loss_scaler.
   subroutine optimizer_create_groups(comm, params, groups, opt, options, stage, bucket_mb, reduce_sum, &
@@ -531,7 +544,7 @@ contains
       shapes(:, i) = params%e(i)%shape
       cp(i)%shape = c_loc(shapes(1, i))
       cp(i)%ndim = int(params%e(i)%ndim, c_int)
-      cp(i)%unit = 0_c_int  ! each a unit of its own: stage 3 is not in the module yet
+      cp(i)%unit = int(params%e(i)%unit, c_int)
     end do
     params_ptr = c_null_ptr
     if (params%n > 0) params_ptr = c_loc(cp)
@@ -701,28 +714,35 @@ contains
     if (present(dtype)) dtype = int(d)
   end subroutine
 
-  ! Parameter i's gradient buffer with its element count and dtype; false
-  ! after reporting a failure.
-  function grad_buffer(opt, i, want, p, count, ierr) result(ok)
+  ! Parameter i's gradient buffer (which: 'grad') or whole values ('data')
+  ! with its element count and dtype; false after reporting a failure.
+  function param_buffer(opt, i, want, which, p, count, ierr) result(ok)
     type(shardopt_optimizer), intent(in) :: opt
     integer, intent(in) :: i, want
+    character(len=*), intent(in) :: which
     type(c_ptr), intent(out) :: p
     integer(c_size_t), intent(out) :: count
     integer, intent(out), optional :: ierr
     logical :: ok
     integer(c_int) :: st, dtype
+    character(len=:), allocatable :: where
     ok = .false.
     p = c_null_ptr
     count = 0
-    if (.not. param_index(opt, i, 'shardopt_param_grad', ierr)) return
-    st = c_param_grad(opt%ptr, int(i - 1, c_size_t), p)
+    where = 'shardopt_param_'//which
+    if (.not. param_index(opt, i, where, ierr)) return
+    if (which == 'grad') then
+      st = c_param_grad(opt%ptr, int(i - 1, c_size_t), p)
+    else
+      st = c_param_data(opt%ptr, int(i - 1, c_size_t), p)
+    end if
     if (st == SHARDOPT_SUCCESS) st = c_param_info(opt%ptr, int(i - 1, c_size_t), count, dtype)
     if (st /= SHARDOPT_SUCCESS) then
       call done(st, ierr)
       return
     end if
     if ((want == SHARDOPT_F32) .neqv. (dtype == SHARDOPT_F32)) then
-      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, 'shardopt_param_grad: '//param_label(opt, i)//' is '// &
+      call fail(SHARDOPT_ERR_INVALID_ARGUMENT, where//': '//param_label(opt, i)//' is '// &
                 type_name(int(dtype))//', not '//type_name(want), &
                 'pass a pointer of the parameter''s type: real(4) for f32, integer(2) for bf16/f16', ierr)
       return

@@ -204,7 +204,9 @@ void ZeroEngine::agree_on_unit(bool gathering, std::size_t u) {
   // cannot go on, fail together instead of leaving the others in a
   // collective: each rank's unit, and whether it holds it gathered.
   const std::size_t units = units_.size();
-  const std::int64_t mine[2] = {static_cast<std::int64_t>(std::min<std::size_t>(u, INT64_MAX)),
+  // An index past INT64_MAX reads as negative: from a language that
+  // numbers from 1, unit 0 arrives as SIZE_MAX and is named "unit 0".
+  const std::int64_t mine[2] = {static_cast<std::int64_t>(u),
                                 u < units && units_[u].state == Unit::State::held ? 1 : 0};
   std::vector<std::int64_t> all(2 * std::size_t(nranks_));
   ctl_.allgather(mine, all.data(), 2, DType::i64);
@@ -226,10 +228,19 @@ void ZeroEngine::agree_on_unit(bool gathering, std::size_t u) {
         "every rank gathers and releases the same units in the same order (the "
         "model's layers as its forward and backward passes use them)",
         __FILE__, __LINE__);
-  if (u >= units)
+  if (u >= units) {
+    std::string hint = "the optimizer has no parameters, hence no units";
+    if (units > 0) {
+      hint = "pass a unit from ";
+      hint += index_text(0);
+      hint += " to ";
+      hint += index_text(static_cast<long long>(units) - 1);
+      hint += " (num_units() units, in registration order)";
+    }
     throw_agreed(ctl_, ErrorCode::invalid_argument,
-                 name + ": there are " + std::to_string(units) + " units",
-                 "pass a unit index below num_units()", __FILE__, __LINE__);
+                 name + ": there are " + std::to_string(units) + " units", hint, __FILE__,
+                 __LINE__);
+  }
   for (int q = 0; q < nranks_; ++q)
     if ((all[2 * std::size_t(q) + 1] != 0) == gathering) {
       const std::string what = verb + unit_text(u) + "): rank " + std::to_string(q);

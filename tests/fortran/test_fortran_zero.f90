@@ -6,7 +6,8 @@
 ! in the optimizer's own buffers, a learning-rate and weight-decay change
 ! and gradient clipping mid-run. Stages 0, 1 and 2 give bitwise the same
 ! parameters; a checkpoint saved mid-run, loaded and replayed gives them
-! again bitwise. Then bad input, each reported through ierr with its status
+! again bitwise. Stage 3 (units gathered, used, released) gives bitwise
+! stage 2's parameters with the same units. Then bad input, each reported through ierr with its status
 ! and message, the optimizer still usable after a correctable mistake;
 ! 16-bit (bf16) parameters; and the functional step.
 program test_fortran_zero
@@ -45,6 +46,7 @@ program test_fortran_zero
     call run(ADAMW, stage, stage == 1)
   end do
   call test_microbatches()
+  call test_stage3()
   call test_options()
   call test_bad_input()
   call test_half()
@@ -445,11 +447,11 @@ contains
     call check_status(ierr, SHARDOPT_ERR_INVALID_ARGUMENT, shardopt_error_message(), 'adamx', &
                       'an unknown optimizer')
     call check(.not. c_associated(opt%ptr), 'a failed creation leaves a null handle')
-    call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, stage=3, ierr=ierr)
-    call check_fails(ierr, shardopt_error_message(), 'stage', 'stage 3 is refused')
+    call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, stage=4, ierr=ierr)
+    call check_fails(ierr, shardopt_error_message(), 'stage', 'stage 4 is refused')
     ! Options are named by the keyword arguments that set them.
-    call check_fortran_words(ierr, shardopt_error_message(), 'stage= of shardopt_optimizer_create is 3', &
-                             'stage 3 is named by its keyword')
+    call check_fortran_words(ierr, shardopt_error_message(), 'stage= of shardopt_optimizer_create is 4', &
+                             'stage 4 is named by its keyword')
     call shardopt_optimizer_create(comm, params, specs(ADAMW), opt, bucket_mb=-1.0_c_double, ierr=ierr)
     call check_fortran_words(ierr, shardopt_error_message(), 'bucket_mb= of shardopt_optimizer_create is -1', &
                              'bucket_mb -1 is named by its keyword')
@@ -574,6 +576,177 @@ contains
                        ' against the reference')
     end do
     call shardopt_optimizer_destroy(opt)
+  end subroutine
+
+  ! Stage 3 against stage 2 with the same units (w1 and w2 unit 1; w3 and
+  ! the empty array unit 2): each step gathers unit 1 ahead (igather),
+  ! reads its parameters through shardopt_param_data to form gradients that
+  ! depend on them, releases it, then gathers and releases unit 2. The
+  ! parameters after NSTEPS steps, gathered at stage 3 and the arrays at
+  ! stage 2, are bitwise equal, and so are they after a stage-3 checkpoint
+  ! is loaded at stage 2. Then misuse: each an error with its message.
+  subroutine test_stage3()
+    type(shardopt_optimizer) :: opt
+    type(shardopt_zero_options_t) :: options
+    type(shardopt_memory_report_t) :: mem
+    type(shardopt_step_info_t) :: info
+    real(c_float) :: final2(NTOTAL), final3(NTOTAL)
+    real(c_float), pointer :: p(:)
+    character(len=64) :: path
+    integer :: stage, s, ierr, n
+    logical :: in_sync
+
+    write (path, '(a,i0,a)') 'fortran-stage3-np', world_size, '.ckpt'
+    options = stage3_options()
+    do stage = 2, 3
+      call new_units_optimizer(opt, stage, options)
+      if (.not. c_associated(opt%ptr)) return
+      do s = 1, NSTEPS
+        call shardopt_zero_grad(opt)
+        if (stage == 3) then
+          call shardopt_igather_unit(opt, 1, ierr)
+          call check(ierr == 0, 'stage 3: igather_unit(1): '//shardopt_error_message())
+        end if
+        call units_grads(opt, s, 1)
+        if (stage == 3) then
+          call shardopt_release_unit(opt, 1, ierr)
+          call check(ierr == 0, 'stage 3: release_unit(1): '//shardopt_error_message())
+          call shardopt_param_data(opt, 1, p, ierr)
+          call check(ierr == 0 .and. .not. associated(p), 'stage 3: param_data of a released unit is not associated')
+          call shardopt_gather_unit(opt, 2)
+        end if
+        call units_grads(opt, s, 2)
+        if (stage == 3) call shardopt_release_unit(opt, 2)
+        call shardopt_step(opt, info, ierr)
+        call check(ierr == 0 .and. info%applied == 1, 'stage 3 units: step: '//shardopt_error_message())
+        if (stage == 3) call check(info%gathers == 2, 'stage 3: the step counts its two gathers')
+      end do
+      if (stage == 2) then
+        final2 = flat()
+        call shardopt_optimizer_destroy(opt)
+        cycle
+      end if
+      final3 = gathered(opt)
+      call check(same_bits(final3, final2), 'stage 3 (units) bitwise equal to stage 2 with the same units')
+      call shardopt_num_units(opt, n, ierr)
+      call check(ierr == 0 .and. n == 2, 'stage 3: num_units is 2')
+      call shardopt_memory_report(opt, mem, ierr)
+      call check(ierr == 0 .and. mem%param_shard > 0 .and. mem%gather_pool > 0 .and. mem%user_params == 0, &
+                 'stage 3: the memory report has the parameter shard and the pool, no user parameters')
+      call shardopt_check_sync(opt, in_sync, ierr=ierr)
+      call check(ierr == 0 .and. in_sync, 'stage 3: check_sync: '//shardopt_error_message())
+      call shardopt_save(opt, path, ierr=ierr)
+      call check(ierr == 0, 'stage 3: save: '//shardopt_error_message())
+      call stage3_misuse(opt)
+      call shardopt_optimizer_destroy(opt)
+    end do
+
+    ! The stage-3 checkpoint at stage 2: the arrays take its parameters.
+    w1 = 0
+    w2 = 0
+    w3 = 0
+    call new_units_optimizer(opt, 2, options)
+    call shardopt_load(opt, path, ierr=ierr)
+    call check(ierr == 0, 'stage 2: load of a stage-3 checkpoint: '//shardopt_error_message())
+    call check(same_bits(flat(), final3), 'a stage-3 checkpoint loaded at stage 2 gives its parameters bitwise')
+    call shardopt_optimizer_destroy(opt)
+    call shardopt_barrier_world()
+    if (world_rank == 0) call remove(path)
+  end subroutine
+
+  ! Units of a few hundred bytes: none kept whole, gathers through the pool.
+  function stage3_options() result(o)
+    type(shardopt_zero_options_t) :: o
+    integer :: ierr
+    call shardopt_zero_options_init(o, ierr)
+    o%persist_below_bytes = 0
+    o%bucket_mb = 2e-4_c_double
+  end function
+
+  subroutine new_units_optimizer(opt, stage, options)
+    type(shardopt_optimizer), intent(out) :: opt
+    integer, intent(in) :: stage
+    type(shardopt_zero_options_t), intent(in) :: options
+    type(shardopt_params) :: params
+    integer :: ierr
+    call reset_reference()
+    g2 = 0
+    call shardopt_params_add(params, 'w1', w1, unit=1)
+    call shardopt_params_add(params, 'w2', w2, grad=g2, unit=1)
+    call shardopt_params_add(params, 'w3', w3, unit=2)
+    call shardopt_params_add(params, 'empty', wz, unit=2)
+    call shardopt_optimizer_create(comm, params, 'adamw lr=0.05 betas=0.9,0.999 eps=1e-8 weight_decay=0.01', opt, &
+                                   options=options, stage=stage, ierr=ierr)
+    call check(ierr == 0, 'units at stage '//achar(48 + stage)//': optimizer_create: '//shardopt_error_message())
+    call shardopt_params_clear(params)
+  end subroutine
+
+  ! The gradients of unit u's parameters at step s: this rank's values plus
+  ! a tenth of the parameter itself, read through shardopt_param_data.
+  subroutine units_grads(opt, s, u)
+    type(shardopt_optimizer), intent(in) :: opt
+    integer, intent(in) :: s, u
+    real(c_float), pointer :: p(:)
+    integer :: k, ierr
+    do k = 2*u - 1, 2*u
+      call shardopt_param_data(opt, k, p, ierr)
+      call check(ierr == 0, 'param_data: '//shardopt_error_message())
+      if (sizes(k) == 0) then
+        call check(.not. associated(p), 'param_data of an empty parameter is not associated')
+        call shardopt_grad_ready(opt, k)
+        cycle
+      end if
+      call check(associated(p), 'param_data of a gathered unit is associated')
+      if (.not. associated(p)) return
+      call shardopt_grad_ready(opt, k, grad_of(world_rank, s, k) + 0.1_c_float*p)
+    end do
+  end subroutine
+
+  ! Every parameter's values, each unit gathered and released in turn.
+  function gathered(opt) result(v)
+    type(shardopt_optimizer), intent(in) :: opt
+    real(c_float) :: v(NTOTAL)
+    real(c_float), pointer :: p(:)
+    integer :: u, k
+    v = 0
+    do u = 1, 2
+      call shardopt_gather_unit(opt, u)
+      do k = 2*u - 1, 2*u
+        call shardopt_param_data(opt, k, p)
+        if (sizes(k) > 0) v(offset(k) + 1:offset(k) + sizes(k)) = p
+      end do
+      call shardopt_release_unit(opt, u)
+    end do
+  end function
+
+  ! Misuse of units: an error on every rank, in Fortran's numbering.
+  subroutine stage3_misuse(opt)
+    type(shardopt_optimizer), intent(in) :: opt
+    type(shardopt_params) :: params
+    real(c_float), target :: v(3)
+    integer :: ierr
+    call shardopt_release_unit(opt, 1, ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_STATE, shardopt_error_message(), 'has not gathered the unit', &
+                      'release_unit without a gather')
+    call shardopt_gather_unit(opt, 0, ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_ARGUMENT, shardopt_error_message(), '(0): there are 2 units', &
+                      'gather_unit(0): units are numbered from 1')
+    call shardopt_gather_unit(opt, 3, ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_ARGUMENT, shardopt_error_message(), '(3): there are 2 units', &
+                      'gather_unit past the units')
+    call shardopt_gather_unit(opt, 1, ierr)
+    call check(ierr == 0, 'gather_unit after errors: '//shardopt_error_message())
+    call shardopt_gather_unit(opt, 1, ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_STATE, shardopt_error_message(), 'gathered already', &
+                      'a second gather_unit of a gathered unit')
+    call shardopt_step(opt, ierr=ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_STATE, shardopt_error_message(), 'still gathered', &
+                      'step with a unit gathered')
+    call shardopt_release_unit(opt, 1, ierr)
+    call check(ierr == 0, 'release_unit after errors: '//shardopt_error_message())
+    call shardopt_params_add(params, 'v', v, unit=-1, ierr=ierr)
+    call check_status(ierr, SHARDOPT_ERR_INVALID_ARGUMENT, shardopt_error_message(), 'unit = -1 is negative', &
+                      'params_add with a negative unit')
   end subroutine
 
   ! The options struct (its layout is the C struct's): a loss scaler's
