@@ -5,9 +5,10 @@
 # find_package(shardopt CONFIG)) and built there. Then:
 #   - torch::optim::AdamW alone (--reference) reaches the loss threshold;
 #   - at 1 rank, shardopt's parameters equal the reference's bit for bit,
-#     at stages 0, 1 and 2;
+#     at stages 0, 1, 2 and 3 (each layer a unit gathered in its forward
+#     and backward);
 #   - at 2 and 3 ranks (the global batch of 100 split 50+50 and 33+33+34),
-#     stages 0, 1 and 2 give bitwise the same parameters, every run reaches
+#     stages 0 to 3 give bitwise the same parameters, every run reaches
 #     the threshold, and --check finds them within the example's tolerance
 #     of the reference (3 D from the float32 reference, 2 D from a float64
 #     one, D the float32 reference's own distance from the float64 one);
@@ -83,7 +84,7 @@ size=$(stat -c %s "$work/ref.bin" 2>/dev/null || echo 0)
 [ "$size" -eq $((2632 * 4)) ] || bad "ref.bin holds $size bytes, not 2632 float32"
 
 for n in 1 2 3; do
-  for stage in 0 1 2; do
+  for stage in 0 1 2 3; do
     check=()
     [ "$stage" -eq 2 ] && check=(--check)
     run "$work/n$n-s$stage.log" "$mpiexec" -n "$n" --oversubscribe "$exe" --stage "$stage" \
@@ -97,10 +98,11 @@ for n in 1 2 3; do
       fi
     fi
   done
-  if cmp -s "$work/n$n-s0.bin" "$work/n$n-s1.bin" && cmp -s "$work/n$n-s0.bin" "$work/n$n-s2.bin"; then
-    ok "$n rank(s): stages 0, 1 and 2 give bitwise the same parameters"
+  if cmp -s "$work/n$n-s0.bin" "$work/n$n-s1.bin" && cmp -s "$work/n$n-s0.bin" "$work/n$n-s2.bin" &&
+    cmp -s "$work/n$n-s0.bin" "$work/n$n-s3.bin"; then
+    ok "$n rank(s): stages 0, 1, 2 and 3 give bitwise the same parameters"
   else
-    bad "$n rank(s): the parameters differ between stages 0, 1 and 2"
+    bad "$n rank(s): the parameters differ between stages 0 to 3"
   fi
 done
 if cmp -s "$work/ref.bin" "$work/n1-s0.bin"; then
@@ -134,8 +136,8 @@ wrong_use() {  # LOG MESSAGE SAYS ARGS...
     bad "$*: exit status $status"
   fi
 }
-wrong_use usage '--stage takes an integer from 0 to 2' \
-  "the message names the option and its range" --stage 3
+wrong_use usage '--stage takes an integer from 0 to 3' \
+  "the message names the option and its range" --stage 4
 wrong_use usage2 'use --steps 1000 or fewer with --check' \
   "the message says why and what to use" --check --steps 5000
 finish

@@ -9,7 +9,9 @@
 #   2-3 on node 2);
 # - with SHARDOPT_HOST_COMM=mpi (whose sums do not depend on the node
 #   layout), shardopt-train at 2 nodes x 2 ranks ends with bitwise the
-#   parameters of 1 node x 4 ranks (--save-params files compared with cmp);
+#   parameters of 1 node x 4 ranks (--save-params files compared with cmp),
+#   and so does it at ZeRO stage 3 (-s 3: each layer a unit, gathered
+#   across the link);
 # - a checkpoint chain across layouts: 30 steps at 2 x 2, resumed at
 #   1 x 4 to 60, resumed at 2 x 2 to 100: bitwise the uninterrupted run
 #   (the same rank count, which docs/train.md makes the condition); and the
@@ -45,7 +47,7 @@
 # be left. SKIP (77) where network namespaces cannot be made (not root, a
 # container without the capability).
 # Usage: test_multinode.sh SOURCE_ROOT MPIEXEC TRAIN CKPT-TOOL PROGRAM...
-# MULTINODE_CASES, a list of some of suites, hosts, train, chain, local,
+# MULTINODE_CASES, a list of some of suites, hosts, train, stage3, chain, local,
 # kill, link and lost-save, runs only those cases (and the refusals and
 # the teardown's checks), for work on one of them; unset: all.
 set -u
@@ -140,6 +142,20 @@ else
       "$tmp/nodes.out"
   elif wanted train; then
     ok "shardopt-train, $steps steps: 2 nodes x 2 ranks = 1 node x 4 ranks, bitwise"
+  fi
+fi
+
+# ZeRO stage 3 (each layer a unit, gathered over the link): the same.
+if wanted stage3; then
+  if ! on_one 4 120 "$tmp/ref3.out" "$train" "${small[@]}" -s 3 --steps 40 --save-params "$tmp/ref3"; then
+    fail "shardopt-train -s 3 at 1 node x 4 ranks" "$tmp/ref3.out"
+  elif ! on_nodes 120 "$tmp/nodes3.out" "$train" "${small[@]}" -s 3 --steps 40 --save-params "$tmp/nodes3"; then
+    fail "shardopt-train -s 3 at 2 nodes x 2 ranks" "$tmp/nodes3.out"
+  elif ! cmp "$tmp/ref3" "$tmp/nodes3"; then
+    fail "shardopt-train -s 3: 2 nodes x 2 ranks and 1 node x 4 ranks end with different parameters" \
+      "$tmp/nodes3.out"
+  else
+    ok "shardopt-train -s 3, 40 steps: 2 nodes x 2 ranks = 1 node x 4 ranks, bitwise"
   fi
 fi
 

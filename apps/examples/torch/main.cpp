@@ -6,8 +6,11 @@
 // pointers and updates them in place in step(). Gradients reach shardopt
 // from one autograd hook per parameter, as the backward pass produces them,
 // so that at stage 2 a bucket is reduce-scattered while the backward pass
-// still runs. Every rank holds the whole synthetic data set (drawn from
-// fixed seeds) and takes its slice of each global batch.
+// still runs. At stage 3 each rank keeps only its shard of the parameters:
+// each Linear layer is a unit whose weight and bias are gathered inside its
+// forward and again inside its backward, and released right after (the
+// UnitLinear function below). Every rank holds the whole synthetic data set
+// (drawn from fixed seeds) and takes its slice of each global batch.
 //
 //   mpirun -n 3 torch_example --stage 2                  # train, data parallel
 //   torch_example --reference                            # the same with torch::optim::AdamW
@@ -25,6 +28,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,7 +55,7 @@ constexpr int kMaxCheckSteps = 1000;
 
 const char* const kUsage =
     "usage: torch_example [options]   (under mpirun for several ranks)\n"
-    "  --stage 0|1|2        ZeRO stage (default 1)\n"
+    "  --stage 0|1|2|3      ZeRO stage (default 1)\n"
     "  --steps N            optimizer steps (default 300)\n"
     "  --seed N             seed of the data and the initial weights (default 1)\n"
     "  --device cpu|cuda    where the model and its tensors live (default cpu)\n"
@@ -93,7 +97,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--stage") {
-      o.stage = static_cast<int>(parse_number(a, value(), 0, 2));
+      o.stage = static_cast<int>(parse_number(a, value(), 0, 3));
     } else if (a == "--steps") {
       o.steps = static_cast<int>(parse_number(a, value(), 1, 1000000));
     } else if (a == "--seed") {
@@ -138,6 +142,9 @@ TORCH_MODULE(Mlp);
 struct Problem {
   torch::Tensor x, y;  // kSamples rows each
   Mlp model;
+  // The forward pass training uses: the model's own, or at stage 3 one
+  // that gathers each layer's parameters as it goes.
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
 
 // The data and the initial model, the same on every rank and in every run
@@ -152,7 +159,8 @@ Problem make_problem(std::uint64_t seed, torch::Device device, torch::Dtype dtyp
   torch::manual_seed(seed + 1);
   Mlp model;  // torch's default initialization
   model->to(device, dtype);
-  return {x.to(device, dtype), y.to(device, dtype), model};
+  return {x.to(device, dtype), y.to(device, dtype), model,
+          [model](const torch::Tensor& in) mutable { return model->forward(in); }};
 }
 
 // The loss of samples [begin, end) of the global batch of step `step`:
@@ -165,7 +173,7 @@ torch::Tensor batch_loss(Problem& p, int step, std::int64_t begin, std::int64_t 
   const std::int64_t first = (step * kBatch) % kSamples;
   const auto x = p.x.narrow(0, first + begin, end - begin);
   const auto y = p.y.narrow(0, first + begin, end - begin);
-  return (p.model->forward(x) - y).square().sum() / double(kBatch * kOutputs);
+  return (p.forward(x) - y).square().sum() / double(kBatch * kOutputs);
 }
 
 double full_loss(Problem& p) {
@@ -199,6 +207,59 @@ Trained train_reference(const Options& o, torch::Device device, torch::Dtype dty
   return {flat_params(p.model), initial, full_loss(p)};
 }
 
+// Stage 3: one Linear layer, a shardopt unit (its weight, then its bias).
+struct Layer {
+  shardopt::ZeroRedundancyOptimizer* opt;
+  std::size_t unit, weight, bias;  // the unit, and the two parameters' indices
+  torch::Tensor like;              // the module's weight tensor: its shape and device
+  std::int64_t outputs;
+  // The whole weight and bias, gathered from the ranks' shards into
+  // shardopt's pool: valid until release().
+  std::pair<torch::Tensor, torch::Tensor> gather() const {
+    opt->gather(unit);
+    const auto on = torch::TensorOptions().dtype(torch::kFloat32).device(like.device());
+    return {torch::from_blob(const_cast<void*>(opt->data(weight)), like.sizes(), on),
+            torch::from_blob(const_cast<void*>(opt->data(bias)), {outputs}, on)};
+  }
+  void release() const { opt->release(unit); }
+};
+
+// y = x W^T + b with the layer's parameters gathered only while forward and
+// backward run, as stage 3 wants: autograd keeps the input, not the
+// weight. Both passes compute what torch::nn::Linear and its autograd
+// compute, op for op (addmm forward; mm backward in the layouts torch picks),
+// so every stage trains bitwise alike. The gradients of weight and bias go
+// to shardopt in backward; autograd gets none for them. weight and bias are
+// the module's tensors, inputs only so that autograd runs this backward.
+struct UnitLinear : torch::autograd::Function<UnitLinear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& /*weight*/, const torch::Tensor& /*bias*/,
+                               const Layer* layer) {
+    // saved_data holds IValues: the layer's address as an integer.
+    ctx->saved_data["layer"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(layer));
+    ctx->save_for_backward({x});
+    const auto [w, b] = layer->gather();
+    torch::Tensor y = torch::addmm(b, x, w.t());  // a new tensor: w and b may go
+    layer->release();
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* layer = reinterpret_cast<const Layer*>(
+        static_cast<std::intptr_t>(ctx->saved_data["layer"].toInt()));
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const torch::Tensor& g = grads[0];
+    const auto [w, b] = layer->gather();
+    torch::Tensor gx = g.mm(w);
+    const torch::Tensor gw = g.t().mm(x);  // [outputs, inputs], contiguous
+    const torch::Tensor gb = g.sum(0);
+    layer->opt->grad_ready(layer->weight, gw.data_ptr());
+    layer->opt->grad_ready(layer->bias, gb.data_ptr());
+    layer->release();
+    return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Data parallel with shardopt. Collective over comm.
 Trained train_sharded(const Options& o, torch::Device device, shardopt::Communicator& comm) {
   Problem p = make_problem(o.seed, device, torch::kFloat32);
@@ -209,6 +270,8 @@ Trained train_sharded(const Options& o, torch::Device device, shardopt::Communic
   // Param::grad stays null: shardopt owns the gradient buffers, or at stage
   // 2 with stream_grads has none and copies each gradient straight into its
   // communication bucket.
+  // Each Linear layer is a unit (fc1's weight and bias, then fc2's): stage
+  // 3 gathers it whole; at stages 0-2 units only end gradient buckets.
   std::vector<torch::Tensor> tensors;
   std::vector<shardopt::Param> params;
   for (const auto& item : p.model->named_parameters()) {
@@ -221,6 +284,7 @@ Trained train_sharded(const Options& o, torch::Device device, shardopt::Communic
                       .data = t.data_ptr(),
                       .numel = static_cast<std::size_t>(t.numel()),
                       .dtype = shardopt::DType::f32,
+                      .unit = static_cast<int>(tensors.size() / 2),
                       .shape = shape});
     tensors.push_back(t);
   }
@@ -228,11 +292,22 @@ Trained train_sharded(const Options& o, torch::Device device, shardopt::Communic
       comm, params, shardopt::AdamW{.lr = kLr, .weight_decay = kWeightDecay},
       {.stage = o.stage, .reduction = shardopt::GradReduction::sum, .stream_grads = o.stage == 2});
 
+  // Stage 3: shardopt read the tensors above once, to fill its shards; the
+  // layers' forward and backward take the parameters from it.
+  const std::vector<Layer> layers = {{&opt, 0, 0, 1, tensors[0], kHidden},
+                                     {&opt, 1, 2, 3, tensors[2], kOutputs}};
+  if (o.stage == 3)
+    p.forward = [&](const torch::Tensor& in) {
+      const torch::Tensor h =
+          torch::tanh(UnitLinear::apply(in, tensors[0], tensors[1], &layers[0]));
+      return UnitLinear::apply(h, tensors[2], tensors[3], &layers[1]);
+    };
+
   // Autograd calls each hook with the parameter's gradient as soon as it is
   // computed; grad_ready copies it before returning. Hooks on CPU tensors
   // run on the thread that called backward(); on CUDA tensors, on
   // autograd's device thread (hence MPI_THREAD_MULTIPLE in run()).
-  for (std::size_t i = 0; i < tensors.size(); ++i)
+  for (std::size_t i = 0; i < tensors.size() && o.stage < 3; ++i)
     tensors[i].register_hook([&opt, i](const torch::Tensor& grad) {
       const torch::Tensor g = grad.contiguous();
       opt.grad_ready(i, g.data_ptr());
@@ -253,6 +328,16 @@ Trained train_sharded(const Options& o, torch::Device device, shardopt::Communic
       double global = loss.item<double>();
       MPI_Allreduce(MPI_IN_PLACE, &global, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       if (comm.rank() == 0) std::printf("step %4d  batch loss %.4e\n", step, global);
+    }
+  }
+  // Stage 3: the trained parameters into the module, a unit at a time.
+  if (o.stage == 3) {
+    torch::NoGradGuard no_grad;
+    for (const Layer& l : layers) {
+      const auto [w, b] = l.gather();
+      tensors[l.weight].copy_(w);
+      tensors[l.bias].copy_(b);
+      l.release();
     }
   }
   return {flat_params(p.model), initial, full_loss(p)};
