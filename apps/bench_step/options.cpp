@@ -36,6 +36,8 @@ std::string usage() {
       "                         (host memory, streamed gradients)\n"
       "      --compute-mb X     -s 3: MiB each unit's forward and backward loop reads and\n"
       "                         writes (default 32)\n"
+      "      --compute KIND     -s 3: loop (default) runs the loop; sleep sleeps as long\n"
+      "                         as the loop takes, leaving the cores to the transport\n"
       "  -p, --params LIST      parameter counts, comma-separated, with an optional K, M\n"
       "                         or G suffix (powers of 1024) (default 1M,4M,25M); 100M\n"
       "                         takes about 3.5 GiB per rank (f32 Adam, stage 0 asked)\n"
@@ -153,6 +155,7 @@ Options parse_options(int argc, char** argv) {
       {'o', "optimizer", true}, {'b', "bucket-mb", true}, {'w', "warmup", true},
       {'n', "iters", true},     {0, "json", false},       {'h', "help", false},
       {0, "device", true},      {'g', "grads", true},     {0, "compute-mb", true},
+      {0, "compute", true},
   };
   cli::for_each_option(
       argc, argv, kSpecs,
@@ -213,6 +216,8 @@ Options parse_options(int argc, char** argv) {
           if (s.empty() || *end != '\0' || !(x >= 0) || x > 65536)
             bad_value(label, v, "a number of MiB >= 0 and <= 65536 (32, 0.5)");
           o.compute_mb = x;
+        } else if (name == "compute") {
+          o.compute_sleep = cli::parse_choice<bool>(label, v, {{"loop", false}, {"sleep", true}});
         } else if (name == "help") {
           o.help = true;
         }

@@ -67,8 +67,11 @@ struct Options {
   std::vector<Grads> grads{Grads::stream};
   bool device = false;  // --device cuda: the step on device buffers (device.hpp)
   // -s 3 (units.hpp): the MiB each unit's forward and backward compute
-  // reads and writes.
+  // reads and writes; with compute_sleep, the compute sleeps as long as
+  // that loop takes instead, leaving the cores to the transport (as a
+  // GPU's kernels would).
   double compute_mb = 32.0;
+  bool compute_sleep = false;
 };
 
 inline const char* grads_name(Options::Grads g) {

@@ -22,10 +22,12 @@
 #include "units.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../support/bench_mpi.hpp"
@@ -74,16 +76,34 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
   std::FILE* text = o.json ? stderr : stdout;
   const std::size_t loop_n = static_cast<std::size_t>(o.compute_mb * (1 << 20)) / 4;
   shardopt::HostBuffer work(std::max<std::size_t>(loop_n, 1) * 4);
+  // --compute sleep: the loop's median time over 9 runs, slept instead.
+  std::vector<double> loop_s;
+  for (int k = 0; k < 9 && o.compute_sleep; ++k) {
+    const double t0 = MPI_Wtime();
+    memory_loop(work.as<float>(), loop_n);
+    loop_s.push_back(MPI_Wtime() - t0);
+  }
+  std::sort(loop_s.begin(), loop_s.end());
+  const std::chrono::duration<double> nap(loop_s.empty() ? 0.0 : loop_s[loop_s.size() / 2]);
+  const auto compute = [&] {
+    if (o.compute_sleep)
+      std::this_thread::sleep_for(nap);
+    else
+      memory_loop(work.as<float>(), loop_n);
+  };
   if (printer) {
     std::fprintf(text,
                  "# stage 3 against stage 2, %d ranks: each unit's forward and backward compute "
-                 "a loop over %g MiB (read and written)\n"
+                 "a loop over %g MiB (read and written)%s\n"
                  "#   limit: per unit and pass the larger of the loop and the unit's raw MPI "
                  "communication, summed, plus the update (stage 2: plus the allgather)\n"
-                 "#   exposed: the time inside gather(), beside the raw allgathers' (2 per "
+                 "#   exposed: the time inside gather() and the first data(), beside the raw "
+                 "allgathers' (2 per "
                  "unit); goals: step <= %.1f x limit, exposed <= %.0f%% where the loop is at "
                  "least the largest unit's allgather\n",
-                 nranks, o.compute_mb, kUnitsGoalRatio, 100 * kExposedGoal);
+                 nranks, o.compute_mb,
+                 o.compute_sleep ? ", slept instead of run (--compute sleep)" : "", kUnitsGoalRatio,
+                 100 * kExposedGoal);
     std::fprintf(text, "# %5s %5s %9s %5s %9s %9s %9s %9s %6s %9s %8s %6s\n", "stage", "dtype",
                  "params", "units", "loop", "gather", "step", "limit", "ratio", "exposed",
                  "exp/gat", "ahead");
@@ -167,8 +187,11 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
               const std::size_t u = backward ? nu - 1 - k : k;
               const double g0 = MPI_Wtime();
               three.gather(u);
+              // The wait for a prefetched unit's bytes, where the code
+              // first reads them.
+              (void)three.data(units[u].first);
               exposed += MPI_Wtime() - g0;
-              memory_loop(work.as<float>(), loop_n);
+              compute();
               if (backward)
                 for (std::size_t i = units[u].end; i-- > units[u].first;)
                   three.grad_ready(i, grad_of(i));
@@ -184,7 +207,7 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
           for (int backward = 0; backward < 2; ++backward)
             for (std::size_t k = 0; k < nu; ++k) {
               const std::size_t u = backward ? nu - 1 - k : k;
-              memory_loop(work.as<float>(), loop_n);
+              compute();
               if (backward)
                 for (std::size_t i = units[u].end; i-- > units[u].first;)
                   two.grad_ready(i, grad_of(i));
@@ -194,7 +217,7 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
         sample[4] = info2.update_seconds;
       };
       const auto limits = [&] {
-        sample[5] = timed([&] { memory_loop(work.as<float>(), loop_n); });
+        sample[5] = timed(compute);
         sample[6] = timed([&] {
           MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ag.data(), static_cast<int>(whole), mt,
                         raw);
@@ -286,15 +309,17 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
         if (o.json) {
           std::printf(
               "{\"mode\":\"units\",\"stage\":%d,\"ranks\":%d,\"params\":%zu,\"dtype\":\"%s\","
-              "\"units\":%zu,\"compute_mb\":%g,\"loop_us\":%.1f,\"gather_unit_us\":%.1f,"
+              "\"units\":%zu,\"compute_mb\":%g,\"compute\":\"%s\",\"loop_us\":%.1f,"
+              "\"gather_unit_us\":%.1f,"
               "\"step_us\":%.1f,\"step_min_us\":%.1f,\"step_max_us\":%.1f,\"update_us\":%.1f,"
               "\"limit_us\":%.1f,\"ratio\":%.4f,\"exposed_us\":%.1f,\"gathers_us\":%.1f,"
               "\"gathers_ahead\":%lld,\"gathers\":%lld,\"same_params\":%s}\n",
-              r->stage, nranks, psi, shardopt::dtype_name(t), nu, o.compute_mb, loop_us,
-              sum_of(ag_us) / static_cast<double>(nu), r->step.median_us, r->step.min_us,
-              r->step.max_us, r->update.median_us, r->limit_us, r->ratio(),
-              s3 ? r->exposed_us : 0.0, s3 ? gathers_us : 0.0, static_cast<long long>(r->ahead),
-              static_cast<long long>(r->gathers), same ? "true" : "false");
+              r->stage, nranks, psi, shardopt::dtype_name(t), nu, o.compute_mb,
+              o.compute_sleep ? "sleep" : "loop", loop_us, sum_of(ag_us) / static_cast<double>(nu),
+              r->step.median_us, r->step.min_us, r->step.max_us, r->update.median_us, r->limit_us,
+              r->ratio(), s3 ? r->exposed_us : 0.0, s3 ? gathers_us : 0.0,
+              static_cast<long long>(r->ahead), static_cast<long long>(r->gathers),
+              same ? "true" : "false");
         }
         std::fprintf(
             text, "  %5d %5s %9s %5zu %9.2f %9.2f %9.2f %9.2f %6.2f %9s %8s %6s\n", r->stage,

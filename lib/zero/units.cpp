@@ -302,7 +302,12 @@ void ZeroEngine::release(std::size_t u) {
   agree_on_unit(false, u);
   Unit& x = units_[u];
   const bool later = following_ && next_use(order_, trace_.size(), u) != SIZE_MAX;
-  if (!opt_.reshard_after_forward && later && !x.persistent) {
+  // With prefetch, a unit the recorded order gathers again next (the
+  // forward pass's last, the backward pass's first) is kept even when
+  // resharding: dropping it would only gather the same bytes again at once.
+  const bool next =
+      opt_.prefetch && following_ && trace_.size() < order_.size() && order_[trace_.size()] == u;
+  if ((next || (!opt_.reshard_after_forward && later)) && !x.persistent) {
     x.state = Unit::State::kept;
     if (guard_) {
       finish(u);
