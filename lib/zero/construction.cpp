@@ -440,7 +440,7 @@ void ZeroEngine::allocate() {
       [this](const char* what, std::size_t bucket, bool after_update) {
         watch(what, bucket, after_update);
       },
-      kind_ != kind_of<Lamb>() && kind_ != kCustomKind);
+      kind_ != kind_of<Lamb>() && kind_ != kCustomKind, opt_.stage != 3);
   shard_ = std::make_unique<ShardState>(comm_, space_, params_, groups_, layout_, opt_.stage,
                                         dtype_, remainders_, param_shard_.as<std::byte>());
   if (opt_.loss_scaler) {

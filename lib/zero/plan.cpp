@@ -155,7 +155,7 @@ MemoryReport plan_memory(const MemoryPlan& p) {
     BucketInPlace in;
     in.grads = o.predivide_factor == 1.0 && reduce_type == p.dtype && !streamed &&
                (b.len == b.padded || !p.user_grads) && (flat || !p.user_grads);
-    in.params = b.len == b.padded && flat;
+    in.params = o.stage == 3 || (b.len == b.padded && flat);  // stage 3 gathers units instead
     in_place.push_back(in);
   }
 

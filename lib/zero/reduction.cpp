@@ -31,7 +31,7 @@ constexpr std::size_t kStreamCopyBytes = std::size_t{4} << 20;
 GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
                          const std::vector<Param>& params, const ShardLayout& layout,
                          const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch,
-                         bool fusable)
+                         bool fusable, bool gathers_params)
     : comm_(comm),
       ctl_(ctl),
       space_(space),
@@ -44,7 +44,8 @@ GradReducer::GradReducer(Communicator& comm, Communicator& ctl, const Space& spa
       rank_(comm.rank()),
       nranks_(comm.size()),
       watch_(std::move(watch)),
-      fusable_(fusable) {
+      fusable_(fusable),
+      gathers_params_(gathers_params) {
   for (const BucketRange& b : layout_.buckets) buckets_.push_back(Bucket{b});
   ready_.assign(params_.size(), 0);
   next_launch_ = buckets_.size();
@@ -137,7 +138,7 @@ void GradReducer::allocate() {
     if (b.len == b.padded)
       b.param_base =
           contiguous([&](std::size_t p) { return static_cast<std::byte*>(params_[p].data); });
-    in_place.push_back({b.grad_base != nullptr, b.param_base != nullptr});
+    in_place.push_back({b.grad_base != nullptr, b.param_base != nullptr || !gathers_params_});
   }
   const std::size_t pool_bytes = detail::pool_bytes(layout_, nranks_, opt_.stage, dtype_,
                                                     reduce_type_, reduced_.size() > 0, in_place);

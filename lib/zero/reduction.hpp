@@ -74,11 +74,13 @@ class GradReducer {
   // reduce_type the communicated one.
   // fusable: the update can take the reduced gradients block by block
   // (element-wise optimizers); with the conditions of fused() below, the
-  // owned gradients then live in the node's shared memory.
+  // owned gradients then live in the node's shared memory. gathers_params:
+  // gather_params() is used (false at stage 3, whose reducer is stage 2's
+  // without the parameters' allgather: no bucket buffer is sized for it).
   GradReducer(Communicator& comm, Communicator& ctl, const Space& space,
               const std::vector<Param>& params, const ShardLayout& layout,
-              const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch,
-              bool fusable);
+              const ZeroOptions& options, DType dtype, DType reduce_type, Watch watch, bool fusable,
+              bool gathers_params);
   ~GradReducer();  // waits for the reductions in flight
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -282,6 +284,7 @@ class GradReducer {
   // the scratch of its reduction (kBlock elements each).
   static constexpr std::size_t kBlock = kFusedBlock;
   bool fusable_ = false, fused_ = false;
+  bool gathers_params_ = true;
   // The user's gradients, read from the other ranks' processes: the
   // reader, and every parameter's gradient address there (rank-major); per
   // thread, a slice of kBlock elements per rank and its lists of pieces.
