@@ -65,4 +65,10 @@ TEST_CASE("FirstFit's limit counts pieces in 256 bytes, whatever the alignment",
   CHECK(pool.charged() == 512);
   CHECK(pool.within(512));
   CHECK(!pool.within(513));
+  // A unit held outside the pool counts against the limit too.
+  pool.charge_outside(200);
+  CHECK(pool.charged() == 768);
+  CHECK(!pool.within(257));
+  pool.give_outside(200);
+  CHECK(pool.within(512));
 }

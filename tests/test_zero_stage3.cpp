@@ -395,6 +395,42 @@ TEST_CASE("stage 3's gathers past the limit are an error on every rank", "[zero]
   CHECK(three.opt->steps() == 1);
 }
 
+TEST_CASE("stage 3 gathers a unit in a buffer of its own when the pool's room is in pieces",
+          "[zero][stage3]") {
+  Communicator& c = world();
+  // Charged in 256 bytes (fp32): unit 0 4352, unit 1 256, unit 3 512, unit
+  // 2 9472 or 9728 with its buckets' padding. In a pool of 11000 bytes,
+  // units 0, 1 and 3 take the front; with unit 0 released, 10232 bytes are
+  // free but in two pieces (4352 and 5880), too short for unit 2. Under
+  // SHARDOPT_CHECK_ARGS each unit takes whole pages: no such pieces.
+  if (c.checks_arguments()) return;
+  Job three = make(c, DType::f32, 3, Adam{}, false, {.prefetch = false, .limit = 11000});
+  Job plain = make(c, DType::f32, 3, Adam{});
+  const std::size_t pool = three.opt->memory_report().gather_pool;
+  for (std::size_t u : {0, 1, 3}) three.opt->gather(u);
+  three.opt->release(0);
+  three.opt->gather(2);
+  const MemoryReport held = three.opt->memory_report();
+  CHECK(held.gather_pool >= pool + 2348 * 4);
+  // Its values are those of a gather into the pool.
+  plain.opt->gather(2);
+  CHECK(three.values(3) == plain.values(3));
+  CHECK(three.values(4) == plain.values(4));
+  plain.opt->release(2);
+  // It counts against the limit: unit 0 no longer fits.
+  CHECK(all_ranks_true(throws_error([&] { three.opt->gather(0); }, ErrorCode::invalid_state,
+                                    "gathers past the limit")));
+  for (std::size_t u : {1, 2, 3}) three.opt->release(u);
+  CHECK(three.opt->memory_report().gather_pool == pool);
+  // With the pool empty, unit 2 fits in it.
+  three.opt->gather(2);
+  CHECK(three.opt->memory_report().gather_pool == pool);
+  three.opt->release(2);
+  pass(three, DType::f32, c.rank(), 0, false);
+  three.opt->step();
+  CHECK(three.opt->steps() == 1);
+}
+
 TEST_CASE("stage 3's memory report counts the parameter shard, the pool and the whole units",
           "[zero][stage3]") {
   Communicator& c = world();

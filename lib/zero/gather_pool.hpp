@@ -60,6 +60,10 @@ class FirstFit {
   std::optional<std::size_t> take(std::size_t bytes);
   // Gives back what take(bytes) returned at `offset`.
   void give(std::size_t offset, std::size_t bytes);
+  // A unit held outside the pool (in a buffer of its own, when the room is
+  // in pieces) counts against the limit all the same, until given back.
+  void charge_outside(std::size_t bytes) noexcept { charged_ += charge(bytes); }
+  void give_outside(std::size_t bytes) noexcept { charged_ -= charge(bytes); }
 
  private:
   std::size_t capacity_ = 0, align_ = 1, limit_ = 0, charged_ = 0;

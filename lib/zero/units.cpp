@@ -149,6 +149,7 @@ bool ZeroEngine::place(std::size_t u, bool for_prefetch) {
   overflow_logged_ = true;
   x.own = space_.allocate(x.bytes, "a gathered unit");
   x.offset = SIZE_MAX;
+  pool_.charge_outside(x.bytes);
   return true;
 }
 
@@ -179,6 +180,7 @@ void ZeroEngine::drop(std::size_t u) {
   if (x.persistent) return;
   if (x.offset == SIZE_MAX) {
     x.own = SpaceBuffer();
+    pool_.give_outside(x.bytes);
     return;
   }
   const std::size_t n = pool_.rounded(x.bytes);
@@ -307,7 +309,9 @@ void ZeroEngine::release(std::size_t u) {
   // resharding: dropping it would only gather the same bytes again at once.
   const bool next =
       opt_.prefetch && following_ && trace_.size() < order_.size() && order_[trace_.size()] == u;
-  if ((next || (!opt_.reshard_after_forward && later)) && !x.persistent) {
+  // A unit in a buffer of its own is never kept: make_room() could not
+  // evict it.
+  if ((next || (!opt_.reshard_after_forward && later)) && !x.persistent && x.offset != SIZE_MAX) {
     x.state = Unit::State::kept;
     if (guard_) {
       finish(u);
