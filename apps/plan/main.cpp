@@ -38,13 +38,14 @@ void print_json(const plan::Options& o, const plan::Plan& p) {
         "\"buckets\":%zu,\"master_params\":%zu,\"optimizer_state\":%zu,\"grad_shard\":%zu,"
         "\"reduced_grads\":%zu,\"owned_grads\":%zu,\"bucket_bytes\":%zu,\"user_params\":%zu,"
         "\"user_grads\":%zu,\"allocated\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,"
-        "\"node_shared\":%zu,\"per_rank_bytes\":%zu,\"shm_per_node_bytes\":%zu,",
+        "\"node_shared\":%zu,\"per_rank_bytes\":%zu,\"shm_per_node_bytes\":%zu,"
+        "\"param_shard\":%zu,\"gather_pool\":%zu,\"persistent_params\":%zu,\"units\":%zu,",
         e.stage, o.nodes, o.ranks_per_node, o.nodes * o.ranks_per_node, o.threads,
         o.device ? "true" : "false", p.model.total(), p.model.numel.size(),
         shardopt::dtype_name(p.dtype), p.optimizer_key.c_str(), p.bucket_mb, e.buckets,
         m.master_params, m.optimizer_state, m.grad_shard, m.reduced_grads, m.owned_grads, m.buckets,
         m.user_params, m.user_grads, m.allocated(), m.device_bytes, m.host_bytes, m.node_shared,
-        e.per_rank, p.shm_per_node);
+        e.per_rank, p.shm_per_node, m.param_shard, m.gather_pool, m.persistent_params, p.units);
     if (e.largest)
       std::printf("\"largest_params\":%llu,", static_cast<unsigned long long>(*e.largest));
     else
@@ -66,9 +67,17 @@ void print_json(const plan::Options& o, const plan::Plan& p) {
 
 void print_table(const plan::Options& o, const plan::Plan& p) {
   const int ranks = o.nodes * o.ranks_per_node;
-  std::printf("# shardopt-plan: %s: %zu tensor%s, %zu parameters, %s, %s\n", p.model.source.c_str(),
-              p.model.numel.size(), p.model.numel.size() == 1 ? "" : "s", p.model.total(),
-              shardopt::dtype_name(p.dtype), p.optimizer_key.c_str());
+  bool third = false;
+  for (const plan::StageEstimate& e : p.stages) third = third || e.stage == 3;
+  // Units: stage 3's gathers, and with --units the ends of buckets.
+  const std::string units =
+      third || !p.model.units.empty()
+          ? " in " + std::to_string(p.units) + " unit" + (p.units == 1 ? "" : "s")
+          : "";
+  std::printf("# shardopt-plan: %s: %zu tensor%s%s, %zu parameters, %s, %s\n",
+              p.model.source.c_str(), p.model.numel.size(), p.model.numel.size() == 1 ? "" : "s",
+              units.c_str(), p.model.total(), shardopt::dtype_name(p.dtype),
+              p.optimizer_key.c_str());
   std::printf(
       "# job: %d node%s x %d rank%s per node = %d ranks, %d thread%s per rank, parameters in "
       "%s memory; buckets of %g MiB; gradients %s%s\n",
@@ -104,6 +113,11 @@ void print_table(const plan::Options& o, const plan::Plan& p) {
   row("reduced gradients (fp32)", [](const E& e) { return e.memory.reduced_grads; });
   row("owned gradients", [](const E& e) { return e.memory.owned_grads; });
   row("buckets and scratch", [](const E& e) { return e.memory.buckets; });
+  if (third) {
+    row("parameter shard (stage 3)", [](const E& e) { return e.memory.param_shard; });
+    row("gather pool (stage 3)", [](const E& e) { return e.memory.gather_pool; });
+    row("whole units (stage 3)", [](const E& e) { return e.memory.persistent_params; });
+  }
   row("total", [](const E& e) { return e.per_rank; });
   row("  shardopt's (memory_report)", [](const E& e) { return e.memory.allocated(); });
   row("  of it node-shared", [](const E& e) { return e.memory.node_shared; });

@@ -1,6 +1,7 @@
 // shardopt-plan: the model's parameters, from a count, a list of shapes or
 // a safetensors file's header (shardopt::ckpt::parse_header, which
 // validates it as every shardopt reader does).
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -140,11 +141,81 @@ void load_file(const std::string& path, Model& m) {
 
 }  // namespace
 
+Model flat_model(const Options& o, std::uint64_t n, std::size_t parts) {
+  if (n < parts)
+    throw InputError{"--units " + std::to_string(parts) + " with " + std::to_string(n) +
+                     " parameters: a unit needs one parameter at least; give N up to " +
+                     std::to_string(n)};
+  Model m;
+  for (std::size_t k = 0; k < parts; ++k)
+    m.numel.push_back(static_cast<std::size_t>(n / parts + (k < n % parts ? 1 : 0)));
+  if (o.unit_count > 0 || !o.unit_list.empty())
+    for (std::size_t k = 0; k < parts; ++k) m.units.push_back(static_cast<int>(k));
+  return m;
+}
+
+std::vector<int> units_of(const Options& o, const std::vector<std::size_t>& numel) {
+  const std::size_t t = numel.size();
+  const std::string tensors = std::to_string(t) + " tensor" + (t == 1 ? "" : "s");
+  if (!o.unit_list.empty()) {
+    const std::vector<int>& u = o.unit_list;
+    if (u.size() != t)
+      throw InputError{"--units gives " + std::to_string(u.size()) + " unit" +
+                       (u.size() == 1 ? "" : "s") + " for the model's " + tensors +
+                       ": give one Param::unit per tensor (" + std::to_string(t) +
+                       " numbers), or one number N to cut the model into N units"};
+    // The engine's rule (a unit's parameters consecutive), named here in
+    // the command line's words.
+    for (std::size_t i = 1; i < t; ++i)
+      for (std::size_t j = 0; u[i] >= 0 && u[i] != u[i - 1] && j + 1 < i; ++j)
+        if (u[j] == u[i])
+          throw InputError{"--units: unit " + std::to_string(u[i]) + " is split (tensors " +
+                           std::to_string(j) + " and " + std::to_string(i) +
+                           ", other units between): give a unit's tensors consecutive places"};
+    return u;
+  }
+  if (o.unit_count == 0) return {};
+  const std::size_t parts = o.unit_count;
+  if (parts > t)
+    throw InputError{"--units " + std::to_string(parts) + ": the model has " + tensors +
+                     ", and a unit never splits a tensor: give N from 1 to " + std::to_string(t) +
+                     " (-p cuts a flat model into N tensors)"};
+  // Unit k takes tensors while the running sum stays nearer its share of
+  // what is left (a tensor goes where more than half of it falls), leaving
+  // a tensor for each unit after it.
+  std::vector<int> out(t);
+  double left = 0;
+  for (std::size_t n : numel) left += double(n);
+  std::size_t i = 0;
+  for (std::size_t k = 0; k < parts; ++k) {
+    const std::size_t after = parts - k - 1;
+    const double share = left / double(parts - k);
+    double sum = 0;
+    do {
+      out[i] = static_cast<int>(k);
+      sum += double(numel[i]);
+      ++i;
+    } while (i < t - after && (after == 0 || sum + double(numel[i]) / 2.0 <= share));
+    left -= sum;
+  }
+  return out;
+}
+
+std::size_t count_units(const std::vector<int>& units, std::size_t tensors) {
+  if (units.empty()) return tensors;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < units.size(); ++i)
+    n += i == 0 || units[i] < 0 || units[i] != units[i - 1] ? 1 : 0;
+  return n;
+}
+
 Model load_model(const Options& o) {
   Model m;
   if (o.params) {
-    m.numel.push_back(static_cast<std::size_t>(*o.params));
-    m.source = std::to_string(*o.params) + " parameters as one tensor";
+    const std::size_t parts = std::max<std::size_t>(1, o.unit_count);
+    m = flat_model(o, *o.params, parts);
+    m.source = std::to_string(*o.params) + " parameters as " +
+               (parts == 1 ? "one tensor" : "near-equal tensors (--units)");
   } else if (!o.tensors.empty()) {
     for (std::string_view item : cli::split(o.tensors)) add_shape(item, m);
     m.source = std::to_string(m.numel.size()) + " tensors (-t)";
@@ -152,6 +223,7 @@ Model load_model(const Options& o) {
     load_file(o.file, m);
   }
   if (m.total() == 0) throw InputError{"the model has no parameters (every tensor is empty)"};
+  m.units = units_of(o, m.numel);
   return m;
 }
 

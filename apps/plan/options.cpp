@@ -34,14 +34,26 @@ std::string usage() {
          "                           " +
          optimizer_keys() +
          "\n"
-         "  -s, --stages LIST        ZeRO stages, comma-separated (default 0,1,2)\n"
+         "  -s, --stages LIST        ZeRO stages, comma-separated (default 0,1,2,3)\n"
          "  -b, --bucket-mb X        gradient bucket size in MiB (default SHARDOPT_BUCKET_MB,\n"
          "                           25)\n"
          "  -g, --grads MODE         owned (Param::grad null: the optimizer's buffer; the\n"
          "                           default), user (the application's buffers) or stream\n"
-         "                           (stage 2's stream_grads: no full gradient anywhere)\n"
+         "                           (stream_grads, stages 2 and 3: no full gradient)\n"
          "      --separate           each parameter in its own buffer (default: one flat\n"
          "                           buffer for the parameters, one for the gradients)\n"
+         "      --units SPEC         stage 3's units (Param::unit), which end gradient\n"
+         "                           buckets at every stage: N (-p: the model as N tensors\n"
+         "                           of near-equal size, a unit each; -t, -f: consecutive\n"
+         "                           tensors grouped into N units of about equal size), or\n"
+         "                           one unit per tensor, comma-separated: 1,1,2,2,-1\n"
+         "                           (default: each tensor a unit of its own)\n"
+         "      --gather-limit-mb X  stage 3's pool of gathered units, MiB\n"
+         "                           (gather_limit_bytes; default 0: three times the\n"
+         "                           largest unit, at least 64 MiB, at most the model)\n"
+         "      --persist-below-kb X\n"
+         "                           stage 3: units of fewer KiB stay whole on every rank\n"
+         "                           (persist_below_bytes; default 64; 0: none)\n"
          "\n"
          "The job:\n"
          "  -N, --nodes N            nodes (default 1)\n"
@@ -76,7 +88,10 @@ std::string usage() {
          "link ((M-1) a + (M-1)/M B b), a and b fitted to the bench-comm rows (least\n"
          "squares) and scaled to the job's L and M; per bucket: a reduce-scatter (stages\n"
          "0 and 1 also an allgather of the gradients), then an allgather of the parameters\n"
-         "(stages 1, 2). The update moves the bytes per parameter of shardopt-bench-optim's\n"
+         "(stages 1, 2). Stage 3 reduces as stage 2 and gathers each unit twice a step\n"
+         "(forward and backward) and the whole units once after the update: the traffic\n"
+         "prefetch must hide under the layers' compute, counted here as not hidden.\n"
+         "The update moves the bytes per parameter of shardopt-bench-optim's\n"
          "accounting at the rate a rank's threads reach (-u: the row with as many\n"
          "threads), at most the node's rate (its most threads) over its ranks.\n"
          "\n"
@@ -108,35 +123,49 @@ std::uint64_t parse_count(const std::string& label, std::string_view v) {
   return static_cast<std::uint64_t>(x);
 }
 
+// --units: N, or one Param::unit (-1, or 0 and up) per tensor.
+void parse_units(const std::string& label, std::string_view v, Options& o) {
+  const char* accepted =
+      "a unit count N >= 1, or one unit per tensor, comma-separated (-1 or 0 and up: 1,1,2,2,-1)";
+  o.unit_count = 0;
+  o.unit_list.clear();
+  if (v.find(',') == std::string_view::npos) {
+    const auto n = cli::parse_unsigned(v);
+    if (!n || *n == 0 || *n > (std::uint64_t{1} << 40)) cli::bad_value(label, v, accepted);
+    o.unit_count = static_cast<std::size_t>(*n);
+    return;
+  }
+  for (std::string_view u : cli::split(v)) {
+    if (u == "-1") {
+      o.unit_list.push_back(-1);
+      continue;
+    }
+    const auto n = cli::parse_unsigned(u);
+    if (!n || *n > std::uint64_t{1} << 30)
+      throw cli::UsageError{"bad unit '" + std::string(u) + "' in " + label + " '" +
+                            std::string(v) + "'; accepted: " + accepted};
+    o.unit_list.push_back(static_cast<int>(*n));
+  }
+}
+
 }  // namespace
 
 Options parse_options(int argc, char** argv) {
   static constexpr cli::OptionSpec specs[] = {
-      {'p', "params", true},
-      {'t', "tensors", true},
-      {'f', "from", true},
-      {'d', "dtype", true},
-      {0, "remainders", false},
-      {0, "reduce-fp32", false},
-      {'o', "optimizer", true},
-      {'s', "stages", true},
-      {'b', "bucket-mb", true},
-      {'g', "grads", true},
-      {0, "separate", false},
-      {'N', "nodes", true},
-      {'n', "ranks-per-node", true},
-      {0, "device", false},
-      {0, "threads", true},
-      {'c', "comm", true},
-      {'u', "optim", true},
-      {0, "node-gbps", true},
-      {0, "node-latency-us", true},
-      {0, "net-gbps", true},
-      {0, "net-latency-us", true},
-      {0, "mem-gbps", true},
-      {0, "backward-ms", true},
-      {'m', "memory", true},
-      {0, "json", false},
+      {'p', "params", true},        {'t', "tensors", true},
+      {'f', "from", true},          {'d', "dtype", true},
+      {0, "remainders", false},     {0, "reduce-fp32", false},
+      {'o', "optimizer", true},     {'s', "stages", true},
+      {'b', "bucket-mb", true},     {'g', "grads", true},
+      {0, "separate", false},       {0, "units", true},
+      {0, "gather-limit-mb", true}, {0, "persist-below-kb", true},
+      {'N', "nodes", true},         {'n', "ranks-per-node", true},
+      {0, "device", false},         {0, "threads", true},
+      {'c', "comm", true},          {'u', "optim", true},
+      {0, "node-gbps", true},       {0, "node-latency-us", true},
+      {0, "net-gbps", true},        {0, "net-latency-us", true},
+      {0, "mem-gbps", true},        {0, "backward-ms", true},
+      {'m', "memory", true},        {0, "json", false},
       {'h', "help", false},
   };
   Options o;
@@ -167,7 +196,7 @@ Options parse_options(int argc, char** argv) {
         } else if (name == "stages") {
           o.stages.clear();
           for (std::string_view st : cli::split(v))
-            o.stages.push_back(cli::parse_int(label, st, 0, 2, "0, 1, 2"));
+            o.stages.push_back(cli::parse_int(label, st, 0, 3, "0, 1, 2, 3"));
         } else if (name == "bucket-mb") {
           o.bucket_mb = parse_positive(label, v);
         } else if (name == "grads") {
@@ -176,6 +205,12 @@ Options parse_options(int argc, char** argv) {
               {{"owned", GradMode::owned}, {"user", GradMode::user}, {"stream", GradMode::stream}});
         } else if (name == "separate") {
           o.separate = true;
+        } else if (name == "units") {
+          parse_units(label, v, o);
+        } else if (name == "gather-limit-mb") {
+          o.gather_limit_mb = parse_positive(label, v, true);
+        } else if (name == "persist-below-kb") {
+          o.persist_below_kb = parse_positive(label, v, true);
         } else if (name == "nodes") {
           o.nodes = cli::parse_int(label, v, 1, 1 << 20, "a node count >= 1");
         } else if (name == "ranks-per-node") {

@@ -25,7 +25,10 @@ struct InputError {
 };
 
 struct Model {
-  std::vector<std::size_t> numel;        // per tensor, in registration order
+  std::vector<std::size_t> numel;  // per tensor, in registration order
+  // Each tensor's Param::unit under --units (empty: -1 for every one, the
+  // engine's default: at stage 3 each tensor a unit of its own).
+  std::vector<int> units;
   std::vector<std::string> names;        // for the summary; may be empty
   std::string source;                    // "7e9 parameters", "tensors", a file name
   std::optional<shardopt::DType> dtype;  // the file's, when it says
@@ -48,10 +51,15 @@ struct Options {
   bool remainders = false;
   bool reduce_fp32 = false;
   std::string optimizer;  // a key of shardopt/optimizers.hpp; "" = the file's or adam
-  std::vector<int> stages = {0, 1, 2};
+  std::vector<int> stages = {0, 1, 2, 3};
   double bucket_mb = 0.0;  // 0: SHARDOPT_BUCKET_MB
   GradMode grads = GradMode::owned;
   bool separate = false;
+  // --units: N (the model cut into N units), or one Param::unit per tensor.
+  std::size_t unit_count = 0;  // 0: not given as a count
+  std::vector<int> unit_list;  // empty: not given as a list
+  double gather_limit_mb = 0;  // ZeroOptions::gather_limit_bytes in MiB; 0: automatic
+  double persist_below_kb = 64;
   // The job.
   int nodes = 1;
   int ranks_per_node = 1;
@@ -75,6 +83,19 @@ Options parse_options(int argc, char** argv);
 
 // model.cpp. Throws InputError.
 Model load_model(const Options& o);
+// A flat model of n parameters (-p, and the largest model's bisection) as
+// `parts` tensors of near-equal size (the first n % parts one element
+// larger); with --units each tensor is a unit of its own (units 0, 1, ...),
+// without, the units are left to the engine's default. Throws InputError
+// when n < parts.
+Model flat_model(const Options& o, std::uint64_t n, std::size_t parts);
+// The units of the model's tensors under --units (a count: consecutive
+// tensors grouped into N units of about equal size, no tensor split; a
+// list: checked against the tensors), empty without it. Throws InputError.
+std::vector<int> units_of(const Options& o, const std::vector<std::size_t>& numel);
+// How many units stage 3 gathers: runs of one unit number, each -1 alone
+// (no units: one per tensor).
+std::size_t count_units(const std::vector<int>& units, std::size_t tensors);
 // "f32", "bf16", "f16" -> DType; nullopt for anything else.
 std::optional<shardopt::DType> dtype_of(const std::string& name);
 // The optimizer named by key with shardopt-bench-optim's options (SGD with
@@ -117,9 +138,12 @@ struct StageEstimate {
   std::size_t per_rank = 0;  // allocated + the user's buffers
   std::size_t buckets = 0;   // gradient buckets
   // Seconds: the reduction (exposed after the backward pass), the update,
-  // the gather; the reduction's own time; the step.
+  // the gather (stages 1, 2: the parameters after the update; stage 3: each
+  // gathered unit twice, in the forward and backward passes, and the whole
+  // units once after the update, none of it hidden); the reduction's own
+  // time; the step.
   double reduce = 0, reduce_total = 0, update = 0, gather = 0, step = 0;
-  bool fused = false;  // stage 2's fused reduce-scatter + update
+  bool fused = false;  // stage 2's (and 3's) fused reduce-scatter + update
   double update_bytes_per_param = 0;
   std::size_t update_elements = 0;
   std::optional<std::uint64_t> largest;  // parameters that fit in --memory
@@ -133,6 +157,7 @@ struct Plan {
   Machine machine;
   bool timed = false;  // a machine was described
   std::vector<StageEstimate> stages;
+  std::size_t units = 0;         // stage 3's units (count_units)
   std::size_t shm_per_node = 0;  // the transport's shared memory per node
   std::string advice;
   bool fits = true;  // some stage fits in --memory (always without it)

@@ -184,6 +184,17 @@ void print_start(const RunContext& c, const ModelTensors& m,
     dims += (i == 0 ? "" : " -> ") + std::to_string(shape.dims[i]);
   }
   if (o.json) {
+    // Each tensor's elements and unit as the optimizer registered them:
+    // what shardopt-plan -t NUMELS --units UNITS takes to plan this run.
+    std::string numels, units;
+    for (std::size_t i = 0; i < opt.num_params(); ++i) {
+      if (i > 0) {
+        numels += ',';
+        units += ',';
+      }
+      numels += std::to_string(opt.param(i).numel);
+      units += std::to_string(opt.param(i).unit);
+    }
     std::printf(
         "{\"type\":\"start\",\"ranks\":%d,\"nodes\":%d,\"ranks_per_node\":[%s],\"stage\":%d,"
         "\"optimizer\":\"%s\",\"lr\":%s,"
@@ -191,10 +202,11 @@ void print_start(const RunContext& c, const ModelTensors& m,
         "\"params\":%zu,\"tensors\":%zu,\"layers\":%d,\"inputs\":%d,\"hidden\":%d,"
         "\"outputs\":%d,\"teacher_hidden\":%d,\"batch\":%d,\"global_batch\":%lld,"
         "\"micro_batches\":%d,\"steps\":%d,\"bucket_mb\":%s,\"scattered\":%s,\"seed\":%llu,"
-        "\"device\":\"%s\",\"device_comm\":\"%s\","
+        "\"device\":\"%s\",\"device_comm\":\"%s\",\"numels\":\"%s\",\"units\":\"%s\","
         "\"memory\":{\"master_params\":%zu,\"optimizer_state\":%zu,\"grad_shard\":%zu,"
         "\"reduced_grads\":%zu,\"owned_grads\":%zu,\"buckets\":%zu,\"allocated\":%zu,"
-        "\"user_params\":%zu,\"user_grads\":%zu,\"working_copies\":%zu,"
+        "\"user_params\":%zu,\"user_grads\":%zu,\"param_shard\":%zu,\"gather_pool\":%zu,"
+        "\"persistent_params\":%zu,\"working_copies\":%zu,"
         "\"comparable\":%.0f,\"formula\":%.0f}}\n",
         c.ranks, nodes.nodes, per_node_json.c_str(), o.stage, o.optimizer.name(),
         json_number(o.learning_rate()).c_str(),
@@ -204,9 +216,10 @@ void print_start(const RunContext& c, const ModelTensors& m,
         static_cast<long long>(o.batch) * c.ranks, o.micro_batches, o.steps,
         json_number(bucket_mb).c_str(), o.scattered ? "true" : "false",
         static_cast<unsigned long long>(o.seed), o.device ? "cuda" : "host",
-        c.comm.device_backend_name(), mem.master_params, mem.optimizer_state, mem.grad_shard,
-        mem.reduced_grads, mem.owned_grads, mem.buckets, mem.allocated(), mem.user_params,
-        mem.user_grads, m.working_bytes(), comparable, formula);
+        c.comm.device_backend_name(), numels.c_str(), units.c_str(), mem.master_params,
+        mem.optimizer_state, mem.grad_shard, mem.reduced_grads, mem.owned_grads, mem.buckets,
+        mem.allocated(), mem.user_params, mem.user_grads, mem.param_shard, mem.gather_pool,
+        mem.persistent_params, m.working_bytes(), comparable, formula);
     std::fflush(stdout);
     return;
   }
