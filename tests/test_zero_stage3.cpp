@@ -245,18 +245,18 @@ TEST_CASE("stage 3 prefetches in the recorded order, and records a changed one",
   // released: steps 0-1 forward 0-4 and backward 4-0, steps 2-4 forward
   // 0, 1, 3, 2, 4 and backward in reverse. Step 0 records; from step 1 on,
   // prefetch gathers what the recorded order needs next as far as the pool
-  // (the whole model here) has room. Releasing: in the forward pass every
-  // gather but the first is ahead, and in the backward pass all (its first
-  // is the unit just released, kept because it is gathered next). Keeping
-  // units for backward: the same. Without prefetch: none. Step 2 follows the old order for
-  // two gathers, then finds what was prefetched or kept; step 3 follows the
-  // new order.
+  // (the whole model here) has room, from the end of the step before.
+  // Releasing: every gather is ahead (the backward pass's first is the unit
+  // just released, kept because it is gathered next). Keeping units for
+  // backward: the same. Without prefetch: none. Step 2 follows the old
+  // order for two gathers, then finds what was prefetched or kept; step 3
+  // follows the new order.
   struct Case {
     Three v;
     std::int64_t ahead[5];
   };
   const std::vector<std::size_t> changed = {0, 1, 3, 2, 4};
-  for (const Case& k : {Case{{}, {0, 9, 5, 9, 9}}, Case{{.reshard = false}, {0, 9, 6, 9, 9}},
+  for (const Case& k : {Case{{}, {0, 10, 6, 10, 10}}, Case{{.reshard = false}, {0, 10, 7, 10, 10}},
                         Case{{.prefetch = false}, {0, 0, 0, 0, 0}}}) {
     INFO("prefetch " << k.v.prefetch << ", reshard_after_forward " << k.v.reshard);
     Job three = make(c, DType::f32, 3, Adam{}, false, k.v);

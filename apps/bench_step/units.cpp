@@ -56,7 +56,11 @@ struct StageRow {
   int stage = 0;
   Stats step, update;
   double limit_us = 0;
-  double exposed_us = 0;  // stage 3: medians of the time inside gather()
+  // Stage 3: medians of the time inside gather() and the first data(), the
+  // slowest rank's (the goal's) and the least rank's: a rank waits there
+  // for the other ranks too, and the one that arrives last for the bytes
+  // alone.
+  double exposed_us = 0, exposed_least_us = 0;
   std::int64_t ahead = 0, gathers = 0;
   double ratio() const { return limit_us > 0 ? step.median_us / limit_us : 0; }
 };
@@ -97,18 +101,19 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
                  "a loop over %g MiB (read and written)%s\n"
                  "#   limit: per unit and pass the larger of the loop and the unit's raw MPI "
                  "communication, summed, plus the update (stage 2: plus the allgather)\n"
-                 "#   exposed: the time inside gather() and the first data(), beside the raw "
-                 "allgathers' (2 per "
-                 "unit); goals: step <= %.1f x limit, exposed <= %.0f%% where the loop is at "
+                 "#   exposed: the time inside gather() and the first data(), the slowest rank's "
+                 "(least: the least rank's, which waits for the bytes and not for other ranks), "
+                 "beside the raw allgathers' (2 per unit); goals: step <= %.1f x limit, exposed <= "
+                 "%.0f%% where the loop is at "
                  "least the largest unit's allgather\n",
                  nranks, o.compute_mb,
                  o.compute_sleep ? ", slept instead of run (--compute sleep)" : "", kUnitsGoalRatio,
                  100 * kExposedGoal);
-    std::fprintf(text, "# %5s %5s %9s %5s %9s %9s %9s %9s %6s %9s %8s %6s\n", "stage", "dtype",
-                 "params", "units", "loop", "gather", "step", "limit", "ratio", "exposed",
+    std::fprintf(text, "# %5s %5s %9s %5s %9s %9s %9s %9s %6s %9s %9s %8s %6s\n", "stage", "dtype",
+                 "params", "units", "loop", "gather", "step", "limit", "ratio", "exposed", "least",
                  "exp/gat", "ahead");
-    std::fprintf(text, "# %5s %5s %9s %5s %9s %9s %9s %9s %6s %9s %8s %6s\n", "", "", "", "",
-                 "(ms)", "(ms/unit)", "(ms)", "(ms)", "", "(ms)", "", "");
+    std::fprintf(text, "# %5s %5s %9s %5s %9s %9s %9s %9s %6s %9s %9s %8s %6s\n", "", "", "", "",
+                 "(ms)", "(ms/unit)", "(ms)", "(ms)", "", "(ms)", "(ms)", "", "");
   }
   bool differ = false, met = true;
   std::mt19937_64 order(777);
@@ -242,15 +247,18 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
       };
       for (int i = 0; i < o.warmup; ++i) iteration();
       const auto iters = static_cast<std::size_t>(o.iters);
-      std::vector<double> all(parts * iters);
+      std::vector<double> all(parts * iters), least(iters);
       std::int64_t ahead = 0, gathers = 0;
       for (std::size_t i = 0; i < iters; ++i) {
         iteration();
         for (std::size_t p = 0; p < parts; ++p) all[p * iters + i] = sample[p];
+        least[i] = sample[2];
         ahead += info3.gathers_ahead;
         gathers += info3.gathers;
       }
       MPI_Allreduce(MPI_IN_PLACE, all.data(), static_cast<int>(all.size()), MPI_DOUBLE, MPI_MAX,
+                    timing);
+      MPI_Allreduce(MPI_IN_PLACE, least.data(), static_cast<int>(least.size()), MPI_DOUBLE, MPI_MIN,
                     timing);
       const auto part = [&](std::size_t p) {
         return report::stats_of(
@@ -269,6 +277,7 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
       r3.step = part(0);
       r3.update = part(1);
       r3.exposed_us = part(2).median_us;
+      r3.exposed_least_us = report::stats_of(least).median_us;
       r3.ahead = ahead;
       r3.gathers = gathers;
       r2.stage = 2;
@@ -312,21 +321,23 @@ int run_units(const Options& o, shardopt::Communicator& comm, MPI_Comm raw, MPI_
               "\"units\":%zu,\"compute_mb\":%g,\"compute\":\"%s\",\"loop_us\":%.1f,"
               "\"gather_unit_us\":%.1f,"
               "\"step_us\":%.1f,\"step_min_us\":%.1f,\"step_max_us\":%.1f,\"update_us\":%.1f,"
-              "\"limit_us\":%.1f,\"ratio\":%.4f,\"exposed_us\":%.1f,\"gathers_us\":%.1f,"
+              "\"limit_us\":%.1f,\"ratio\":%.4f,\"exposed_us\":%.1f,\"exposed_least_us\":%.1f,"
+              "\"gathers_us\":%.1f,"
               "\"gathers_ahead\":%lld,\"gathers\":%lld,\"same_params\":%s}\n",
               r->stage, nranks, psi, shardopt::dtype_name(t), nu, o.compute_mb,
               o.compute_sleep ? "sleep" : "loop", loop_us, sum_of(ag_us) / static_cast<double>(nu),
               r->step.median_us, r->step.min_us, r->step.max_us, r->update.median_us, r->limit_us,
-              r->ratio(), s3 ? r->exposed_us : 0.0, s3 ? gathers_us : 0.0,
-              static_cast<long long>(r->ahead), static_cast<long long>(r->gathers),
-              same ? "true" : "false");
+              r->ratio(), s3 ? r->exposed_us : 0.0, s3 ? r->exposed_least_us : 0.0,
+              s3 ? gathers_us : 0.0, static_cast<long long>(r->ahead),
+              static_cast<long long>(r->gathers), same ? "true" : "false");
         }
         std::fprintf(
-            text, "  %5d %5s %9s %5zu %9.2f %9.2f %9.2f %9.2f %6.2f %9s %8s %6s\n", r->stage,
+            text, "  %5d %5s %9s %5zu %9.2f %9.2f %9.2f %9.2f %6.2f %9s %9s %8s %6s\n", r->stage,
             shardopt::dtype_name(t), cli::human_count(psi).c_str(), nu, loop_us / 1e3,
             sum_of(ag_us) / static_cast<double>(nu) / 1e3, r->step.median_us / 1e3,
             r->limit_us / 1e3, r->ratio(),
             s3 ? std::to_string(r->exposed_us / 1e3).substr(0, 6).c_str() : "-",
+            s3 ? std::to_string(r->exposed_least_us / 1e3).substr(0, 6).c_str() : "-",
             s3 ? std::to_string(exposed_share).substr(0, 5).c_str() : "-",
             s3 ? (std::to_string(r->ahead) + "/" + std::to_string(r->gathers)).c_str() : "-");
       }

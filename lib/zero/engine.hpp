@@ -100,6 +100,10 @@ class ZeroEngine {
   // Collective: the units kept whole, allgathered from the parameter shard
   // (after the update, after a load).
   void refresh_persistent();
+  // Collective, after the update: with prefetch, the first units of the
+  // recorded order gathered from the new shards, while the code does what
+  // it does between steps.
+  void prefetch_next_step();
 
  private:
   // Construction.

@@ -372,6 +372,10 @@ void ZeroEngine::end_gathers(const char* what) {
   following_ = !order_.empty();
 }
 
+void ZeroEngine::prefetch_next_step() {
+  if (opt_.stage == 3 && opt_.prefetch && following_) prefetch_after();
+}
+
 void ZeroEngine::refresh_persistent() {
   if (opt_.stage != 3) return;
   for (std::size_t u = 0; u < units_.size(); ++u)

@@ -238,6 +238,7 @@ StepInfo ZeroEngine::step() {
   if (opt_.stage == 1 || opt_.stage == 2) reducer().gather_params();
   if (opt_.stage == 3) refresh_persistent();
   const double t3 = MPI_Wtime();
+  prefetch_next_step();  // issued, not waited for: not the step's time
   if (!deferred && opt_.loss_scaler) update_scaler(true);
   info.reduce_seconds = t1 - t0;
   info.update_seconds = t2 - t1;
