@@ -11,6 +11,7 @@
 #include "shardopt/environment.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/half.hpp"
+#include "shardopt/lr_scheduler.hpp"
 #include "shardopt/memory.hpp"
 #include "shardopt/optim.hpp"
 #include "shardopt/types.hpp"
