@@ -48,52 +48,10 @@ shardopt::MemoryPlan memory_plan(const Options& o, const Plan& p, int stage, con
   return plan;
 }
 
-// Stage 3's units as the engine gathers them: each unit's buckets, its
-// bytes (to its last bucket's padding: what the allgathers write) and
-// whether it stays whole (fewer bytes of parameters than
-// persist_below_bytes). Units end buckets at stage 3, and each bucket of a
-// unit but its last is full (its padded size is its length), so the
-// layout's buckets, taken in order, cover each unit's elements exactly.
-struct UnitSpan {
-  std::size_t first_bucket = 0, end_bucket = 0;
-  std::size_t bytes = 0;
-  bool persistent = false;
-};
-std::vector<UnitSpan> unit_spans(const shardopt::MemoryPlan& plan,
-                                 const shardopt::LayoutPlan& layout) {
-  const std::size_t elem = shardopt::dtype_size(plan.dtype);
-  const auto unit = [&](std::size_t i) { return i < plan.units.size() ? plan.units[i] : -1; };
-  std::vector<UnitSpan> out;
-  std::size_t b = 0;
-  for (std::size_t i = 0; i < plan.numel.size();) {
-    std::size_t end = i + 1;
-    while (end < plan.numel.size() && unit(end) >= 0 && unit(end) == unit(i)) ++end;
-    std::size_t left = 0;
-    for (std::size_t k = i; k < end; ++k) left += plan.numel[k];
-    UnitSpan u;
-    u.persistent = left * elem < plan.options.persist_below_bytes;
-    u.first_bucket = b;
-    std::size_t padded = 0;
-    for (; left > 0; ++b) {
-      if (b == layout.buckets.size())
-        throw InputError{"shardopt-plan: the layout's buckets do not end at the units (a bug)"};
-      left -= std::min(left, layout.buckets[b]);
-      padded += layout.buckets[b];
-    }
-    u.end_bucket = b;
-    u.bytes = std::max<std::size_t>(padded, 1) * elem;
-    out.push_back(u);
-    i = end;
-  }
-  if (b != layout.buckets.size())
-    throw InputError{"shardopt-plan: the layout's buckets do not end at the units (a bug)"};
-  return out;
-}
-
 // The gather limit asked must hold the largest unit gathered (the engine
 // refuses it otherwise); said here in the command line's words. The limit
 // counts each unit rounded up to 256 bytes.
-void check_gather_limit(const Options& o, const std::vector<UnitSpan>& units) {
+void check_gather_limit(const Options& o, const std::vector<shardopt::LayoutPlan::Unit>& units) {
   const std::size_t limit = (gather_limit_bytes(o) + 255) / 256 * 256;
   if (limit == 0) return;
   for (std::size_t u = 0; u < units.size(); ++u)
@@ -144,9 +102,8 @@ std::uint64_t largest(const Options& o, const Plan& p, int stage) {
     const shardopt::MemoryPlan plan = memory_plan(o, p, stage, flat_model(o, n, parts));
     // A unit past --gather-limit-mb: the engine would refuse the model.
     if (stage == 3 && o.gather_limit_mb > 0) {
-      const std::vector<UnitSpan> units = unit_spans(plan, shardopt::plan_layout(plan));
       try {
-        check_gather_limit(o, units);
+        check_gather_limit(o, shardopt::plan_layout(plan).units);
       } catch (const InputError&) {
         return false;
       }
@@ -230,11 +187,7 @@ Plan estimate(const Options& o) {
     const shardopt::MemoryPlan plan = memory_plan(o, p, stage, p.model);
     // The buckets and the shard, as the engine cuts them.
     const shardopt::LayoutPlan layout = shardopt::plan_layout(plan);
-    std::vector<UnitSpan> units;
-    if (stage == 3) {
-      units = unit_spans(plan, layout);
-      check_gather_limit(o, units);
-    }
+    check_gather_limit(o, layout.units);  // stage 3's units; none at stages 0-2
     e.memory = shardopt::plan_memory(plan);
     e.per_rank = per_rank(e.memory);
     const std::vector<std::size_t>& buckets = layout.buckets;
@@ -303,7 +256,7 @@ Plan estimate(const Options& o) {
     // update. Prefetch moves this under the layers' compute; how much it
     // hides depends on the compute, which the plan does not know, so it is
     // all counted: an upper bound on what a step exposes.
-    for (const UnitSpan& u : units)
+    for (const shardopt::LayoutPlan::Unit& u : layout.units)
       for (std::size_t b = u.first_bucket; b < u.end_bucket; ++b)
         e.gather += (u.persistent ? 1.0 : 2.0) * allgather(buckets[b]);
     e.step = e.reduce + e.update + e.gather;

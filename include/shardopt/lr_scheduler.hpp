@@ -65,10 +65,9 @@ class SHARDOPT_API LRScheduler {
   LrGroups& groups() noexcept { return groups_; }
 
  protected:
+  // Every schedule's constructor ends with step(), to epoch 0 (torch's
+  // _initial_step(); this constructor cannot: the schedule is not made yet).
   explicit LRScheduler(LrGroups& groups);
-  // torch's _initial_step(): the step to epoch 0, which every schedule's
-  // constructor ends with (a virtual call cannot be made from here).
-  void initial_step();
   // The learning rates at last_epoch_, from the groups' current ones
   // (torch's chainable get_lr()).
   virtual std::vector<double> get_lr() const = 0;

@@ -334,11 +334,20 @@ SHARDOPT_API MemoryReport plan_memory(const MemoryPlan& plan);
 // elements, padded to a multiple of 16 x ranks (what each bucket's
 // collectives move), the elements of a rank's shard (its piece of every
 // bucket), and of its state buffers (the shard; stage 0: ranks x shard).
+// At stage 3 also each unit as the engine gathers it: its buckets
+// [first_bucket, end_bucket), the bytes a gather writes (to its last
+// bucket's padding) and whether it stays whole (persist_below_bytes).
 // Local, no MPI; throws as plan_memory().
 struct LayoutPlan {
+  struct Unit {
+    std::size_t first_bucket = 0, end_bucket = 0;
+    std::size_t bytes = 0;
+    bool persistent = false;
+  };
   std::vector<std::size_t> buckets;
   std::size_t shard = 0;
   std::size_t storage = 0;
+  std::vector<Unit> units;  // stage 3 only
 };
 SHARDOPT_API LayoutPlan plan_layout(const MemoryPlan& plan);
 

@@ -30,6 +30,21 @@ void require(bool ok, const std::string& what, const std::string& hint) {
   if (!ok) SHARDOPT_THROW(invalid_argument, what, hint);
 }
 
+// f of each learning rate of `lrs` (the groups' current ones, or the base
+// ones of a closed form).
+template <class F>
+std::vector<double> each(const std::vector<double>& lrs, F f) {
+  std::vector<double> r;
+  r.reserve(lrs.size());
+  for (double lr : lrs) r.push_back(f(lr));
+  return r;
+}
+
+// From base to eta_min along half a cosine, at step of period.
+double half_cosine(double base, double eta_min, double step, double period) {
+  return eta_min + (base - eta_min) * (1.0 + std::cos(kPi * step / period)) / 2.0;
+}
+
 }  // namespace
 
 LrGroups::LrGroups(std::vector<double> lrs) : lr_(std::move(lrs)), initial_(lr_) {
@@ -52,8 +67,6 @@ namespace lr_scheduler {
 LRScheduler::LRScheduler(LrGroups& groups) : groups_(groups) {
   for (std::size_t g = 0; g < groups.size(); ++g) base_lrs_.push_back(groups.initial_lr(g));
 }
-
-void LRScheduler::initial_step() { step(); }
 
 void LRScheduler::apply(const std::vector<double>& lrs) {
   for (std::size_t g = 0; g < lrs.size(); ++g) groups_.set_lr(g, lrs[g]);
@@ -101,20 +114,19 @@ std::vector<LambdaLR::Lambda> lambdas_for(std::size_t groups, std::vector<Lambda
 
 LambdaLR::LambdaLR(LrGroups& groups, std::vector<Lambda> lambdas)
     : LRScheduler(groups), lambdas_(lambdas_for(groups.size(), std::move(lambdas), "LambdaLR")) {
-  initial_step();
+  step();
 }
 
 std::vector<double> LambdaLR::get_lr() const {
-  std::vector<double> r;
-  for (std::size_t g = 0; g < base_lrs_.size(); ++g)
-    r.push_back(base_lrs_[g] * lambdas_[g](last_epoch_));
+  std::vector<double> r = base_lrs_;
+  for (std::size_t g = 0; g < r.size(); ++g) r[g] = r[g] * lambdas_[g](last_epoch_);
   return r;
 }
 
 MultiplicativeLR::MultiplicativeLR(LrGroups& groups, std::vector<LambdaLR::Lambda> lambdas)
     : LRScheduler(groups),
       lambdas_(lambdas_for(groups.size(), std::move(lambdas), "MultiplicativeLR")) {
-  initial_step();
+  step();
 }
 
 std::vector<double> MultiplicativeLR::get_lr() const {
@@ -127,65 +139,54 @@ std::vector<double> MultiplicativeLR::get_lr() const {
 StepLR::StepLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
   require(o.step_size >= 1, "StepLR: step_size is " + std::to_string(o.step_size),
           "give a step size of 1 or more");
-  initial_step();
+  step();
 }
 
 std::vector<double> StepLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  if (last_epoch_ == 0 || last_epoch_ % o_.step_size != 0) return r;
-  for (double& lr : r) lr = lr * o_.gamma;
-  return r;
+  if (last_epoch_ == 0 || last_epoch_ % o_.step_size != 0) return groups_.lrs();
+  return each(groups_.lrs(), [&](double lr) { return lr * o_.gamma; });
 }
 
 std::optional<std::vector<double>> StepLR::closed_form_lr() const {
-  std::vector<double> r;
-  for (double b : base_lrs_)
-    r.push_back(b * std::pow(o_.gamma, static_cast<double>(last_epoch_ / o_.step_size)));
-  return r;
+  const double k = static_cast<double>(last_epoch_ / o_.step_size);
+  return each(base_lrs_, [&](double b) { return b * std::pow(o_.gamma, k); });
 }
 
 MultiStepLR::MultiStepLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(std::move(o)) {
   std::sort(o_.milestones.begin(), o_.milestones.end());
-  initial_step();
+  step();
 }
 
 std::vector<double> MultiStepLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  const auto n = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
-  if (n == 0) return r;
-  for (double& lr : r) lr = lr * std::pow(o_.gamma, static_cast<double>(n));
-  return r;
+  const double n =
+      static_cast<double>(std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_));
+  if (n == 0.0) return groups_.lrs();
+  return each(groups_.lrs(), [&](double lr) { return lr * std::pow(o_.gamma, n); });
 }
 
 std::optional<std::vector<double>> MultiStepLR::closed_form_lr() const {
   const auto passed = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) -
                       o_.milestones.begin();
-  std::vector<double> r;
-  for (double b : base_lrs_) r.push_back(b * std::pow(o_.gamma, static_cast<double>(passed)));
-  return r;
+  return each(base_lrs_,
+              [&](double b) { return b * std::pow(o_.gamma, static_cast<double>(passed)); });
 }
 
 ConstantLR::ConstantLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
   require(o.factor >= 0.0 && o.factor <= 1.0, "ConstantLR: factor is " + std::to_string(o.factor),
           "give a factor from 0 to 1");
-  initial_step();
+  step();
 }
 
 std::vector<double> ConstantLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  if (last_epoch_ == 0) {
-    for (double& lr : r) lr = lr * o_.factor;
-  } else if (last_epoch_ == o_.total_iters) {
-    for (double& lr : r) lr = lr * (1.0 / o_.factor);
-  }
-  return r;
+  if (last_epoch_ == 0) return each(groups_.lrs(), [&](double lr) { return lr * o_.factor; });
+  if (last_epoch_ == o_.total_iters)
+    return each(groups_.lrs(), [&](double lr) { return lr * (1.0 / o_.factor); });
+  return groups_.lrs();
 }
 
 std::optional<std::vector<double>> ConstantLR::closed_form_lr() const {
-  std::vector<double> r;
   const double past = last_epoch_ >= o_.total_iters ? 1.0 : 0.0;
-  for (double b : base_lrs_) r.push_back(b * (o_.factor + past * (1.0 - o_.factor)));
-  return r;
+  return each(base_lrs_, [&](double b) { return b * (o_.factor + past * (1.0 - o_.factor)); });
 }
 
 LinearLR::LinearLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
@@ -195,53 +196,41 @@ LinearLR::LinearLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
   require(o.end_factor >= 0.0 && o.end_factor <= 1.0,
           "LinearLR: end_factor is " + std::to_string(o.end_factor),
           "give an end factor from 0 to 1");
-  initial_step();
+  step();
 }
 
 std::vector<double> LinearLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  if (last_epoch_ == 0) {
-    for (double& lr : r) lr = lr * o_.start_factor;
-    return r;
-  }
-  if (last_epoch_ > o_.total_iters) return r;
+  if (last_epoch_ == 0) return each(groups_.lrs(), [&](double lr) { return lr * o_.start_factor; });
+  if (last_epoch_ > o_.total_iters) return groups_.lrs();
   const double d = o_.end_factor - o_.start_factor;
-  for (double& lr : r)
-    lr = lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
-                          static_cast<double>(last_epoch_ - 1) * d));
-  return r;
+  const double f = 1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
+                              static_cast<double>(last_epoch_ - 1) * d);
+  return each(groups_.lrs(), [&](double lr) { return lr * f; });
 }
 
 std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
-  std::vector<double> r;
   const double k = static_cast<double>(std::min(o_.total_iters, last_epoch_));
-  for (double b : base_lrs_)
-    r.push_back(b * (o_.start_factor +
-                     (o_.end_factor - o_.start_factor) * k / static_cast<double>(o_.total_iters)));
-  return r;
+  const double f =
+      o_.start_factor + (o_.end_factor - o_.start_factor) * k / static_cast<double>(o_.total_iters);
+  return each(base_lrs_, [&](double b) { return b * f; });
 }
 
-ExponentialLR::ExponentialLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
-  initial_step();
-}
+ExponentialLR::ExponentialLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) { step(); }
 
 std::vector<double> ExponentialLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  if (last_epoch_ == 0) return r;
-  for (double& lr : r) lr = lr * o_.gamma;
-  return r;
+  if (last_epoch_ == 0) return groups_.lrs();
+  return each(groups_.lrs(), [&](double lr) { return lr * o_.gamma; });
 }
 
 std::optional<std::vector<double>> ExponentialLR::closed_form_lr() const {
-  std::vector<double> r;
-  for (double b : base_lrs_) r.push_back(b * std::pow(o_.gamma, static_cast<double>(last_epoch_)));
-  return r;
+  const double f = std::pow(o_.gamma, static_cast<double>(last_epoch_));
+  return each(base_lrs_, [&](double b) { return b * f; });
 }
 
 CosineAnnealingLR::CosineAnnealingLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
   require(o.t_max >= 1, "CosineAnnealingLR: t_max is " + std::to_string(o.t_max),
           "give the steps of the half cosine, 1 or more");
-  initial_step();
+  step();
 }
 
 std::vector<double> CosineAnnealingLR::get_lr() const {
@@ -253,20 +242,15 @@ std::vector<double> CosineAnnealingLR::get_lr() const {
       r[g] = r[g] + (base_lrs_[g] - o_.eta_min) * (1.0 - std::cos(kPi / t)) / 2.0;
     return r;
   }
-  for (double& lr : r)
-    lr = (1.0 + std::cos(kPi * e / t)) / (1.0 + std::cos(kPi * (e - 1.0) / t)) * (lr - o_.eta_min) +
-         o_.eta_min;
-  return r;
+  const double ratio = (1.0 + std::cos(kPi * e / t)) / (1.0 + std::cos(kPi * (e - 1.0) / t));
+  return each(r, [&](double lr) { return ratio * (lr - o_.eta_min) + o_.eta_min; });
 }
 
 std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
-  std::vector<double> r;
-  for (double b : base_lrs_)
-    r.push_back(o_.eta_min + (b - o_.eta_min) *
-                                 (1.0 + std::cos(kPi * static_cast<double>(last_epoch_) /
-                                                 static_cast<double>(o_.t_max))) /
-                                 2.0);
-  return r;
+  return each(base_lrs_, [&](double b) {
+    return half_cosine(b, o_.eta_min, static_cast<double>(last_epoch_),
+                       static_cast<double>(o_.t_max));
+  });
 }
 
 CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(LrGroups& groups, Options o)
@@ -275,17 +259,13 @@ CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(LrGroups& groups, Optio
           "give the steps of the first period, 1 or more");
   require(o.t_mult >= 1, "CosineAnnealingWarmRestarts: t_mult is " + std::to_string(o.t_mult),
           "give a period factor of 1 or more");
-  initial_step();
+  step();
 }
 
 std::vector<double> CosineAnnealingWarmRestarts::get_lr() const {
-  std::vector<double> r;
-  for (double b : base_lrs_)
-    r.push_back(
-        o_.eta_min +
-        (b - o_.eta_min) *
-            (1.0 + std::cos(kPi * static_cast<double>(t_cur_) / static_cast<double>(t_i_))) / 2.0);
-  return r;
+  return each(base_lrs_, [&](double b) {
+    return half_cosine(b, o_.eta_min, static_cast<double>(t_cur_), static_cast<double>(t_i_));
+  });
 }
 
 void CosineAnnealingWarmRestarts::step() {
@@ -327,24 +307,20 @@ void CosineAnnealingWarmRestarts::step_to(std::int64_t epoch) {
 PolynomialLR::PolynomialLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(o) {
   require(o.total_iters >= 1, "PolynomialLR: total_iters is " + std::to_string(o.total_iters),
           "give the steps of the decay, 1 or more");
-  initial_step();
+  step();
 }
 
 std::vector<double> PolynomialLR::get_lr() const {
-  std::vector<double> r = groups_.lrs();
-  if (last_epoch_ == 0 || last_epoch_ > o_.total_iters) return r;
+  if (last_epoch_ == 0 || last_epoch_ > o_.total_iters) return groups_.lrs();
   const double t = static_cast<double>(o_.total_iters), e = static_cast<double>(last_epoch_);
   const double decay = std::pow((1.0 - e / t) / (1.0 - (e - 1.0) / t), o_.power);
-  for (double& lr : r) lr = lr * decay;
-  return r;
+  return each(groups_.lrs(), [&](double lr) { return lr * decay; });
 }
 
 std::optional<std::vector<double>> PolynomialLR::closed_form_lr() const {
-  std::vector<double> r;
   const double k = static_cast<double>(std::min(o_.total_iters, last_epoch_));
-  for (double b : base_lrs_)
-    r.push_back(b * std::pow(1.0 - k / static_cast<double>(o_.total_iters), o_.power));
-  return r;
+  const double f = std::pow(1.0 - k / static_cast<double>(o_.total_iters), o_.power);
+  return each(base_lrs_, [&](double b) { return b * f; });
 }
 
 OneCycleLR::OneCycleLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(std::move(o)) {
@@ -366,7 +342,7 @@ OneCycleLR::OneCycleLR(LrGroups& groups, Options o) : LRScheduler(groups), o_(st
     phases_ = {{up - 1.0, 0, 1}, {2.0 * up - 2.0, 1, 0}, {n - 1.0, 0, 2}};
   else
     phases_ = {{up - 1.0, 0, 1}, {n - 1.0, 1, 2}};
-  initial_step();
+  step();
 }
 
 std::vector<double> OneCycleLR::get_lr() const {
@@ -429,7 +405,7 @@ SequentialLR::SequentialLR(std::vector<std::shared_ptr<LRScheduler>> schedulers,
   LrGroups& groups = schedulers_[0]->groups();
   for (std::size_t g = 0; g < groups.size(); ++g) groups.set_lr(g, groups.initial_lr(g));
   for (const auto& s : schedulers_) --s->last_epoch_;
-  schedulers_[0]->initial_step();
+  schedulers_[0]->step();
   last_lr_ = schedulers_[0]->get_last_lr();
 }
 

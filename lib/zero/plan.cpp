@@ -111,6 +111,13 @@ LayoutPlan plan_layout(const MemoryPlan& p) {
   for (const detail::BucketRange& b : l.buckets) out.buckets.push_back(b.padded);
   out.shard = l.shard;
   out.storage = l.storage;
+  if (p.options.stage == 3) {
+    const detail::UnitSizes z =
+        detail::unit_sizes(l, dtype_size(p.dtype), 0, p.options.persist_below_bytes, false);
+    for (std::size_t u = 0; u < l.units.size(); ++u)
+      out.units.push_back(
+          {l.units[u].first_bucket, l.units[u].end_bucket, z.bytes[u], z.persistent[u]});
+  }
   return out;
 }
 

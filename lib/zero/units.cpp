@@ -303,12 +303,12 @@ void ZeroEngine::prefetch_after() {
 void ZeroEngine::release(std::size_t u) {
   agree_on_unit(false, u);
   Unit& x = units_[u];
-  const bool later = following_ && next_use(order_, trace_.size(), u) != SIZE_MAX;
+  const std::size_t use = following_ ? next_use(order_, trace_.size(), u) : SIZE_MAX;
+  const bool later = use != SIZE_MAX;
   // With prefetch, a unit the recorded order gathers again next (the
   // forward pass's last, the backward pass's first) is kept even when
   // resharding: dropping it would only gather the same bytes again at once.
-  const bool next =
-      opt_.prefetch && following_ && trace_.size() < order_.size() && order_[trace_.size()] == u;
+  const bool next = opt_.prefetch && use == trace_.size();
   // A unit in a buffer of its own is never kept: make_room() could not
   // evict it.
   if ((next || (!opt_.reshard_after_forward && later)) && !x.persistent && x.offset != SIZE_MAX) {
